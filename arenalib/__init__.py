@@ -1,0 +1,46 @@
+"""arenalib: scoped, fast, optionally unzeroed native memory on jemalloc's explicit arenas.
+
+    with arenalib.ConfinedArena() as arena:
+        seg = arena.allocate(4096, zero=False, align=4096)
+        os.preadv(fd, [seg], 0)
+    # leaving the block frees every segment of the arena at once
+"""
+
+from arenalib._errors import (
+    ArenaClosedError,
+    ArenaError,
+    PoolExhaustedError,
+    UnsupportedOperation,
+    WrongThreadError,
+)
+from arenalib._arena import (
+    Arena,
+    ArenaBase,
+    ConfinedArena,
+    Segment,
+    SlicingArena,
+    jemalloc_version,
+    pool_stats,
+    set_debug,
+    trim,
+)
+
+__version__ = "0.1.0"  # keep in sync with pyproject.toml and meson.build
+
+__all__ = [
+    "Arena",
+    "ArenaBase",
+    "ArenaClosedError",
+    "ArenaError",
+    "ConfinedArena",
+    "PoolExhaustedError",
+    "Segment",
+    "SlicingArena",
+    "UnsupportedOperation",
+    "WrongThreadError",
+    "__version__",
+    "jemalloc_version",
+    "pool_stats",
+    "set_debug",
+    "trim",
+]

@@ -1,0 +1,157 @@
+# The pool of jemalloc arenas and explicit thread caches behind arenalib's arena objects.
+#
+# Why a pool: arenas.create + arena.<i>.destroy costs ~50-80 us and, with jemalloc's retain:true,
+# leaks ~4 KiB of metadata a cycle; at most ~4086 arenas and ~4094 explicit tcaches can exist at once.
+# So jemalloc arenas are never destroyed: a closed arena object hands its slot back here.
+#
+# Why deferred resets: arena.<i>.reset costs about a microsecond, far more than a small scope's whole
+# budget.  A closed arena's allocations are garbage nobody can reach (its segments check the arena
+# object, never jemalloc), so a slot goes back warm with that garbage counted as stale_bytes, and is
+# reset and purged in bulk once the garbage passes STALE_LIMIT, or at once when the pool already holds
+# WARM_SLOTS warm slots.  Idle memory kept this way is bounded by WARM_SLOTS * STALE_LIMIT.
+#
+# Every function here runs with the GIL held; the GIL is what serialises use of a slot's tcache.
+
+from libc.string cimport memset
+
+from arenalib._jemalloc cimport (
+    je_mallctl, je_mallctlbymib, je_mallctlnametomib, MALLOCX_ARENA, MALLOCX_TCACHE,
+)
+
+cdef size_t STALE_LIMIT = 1 << 20
+cdef Py_ssize_t WARM_SLOTS = 4
+
+cdef ArenaSlot* _free_slots = NULL
+cdef Py_ssize_t _free_count = 0
+cdef Py_ssize_t _free_capacity = 0
+cdef Py_ssize_t _slots_created = 0
+cdef Py_ssize_t _resets = 0
+cdef Py_ssize_t _purges = 0
+
+# Management interfaces translated to MIBs once; index 1 is patched with the arena index per call.
+cdef size_t _mib_reset[3]
+cdef size_t _mib_purge[3]
+cdef size_t _mib_tcache_flush[2]
+cdef size_t _mib_reset_len = 3
+cdef size_t _mib_purge_len = 3
+cdef size_t _mib_tcache_flush_len = 2
+
+
+cdef int _init_mibs() except -1:
+    if (je_mallctlnametomib(b"arena.0.reset", _mib_reset, &_mib_reset_len)
+            or je_mallctlnametomib(b"arena.0.purge", _mib_purge, &_mib_purge_len)
+            or je_mallctlnametomib(b"tcache.flush", _mib_tcache_flush, &_mib_tcache_flush_len)):
+        raise ImportError("arenalib: the private jemalloc did not answer mallctlnametomib")
+    return 0
+
+
+_init_mibs()
+
+
+cdef int _mallctl_read_unsigned(const char* name, unsigned* out) noexcept:
+    cdef size_t size = sizeof(unsigned)
+    return je_mallctl(name, out, &size, NULL, 0)
+
+
+cdef int _slot_acquire(ArenaSlot* slot) except -1:
+    """Fill *slot with a warm pooled slot, or a new jemalloc arena and tcache."""
+    global _free_count, _slots_created
+    if _free_count:
+        _free_count -= 1
+        slot[0] = _free_slots[_free_count]
+        return 0
+    cdef unsigned arena_index, tcache_index
+    cdef int err = _mallctl_read_unsigned(b"arenas.create", &arena_index)
+    if err:
+        raise MemoryError(
+            f"jemalloc cannot create another arena (error {err}): {_slots_created} are in use; "
+            "close arenas that are no longer needed")
+    err = _mallctl_read_unsigned(b"tcache.create", &tcache_index)
+    if err:
+        # The new arena stays unused: destroying it would leak metadata and free an index that a
+        # stale reference could alias.
+        raise MemoryError(f"jemalloc cannot create another thread cache (error {err})")
+    _slots_created += 1
+    memset(slot, 0, sizeof(ArenaSlot))
+    slot.arena_index = arena_index
+    slot.tcache_index = tcache_index
+    return 0
+
+
+cdef inline int _slot_flags(ArenaSlot* slot) noexcept:
+    return MALLOCX_ARENA(slot.arena_index) | MALLOCX_TCACHE(slot.tcache_index)
+
+
+cdef void _slot_flush_tcache(ArenaSlot* slot) noexcept:
+    je_mallctlbymib(_mib_tcache_flush, _mib_tcache_flush_len, NULL, NULL,
+                    &slot.tcache_index, sizeof(unsigned))
+
+
+cdef void _slot_reset(ArenaSlot* slot) noexcept:
+    """Discard every allocation of the slot's arena at once (pages stay warm)."""
+    global _resets
+    # jemalloc requires every tcache that touched the arena to be flushed before a reset.
+    _slot_flush_tcache(slot)
+    _mib_reset[1] = slot.arena_index
+    je_mallctlbymib(_mib_reset, _mib_reset_len, NULL, NULL, NULL, 0)
+    slot.stale_bytes = 0
+    _resets += 1
+
+
+cdef void _slot_purge(ArenaSlot* slot) noexcept:
+    """Hand the arena's unused dirty pages back to the OS now."""
+    global _purges
+    _slot_flush_tcache(slot)
+    _mib_purge[1] = slot.arena_index
+    je_mallctlbymib(_mib_purge, _mib_purge_len, NULL, NULL, NULL, 0)
+    slot.churn_bytes = 0
+    _purges += 1
+
+
+cdef void _slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
+    """Give a slot back to the pool; ``stale`` bytes of it were left allocated by its last user."""
+    global _free_slots, _free_count, _free_capacity
+    cdef ArenaSlot* grown
+    slot.stale_bytes += stale
+    slot.churn_bytes += churn
+    cdef bint keep_warm = _free_count < WARM_SLOTS
+    if slot.stale_bytes and (slot.stale_bytes > STALE_LIMIT or not keep_warm):
+        _slot_reset(slot)
+    if slot.churn_bytes > STALE_LIMIT or (slot.churn_bytes and not keep_warm):
+        _slot_purge(slot)
+    if _free_count == _free_capacity:
+        grown = <ArenaSlot*>PyMem_RawRealloc(
+            _free_slots, <size_t>(_free_capacity * 2 + 16) * sizeof(ArenaSlot))
+        if grown == NULL:
+            return  # out of memory for bookkeeping: the slot stays unused, never unsafe
+        _free_slots = grown
+        _free_capacity = _free_capacity * 2 + 16
+    _free_slots[_free_count] = slot[0]
+    _free_count += 1
+
+
+def trim():
+    """Reset and purge every idle pooled jemalloc arena: all memory not held by an open arena goes
+    back to the OS (open arenas are not touched; see their purge())."""
+    cdef Py_ssize_t i
+    for i in range(_free_count):
+        if _free_slots[i].stale_bytes:
+            _slot_reset(&_free_slots[i])
+        _slot_purge(&_free_slots[i])
+
+
+def pool_stats():
+    """Figures of the pool of jemalloc arenas shared by all arena objects (for tests and tuning)."""
+    cdef Py_ssize_t i
+    cdef size_t stale = 0
+    for i in range(_free_count):
+        stale += _free_slots[i].stale_bytes
+    return {
+        "slots_created": _slots_created,
+        "slots_idle": _free_count,
+        "stale_bytes": stale,
+        "resets": _resets,
+        "purges": _purges,
+        "stale_limit": STALE_LIMIT,
+        "warm_slots": WARM_SLOTS,
+    }

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Set up everything arenalib needs on a fresh machine, then run its tests or its benchmark.
+
+    python3 dev.py bench            # the benchmark comparison, quick mode (--full for a careful run)
+    python3 dev.py test             # the whole test suite (extra arguments go to pytest)
+    python3 dev.py test --python 3.13
+    python3 dev.py lint             # ruff, cython-lint, stub check
+
+Each command is idempotent: it fetches the jemalloc tarball into subprojects/packagecache/ (from the
+wrap's URL, else from Debian's source package), makes a venv per interpreter in .venv/, installs the
+requirements, builds arenalib in place (an editable meson-python install, rebuilt on import when
+sources change) and runs.  A second run reuses all of it.  Standard library only, Python 3.10+.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import fetch_jemalloc  # noqa: E402
+
+REQUIREMENTS = {
+    "build": ROOT / "requirements" / "build.txt",
+    "test": ROOT / "requirements" / "test.txt",
+    "bench": ROOT / "requirements" / "bench.txt",
+    "lint": ROOT / "requirements" / "lint.txt",
+}
+BUILD_INPUTS = ["pyproject.toml", "meson.build", "meson.options", "arenalib/meson.build"]
+
+
+def say(message: str) -> None:
+    print(f"[dev] {message}", flush=True)
+
+
+def run(cmd: list[str], **kwargs) -> None:
+    subprocess.run(cmd, check=True, **kwargs)
+
+
+def find_interpreter(spec: str | None) -> str:
+    """A python executable for ``spec``: a path, a version such as 3.13, or None for this one."""
+    if spec is None:
+        return sys.executable
+    if os.sep in spec:
+        return spec
+    found = shutil.which(f"python{spec}")
+    if found:
+        return found
+    pyenv_root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    for candidate in sorted(glob.glob(f"{pyenv_root}/versions/{spec}*/bin/python{spec}"), reverse=True):
+        return candidate
+    raise SystemExit(f"no Python {spec} found (neither python{spec} on PATH nor under {pyenv_root})")
+
+
+def interpreter_tag(python: str) -> str:
+    out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    return f"py{out}"
+
+
+def digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.read_bytes() if path.exists() else b"-")
+    return h.hexdigest()
+
+
+def up_to_date(stamp: Path, value: str) -> bool:
+    return stamp.exists() and stamp.read_text() == value
+
+
+def ensure_venv(python: str, tag: str) -> Path:
+    venv = ROOT / ".venv" / tag
+    vpython = venv / "bin" / "python"
+    if not vpython.exists():
+        say(f"creating {venv.relative_to(ROOT)} with {python}")
+        run([python, "-m", "venv", str(venv)])
+    return venv
+
+
+def ensure_requirements(venv: Path, groups: list[str]) -> None:
+    vpython = str(venv / "bin" / "python")
+    for group in groups:
+        stamp = venv / f".arenalib-{group}-requirements"
+        value = digest([REQUIREMENTS[group]])
+        if up_to_date(stamp, value):
+            continue
+        say(f"installing {group} requirements")
+        run([vpython, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+             "-r", str(REQUIREMENTS[group])])
+        stamp.write_text(value)
+
+
+def ensure_build(venv: Path, tag: str) -> None:
+    """Install arenalib in editable mode; later source edits are rebuilt on import."""
+    fetch_jemalloc.ensure_tarball()
+    stamp = venv / ".arenalib-editable"
+    value = digest([ROOT / p for p in BUILD_INPUTS]) + str(ROOT)
+    build_dir = ROOT / "build" / tag
+    if up_to_date(stamp, value) and build_dir.exists():
+        return
+    say(f"building arenalib (jemalloc included) in {build_dir.relative_to(ROOT)}")
+    run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+         "--no-build-isolation", "--no-deps", f"-Cbuild-dir={build_dir}", "-e", str(ROOT)])
+    stamp.write_text(value)
+
+
+def prepare(python_spec: str | None, groups: list[str]) -> Path:
+    python = find_interpreter(python_spec)
+    tag = interpreter_tag(python)
+    venv = ensure_venv(python, tag)
+    ensure_requirements(venv, ["build", *groups])
+    ensure_build(venv, tag)
+    return venv
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["test", "bench", "lint", "setup"])
+    parser.add_argument("--python", help="interpreter: a version (3.13) or a path; default: this one")
+    parser.add_argument("--full", action="store_true", help="bench: the careful, longer run")
+    args, rest = parser.parse_known_args()
+
+    groups = {"test": ["test"], "bench": ["bench"], "lint": ["lint", "test"], "setup": ["test"]}
+    venv = prepare(args.python, groups[args.command])
+    vpython = str(venv / "bin" / "python")
+    os.chdir(ROOT)
+    if args.command == "setup":
+        return 0
+    if args.command == "test":
+        return subprocess.run([vpython, "-m", "pytest", *rest]).returncode
+    if args.command == "bench":
+        return subprocess.run([vpython, "bench/run.py", *(["--full"] if args.full else []), *rest]).returncode
+    return subprocess.run([vpython, "tools/lint.py", *rest]).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

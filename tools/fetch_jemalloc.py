@@ -1,0 +1,149 @@
+"""Put the jemalloc release tarball named by subprojects/jemalloc.wrap into the wrap's package cache.
+
+Meson builds a [wrap-file] from ``subprojects/packagecache/<source_filename>`` without touching the
+network.  This script fills that cache: first from the wrap's ``source_url``; where that cannot be
+reached, from the Debian source package of the same release (its orig tarball is byte-identical to the
+upstream one), fetched with apt through a private sources list and private state and cache folders so
+the system's apt configuration is left alone.  Whichever way the tarball came, its sha256 must equal the
+wrap's ``source_hash``.
+
+Usage: python3 tools/fetch_jemalloc.py [--no-url]   (stdlib only; Python 3.10+)
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WRAP = ROOT / "subprojects" / "jemalloc.wrap"
+CACHE = ROOT / "subprojects" / "packagecache"
+DEBIAN_SOURCE_PACKAGE = "jemalloc"
+URL_TIMEOUT_S = 10
+
+
+def read_wrap() -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(inline_comment_prefixes=None)
+    parser.read(WRAP)
+    return parser["wrap-file"]
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch_from_url(url: str, dest: Path) -> None:
+    with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as response, dest.open("wb") as out:
+        shutil.copyfileobj(response, out)
+
+
+def _source_entries() -> list[str]:
+    """The system's binary package sources, rewritten as deb-src entries (one-line and deb822)."""
+    entries = []
+    for path in ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*.list"))]:
+        if os.path.exists(path):
+            for line in Path(path).read_text().splitlines():
+                if line.strip().startswith("deb "):
+                    entries.append(("list", "deb-src " + line.strip()[4:]))
+    for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+        text = Path(path).read_text()
+        stanzas = []
+        for stanza in text.split("\n\n"):
+            lines = [ln for ln in stanza.splitlines() if not ln.lstrip().startswith("#")]
+            if any(ln.split(":", 1)[0].strip() == "Types" and "deb" in ln.split(":", 1)[1].split()
+                   for ln in lines if ":" in ln):
+                lines = ["Types: deb-src" if ln.startswith("Types:") else ln for ln in lines]
+                stanzas.append("\n".join(lines))
+        if stanzas:
+            entries.append(("sources", "\n\n".join(stanzas)))
+    return [f"{kind}\0{body}" for kind, body in entries]
+
+
+def fetch_from_debian(dest: Path, wanted_hash: str) -> None:
+    """Download Debian's source package with apt into a scratch folder and take its orig tarball."""
+    if shutil.which("apt-get") is None:
+        raise RuntimeError("apt-get is not available")
+    with tempfile.TemporaryDirectory(prefix="arenalib-apt-") as tmp:
+        tmpdir = Path(tmp)
+        parts = tmpdir / "sources.list.d"
+        for sub in ("sources.list.d", "lists/partial", "cache/archives/partial", "download"):
+            (tmpdir / sub).mkdir(parents=True)
+        list_lines = []
+        for n, entry in enumerate(_source_entries()):
+            kind, body = entry.split("\0", 1)
+            if kind == "list":
+                list_lines.append(body)
+            else:
+                (parts / f"src{n}.sources").write_text(body + "\n")
+        (parts / "src.list").write_text("\n".join(list_lines) + "\n")
+        apt = [
+            "apt-get", "-q",
+            "-o", f"Dir::Etc::SourceList={parts / 'src.list'}",
+            "-o", f"Dir::Etc::SourceParts={parts}",
+            "-o", f"Dir::State::Lists={tmpdir / 'lists'}",
+            "-o", f"Dir::Cache={tmpdir / 'cache'}",
+            "-o", "APT::Sandbox::User=root",
+        ]
+        subprocess.run([*apt, "update"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*apt, "source", "--download-only", DEBIAN_SOURCE_PACKAGE],
+                       check=True, cwd=tmpdir / "download", stdout=subprocess.DEVNULL)
+        for candidate in sorted((tmpdir / "download").glob("*.orig.tar.*")):
+            if sha256_of(candidate) == wanted_hash:
+                shutil.move(str(candidate), dest)
+                return
+        raise RuntimeError("Debian's orig tarball does not match the wrap's source_hash")
+
+
+def ensure_tarball(try_url: bool = True) -> Path:
+    wrap = read_wrap()
+    wanted = wrap["source_hash"].strip()
+    dest = CACHE / wrap["source_filename"].strip()
+    if dest.exists() and sha256_of(dest) == wanted:
+        return dest
+    CACHE.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_suffix(dest.suffix + ".part")
+    errors = []
+    attempts = [("source_url", lambda: fetch_from_url(wrap["source_url"].strip(), partial))] if try_url else []
+    attempts.append(("Debian source package", lambda: fetch_from_debian(partial, wanted)))
+    for name, attempt in attempts:
+        partial.unlink(missing_ok=True)
+        try:
+            attempt()
+        except Exception as exc:  # every failure means: try the next source
+            errors.append(f"{name}: {exc}")
+            continue
+        got = sha256_of(partial)
+        if got == wanted:
+            partial.replace(dest)
+            print(f"jemalloc tarball from {name}: {dest.relative_to(ROOT)} (sha256 ok)")
+            return dest
+        errors.append(f"{name}: sha256 {got} != {wanted}")
+    partial.unlink(missing_ok=True)
+    raise SystemExit(
+        "could not obtain the jemalloc tarball:\n  " + "\n  ".join(errors)
+        + f"\nPut {dest.name} (sha256 {wanted}) into {CACHE} by hand and run again."
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-url", action="store_true", help="skip the upstream URL, use Debian's package")
+    args = parser.parse_args()
+    ensure_tarball(try_url=not args.no_url)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
