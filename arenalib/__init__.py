@@ -6,13 +6,6 @@
     # leaving the block frees every segment of the arena at once
 """
 
-from arenalib._errors import (
-    ArenaClosedError,
-    ArenaError,
-    PoolExhaustedError,
-    UnsupportedOperation,
-    WrongThreadError,
-)
 from arenalib._arena import (
     Arena,
     ArenaBase,
@@ -23,6 +16,13 @@ from arenalib._arena import (
     pool_stats,
     set_debug,
     trim,
+)
+from arenalib._errors import (
+    ArenaClosedError,
+    ArenaError,
+    PoolExhaustedError,
+    UnsupportedOperation,
+    WrongThreadError,
 )
 
 __version__ = "0.1.0"  # keep in sync with pyproject.toml and meson.build

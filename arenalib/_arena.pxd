@@ -31,8 +31,7 @@ cdef class Segment:
 cdef class ArenaBase:
     cdef:
         ArenaSlot _slot
-        bint _has_slot
-        bint _closed
+        bint _has_slot          # False once closed: the slot went back to the pool
         int _mallocx_flags      # MALLOCX_ARENA | MALLOCX_TCACHE of the slot
         unsigned long _owner    # owning thread ident; 0 when any thread may use the arena
         uint64_t _generation    # bumped by reset() and close(): every older segment is dead
@@ -45,11 +44,13 @@ cdef class ArenaBase:
         object _created_at      # creation traceback in debug mode, else None
         object __weakref__
 
+    cdef int _open(self, object max_bytes) except -1
     cdef int _check_usable(self) except -1
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align)
     cdef int _free_segment(self, Segment seg) except -1
     cdef int _reserve(self, Py_ssize_t size) except -1
     cdef void _account(self, Py_ssize_t size) noexcept
+    cdef int _close(self) except -1
     cdef int _refuse_if_exported(self, str action) except -1
     cdef void _release_memory(self) noexcept
 

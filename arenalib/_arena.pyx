@@ -7,6 +7,8 @@ Segment (in _segment.pxi) is the user's handle on a block of that memory.
 """
 
 cimport cython
+from cpython.exc cimport PyErr_Clear
+from cpython.long cimport PyLong_AsSsize_t
 from cpython.mem cimport PyMem_RawFree, PyMem_RawRealloc
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport uint64_t
@@ -47,7 +49,17 @@ def jemalloc_version():
     return JEMALLOC_VERSION.decode()
 
 
-cdef Py_ssize_t _parse_size(object size, str name) except -1:
+cdef inline Py_ssize_t _parse_size(object size, str name) except -1:
+    cdef Py_ssize_t n
+    if type(size) is int:  # the common case, without the cost of a try block
+        n = PyLong_AsSsize_t(size)
+        if n >= 0:
+            return n
+        PyErr_Clear()
+    return _parse_size_slow(size, name)
+
+
+cdef Py_ssize_t _parse_size_slow(object size, str name) except -1:
     cdef Py_ssize_t n
     try:
         n = size
@@ -87,30 +99,34 @@ cdef Py_ssize_t _parse_max_bytes(object max_bytes) except -2:
         return -1  # a limit beyond any address space is no limit
 
 
+@cython.no_gc  # holds no object that could lead back to it: no cycles, no GC tracking cost
 cdef class ArenaBase:
     """What every arena shares: allocate(), reset(), purge(), close(), stats(), the with-block.
 
     Not instantiable; use Arena, ConfinedArena or SlicingArena."""
 
-    def __cinit__(self, *args, max_bytes=None, **kwargs):
+    def __cinit__(self):
+        # A no-argument __cinit__ is called whatever the constructor's arguments are.
         if type(self) is ArenaBase:
             raise TypeError("ArenaBase is abstract; use Arena, ConfinedArena or SlicingArena")
+
+    cdef int _open(self, object max_bytes) except -1:
+        """Take a jemalloc slot from the pool; called once by each concrete class's __cinit__."""
         self._generation = 1
-        self._closed = True
         self._max_bytes = _parse_max_bytes(max_bytes)
         _slot_acquire(&self._slot)
         self._has_slot = True
-        self._closed = False
         self._mallocx_flags = _slot_flags(&self._slot)
         if _debug:
             import traceback
             stack = traceback.format_stack()
             self._created_at = "".join(stack[:len(stack) - 1])
+        return 0
 
     # -- checks ----------------------------------------------------------------------------------
 
     cdef int _check_usable(self) except -1:
-        if self._closed:
+        if not self._has_slot:
             raise ArenaClosedError(f"{type(self).__name__} is closed")
         if self._owner and self._owner != PyThread_get_thread_ident():
             raise _wrong_thread_error(self)
@@ -192,16 +208,19 @@ cdef class ArenaBase:
         """Free every segment and give the memory back; idempotent.
 
         Raises BufferError, changing nothing, while a segment's buffer export is alive."""
-        if self._closed:
-            return
+        self._close()
+
+    cdef int _close(self) except -1:
+        if not self._has_slot:
+            return 0
         self._check_usable()
         self._refuse_if_exported("close")
         self._release_memory()
+        return 0
 
     cdef void _release_memory(self) noexcept:
         if not self._has_slot:
             return
-        self._closed = True
         self._generation += 1
         self._has_slot = False
         # The live segments are not freed one by one: their bytes become the slot's stale garbage,
@@ -213,7 +232,7 @@ cdef class ArenaBase:
     @property
     def closed(self):
         """True once close() was called (or the with-block ended)."""
-        return self._closed
+        return not self._has_slot
 
     @property
     def max_bytes(self):
@@ -225,7 +244,7 @@ cdef class ArenaBase:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.close()
+        self._close()
         return False
 
     def stats(self):
@@ -240,13 +259,15 @@ cdef class ArenaBase:
             "allocated_total": self._allocated_total,
             "exports": self._exports,
             "max_bytes": self.max_bytes,
-            "closed": self._closed,
+            "closed": not self._has_slot,
         }
         result.update(_jemalloc_arena_stats(self._slot.arena_index if self._has_slot else -1))
         return result
 
     def __repr__(self):
-        state = "closed" if self._closed else f"{self._live_segments} segments, {self._live_bytes} bytes"
+        if not self._has_slot:
+            return f"<arenalib.{type(self).__name__} closed>"
+        state = f"{self._live_segments} segments, {self._live_bytes} bytes"
         return f"<arenalib.{type(self).__name__} {state}>"
 
     def __reduce__(self):
@@ -254,7 +275,7 @@ cdef class ArenaBase:
 
     def __del__(self):
         # As an unclosed file does: free the memory and say so with a ResourceWarning.
-        if self._closed:
+        if not self._has_slot:
             return
         message = f"unclosed {self!r}"
         if self._created_at is not None:
@@ -285,6 +306,7 @@ cdef dict _jemalloc_arena_stats(long arena_index):
 
 
 @cython.final
+@cython.freelist(8)
 cdef class Arena(ArenaBase):
     """An arena any thread may allocate from, free into and close.
 
@@ -292,16 +314,18 @@ cdef class Arena(ArenaBase):
     with-block); seg.free() gives one segment back early."""
 
     def __cinit__(self, *, max_bytes=None):
-        pass
+        self._open(max_bytes)
 
 
 @cython.final
+@cython.freelist(8)
 cdef class ConfinedArena(ArenaBase):
     """An arena that only its creating thread may use, nor its segments (WrongThreadError).
 
     ConfinedArena(*, max_bytes=None).  Confinement is what lets it skip all locking."""
 
     def __cinit__(self, *, max_bytes=None):
+        self._open(max_bytes)
         self._owner = PyThread_get_thread_ident()
 
     @property
@@ -311,6 +335,7 @@ cdef class ConfinedArena(ArenaBase):
 
 
 @cython.final
+@cython.freelist(8)
 cdef class SlicingArena(ArenaBase):
     """Bump-pointer allocation inside chunks taken from jemalloc (Panama's slicingAllocator).
 
@@ -325,6 +350,7 @@ cdef class SlicingArena(ArenaBase):
             if size < PAGE:
                 raise ValueError(f"chunk_size must be at least {PAGE}, not {chunk_size!r}")
         self._chunk_size = size
+        self._open(max_bytes)
 
     @property
     def chunk_size(self):

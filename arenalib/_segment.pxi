@@ -28,6 +28,7 @@ cdef inline Py_ssize_t _as_byte(object value) except -1:
 
 @cython.final
 @cython.freelist(64)
+@cython.no_gc  # references only its arena and root segment: never part of a cycle
 cdef class Segment:
     """A block of native memory from an arena, usable wherever a writable buffer is accepted.
 
@@ -227,7 +228,7 @@ cdef Py_ssize_t _segment_index(Segment seg, object index) except -1:
 
 cdef object _dead_segment_error(Segment seg):
     cdef ArenaBase arena = seg._arena
-    if arena._closed:
+    if not arena._has_slot:
         why = f"its {type(arena).__name__} is closed"
     elif seg._freed or (seg._root is not None and seg._root._freed):
         why = "it was freed or released"

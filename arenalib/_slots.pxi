@@ -4,12 +4,14 @@
 # leaks ~4 KiB of metadata a cycle; at most ~4086 arenas and ~4094 explicit tcaches can exist at once.
 # So jemalloc arenas are never destroyed: a closed arena object hands its slot back here.
 #
-# Why deferred resets: arena.<i>.reset costs about a microsecond, far more than a small scope's whole
-# budget.  A closed arena's allocations are garbage nobody can reach (its segments check the arena
-# object, never jemalloc), so a slot goes back warm with that garbage counted as stale_bytes, and is
-# reset and purged in bulk once the garbage passes STALE_LIMIT, or at once when the pool already holds
-# WARM_SLOTS warm slots.  Idle memory kept this way is bounded by WARM_SLOTS * STALE_LIMIT.
-#
+# Why deferred resets: arena.<i>.reset costs about a microsecond even when nearly empty (~11 us with
+# 1 MiB of small allocations), far more than a small scope's whole budget.  A closed arena's
+# allocations are garbage nobody can reach (its segments check the arena object, never jemalloc), so
+# a slot goes back warm with that garbage counted as stale_bytes, and is reset in bulk once the
+# garbage passes STALE_LIMIT.  Pages are purged (handed back to the OS, ~75 us a MiB) when an arena
+# that churned more than PURGE_LIMIT closes, and when a slot drops out of the WARM_SLOTS most
+# recently used ones: memory parked in idle slots stays bounded by about WARM_SLOTS * STALE_LIMIT.
+
 # Every function here runs with the GIL held; the GIL is what serialises use of a slot's tcache.
 
 from libc.string cimport memset
@@ -19,6 +21,7 @@ from arenalib._jemalloc cimport (
 )
 
 cdef size_t STALE_LIMIT = 1 << 20
+cdef size_t PURGE_LIMIT = 4 << 20
 cdef Py_ssize_t WARM_SLOTS = 4
 
 cdef ArenaSlot* _free_slots = NULL
@@ -108,26 +111,38 @@ cdef void _slot_purge(ArenaSlot* slot) noexcept:
     _purges += 1
 
 
+cdef void _slot_wipe(ArenaSlot* slot) noexcept:
+    """Drop the slot's garbage and hand its pages back to the OS."""
+    if slot.stale_bytes:
+        _slot_reset(slot)
+    if slot.churn_bytes:
+        _slot_purge(slot)
+
+
 cdef void _slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
-    """Give a slot back to the pool; ``stale`` bytes of it were left allocated by its last user."""
+    """Give a slot back to the pool; ``stale`` bytes of it were left allocated by its last user,
+    which allocated ``churn`` bytes in all."""
     global _free_slots, _free_count, _free_capacity
     cdef ArenaSlot* grown
     slot.stale_bytes += stale
     slot.churn_bytes += churn
-    cdef bint keep_warm = _free_count < WARM_SLOTS
-    if slot.stale_bytes and (slot.stale_bytes > STALE_LIMIT or not keep_warm):
-        _slot_reset(slot)
-    if slot.churn_bytes > STALE_LIMIT or (slot.churn_bytes and not keep_warm):
-        _slot_purge(slot)
+    if churn > PURGE_LIMIT:
+        _slot_wipe(slot)          # a big arena closed: its memory goes back to the OS now
+    elif slot.stale_bytes > STALE_LIMIT:
+        _slot_reset(slot)         # garbage of many small scopes: drop it, keep the pages warm
     if _free_count == _free_capacity:
         grown = <ArenaSlot*>PyMem_RawRealloc(
             _free_slots, <size_t>(_free_capacity * 2 + 16) * sizeof(ArenaSlot))
         if grown == NULL:
-            return  # out of memory for bookkeeping: the slot stays unused, never unsafe
+            _slot_wipe(slot)
+            return  # no memory for bookkeeping: the slot stays unused (and empty), never unsafe
         _free_slots = grown
         _free_capacity = _free_capacity * 2 + 16
     _free_slots[_free_count] = slot[0]
     _free_count += 1
+    # Slots are taken LIFO: the one now falling out of the warm window may idle for long.
+    if _free_count > WARM_SLOTS:
+        _slot_wipe(&_free_slots[_free_count - 1 - WARM_SLOTS])
 
 
 def trim():
@@ -135,9 +150,7 @@ def trim():
     back to the OS (open arenas are not touched; see their purge())."""
     cdef Py_ssize_t i
     for i in range(_free_count):
-        if _free_slots[i].stale_bytes:
-            _slot_reset(&_free_slots[i])
-        _slot_purge(&_free_slots[i])
+        _slot_wipe(&_free_slots[i])
 
 
 def pool_stats():
@@ -153,5 +166,6 @@ def pool_stats():
         "resets": _resets,
         "purges": _purges,
         "stale_limit": STALE_LIMIT,
+        "purge_limit": PURGE_LIMIT,
         "warm_slots": WARM_SLOTS,
     }

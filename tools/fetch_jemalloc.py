@@ -116,7 +116,9 @@ def ensure_tarball(try_url: bool = True) -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     partial = dest.with_suffix(dest.suffix + ".part")
     errors = []
-    attempts = [("source_url", lambda: fetch_from_url(wrap["source_url"].strip(), partial))] if try_url else []
+    attempts = []
+    if try_url:
+        attempts.append(("source_url", lambda: fetch_from_url(wrap["source_url"].strip(), partial)))
     attempts.append(("Debian source package", lambda: fetch_from_debian(partial, wanted)))
     for name, attempt in attempts:
         partial.unlink(missing_ok=True)

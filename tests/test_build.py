@@ -1,0 +1,143 @@
+"""The extension carries a private jemalloc that never touches the process's malloc (issue 2)."""
+
+import ctypes
+import importlib.metadata
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import arenalib
+import arenalib._arena
+
+EXTENSION = Path(arenalib._arena.__file__)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str) -> str:
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="binutils' nm is not installed")
+def test_extension_exports_only_its_init_function():
+    out = subprocess.run(["nm", "-D", "--defined-only", str(EXTENSION)],
+                         capture_output=True, text=True, check=True).stdout
+    exported = [line.split()[-1] for line in out.splitlines() if line.strip()]
+    assert exported == ["PyInit__arena"], exported
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="binutils' nm is not installed")
+def test_no_unprefixed_allocator_symbol_is_defined():
+    # Not even hidden ones: jemalloc's public names all carry arenalib's prefix.
+    out = subprocess.run(["nm", "--defined-only", str(EXTENSION)],
+                         capture_output=True, text=True, check=True).stdout
+    names = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    for name in ("malloc", "free", "calloc", "realloc", "mallocx", "posix_memalign", "mallctl"):
+        assert name not in names
+    assert "arenalib_je_mallocx" in names
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="binutils' readelf is not installed")
+def test_extension_uses_no_static_tls():
+    out = subprocess.run(["readelf", "-d", str(EXTENSION)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "STATIC_TLS" not in out
+
+
+def test_process_malloc_is_still_glibc():
+    libc = ctypes.CDLL(None)
+    # The default-namespace malloc/free resolve to glibc's, not to anything in our extension.
+    dl_info = type("Dl_info", (ctypes.Structure,), {"_fields_": [
+        ("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]})
+    dladdr = libc.dladdr
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(dl_info)]
+    for name in ("malloc", "free"):
+        info = dl_info()
+        address = ctypes.cast(getattr(libc, name), ctypes.c_void_p).value
+        assert dladdr(address, ctypes.byref(info))
+        assert b"libc.so" in info.dli_fname, (name, info.dli_fname)
+        assert b"_arena" not in info.dli_fname
+
+
+def test_malloc_and_free_still_work_with_glibc_after_import():
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.malloc_usable_size.argtypes = [ctypes.c_void_p]
+    libc.malloc_usable_size.restype = ctypes.c_size_t
+    with arenalib.Arena() as arena:
+        segment = arena.allocate(100)
+        pointer = libc.malloc(100)
+        assert pointer
+        # glibc's own bookkeeping answers for a glibc pointer
+        assert libc.malloc_usable_size(pointer) >= 100
+        libc.free(pointer)
+        assert segment.alive
+
+
+IMPORT_ORDERS = [
+    ("arenalib", "numpy", "pyarrow"),
+    ("numpy", "arenalib", "pyarrow"),
+    ("pyarrow", "numpy", "arenalib"),
+    ("pyarrow", "arenalib", "numpy"),
+]
+
+
+@pytest.mark.parametrize("order", IMPORT_ORDERS, ids="-".join)
+def test_side_by_side_with_numpy_and_pyarrow(order):
+    # pyarrow carries its own jemalloc (je_arrow_ prefix): both must work in one process.
+    out = run_python(f"""
+        import importlib
+        for name in {order!r}:
+            importlib.import_module(name)
+        import arenalib, numpy, pyarrow
+        with arenalib.ConfinedArena() as arena:
+            seg = arena.allocate(1 << 20, zero=False).fill(7)
+            array = numpy.frombuffer(seg, dtype=numpy.uint8)
+            assert int(array.sum()) == 7 << 20
+            buf = pyarrow.allocate_buffer(1 << 20, memory_pool=pyarrow.jemalloc_memory_pool())
+            numpy.frombuffer(buf, dtype=numpy.uint8)[:] = array
+            del array
+            assert pyarrow.py_buffer(seg.tobytes()).equals(buf)
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_versions_are_reported():
+    assert arenalib.__version__ == importlib.metadata.version("arenalib")
+    assert re.fullmatch(r"5\.3\.0-0-g[0-9a-f]{40}", arenalib.jemalloc_version())
+
+
+def test_version_is_the_same_in_every_file():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    meson = (ROOT / "meson.build").read_text()
+    assert f'version = "{arenalib.__version__}"' in pyproject
+    assert f"version: '{arenalib.__version__}'" in meson
+
+
+def test_prefixed_malloc_conf_variable_is_read():
+    # With a prefix, jemalloc reads ARENALIB_JE_MALLOC_CONF (documented in the README).
+    out = run_python("""
+        import os
+        import arenalib
+        with arenalib.Arena() as arena:
+            arena.allocate(10)
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+    env_run = subprocess.run(
+        [sys.executable, "-c", "import arenalib; arenalib.Arena().close()"],
+        capture_output=True, text=True, check=False,
+        env={**__import__("os").environ, "ARENALIB_JE_MALLOC_CONF": "no_such_option:1"})
+    # jemalloc names the unknown option it read from our variable, and carries on.
+    assert "no_such_option" in env_run.stderr
+    assert env_run.returncode == 0
