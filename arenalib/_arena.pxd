@@ -1,17 +1,86 @@
 # cython: language_level=3
-# Declarations of arenalib's arena and segment classes, for other Cython modules of arenalib and for
-# extensions that cimport arenalib (see arenalib/__init__.pxd).  No jemalloc type appears here.
+# Declarations of arenalib's arenas and segments, for arenalib's other Cython modules and for
+# extensions that cimport arenalib (the public surface is arenalib/__init__.pxd).  No jemalloc type
+# appears here: consumers need no jemalloc header and link nothing.
 
 from libc.stdint cimport uint64_t
 
 
+# Result codes of the nogil functions; arena_raise() turns one into the matching Python exception.
+cdef enum:
+    ARENA_OK = 0
+    ARENA_ENOMEM = 1          # MemoryError: jemalloc could not get the memory
+    ARENA_ELIMIT = 2          # MemoryError: max_bytes would be exceeded
+    ARENA_ECLOSED = 3         # ArenaClosedError
+    ARENA_EWRONGTHREAD = 4    # WrongThreadError: a confined arena used from another thread
+    ARENA_EINVAL = 5          # ValueError: alignment not a power of two up to 1 GiB
+    ARENA_EEXPORTED = 6       # BufferError: buffer exports of segments are alive
+    ARENA_EBUSY = 7           # ArenaError: a SlicingArena used by two threads at once
+    ARENA_EUNSUPPORTED = 8    # UnsupportedOperation: per-segment free of a SlicingArena
+
+cdef enum:
+    ARENA_KIND_SHARED = 0     # Arena
+    ARENA_KIND_CONFINED = 1   # ConfinedArena
+    ARENA_KIND_SLICING = 2    # SlicingArena
+    ARENA_KIND_POOL = 3       # BufferPool's region
+
+cdef enum:
+    # Size classes of the confined free-block cache: 16-byte steps up to 1 KiB, then jemalloc's four
+    # classes per doubling up to 64 KiB.
+    CACHE_BINS = 89
+    CACHE_MAX_SIZE = 65536
+
+
 cdef struct ArenaSlot:
-    # One jemalloc explicit arena with the explicit thread cache that serves it; pooled across
-    # arena objects because creating an arena costs ~50 us and destroying one leaks metadata.
+    # One jemalloc explicit arena with the explicit tcache that serves it and a cache of free blocks,
+    # pooled across arena objects: creating a jemalloc arena costs ~50 us, destroying one leaks.
     unsigned arena_index
     unsigned tcache_index
-    size_t stale_bytes    # allocations left behind by closed arena objects, dropped by the next reset
+    size_t stale_bytes    # allocations left behind by closed arena objects, dropped by a reset
     size_t churn_bytes    # bytes allocated since the last purge: what may sit dirty in the arena
+    size_t cached_bytes
+    void* bins[CACHE_BINS]             # singly linked lists threaded through the free blocks
+    unsigned char bin_counts[CACHE_BINS]
+
+
+cdef struct ThreadCache:
+    # A shared Arena's per-thread state: its own jemalloc tcache (no lock on the common path) and
+    # its own counters (no cache line bounced between threads).
+    ThreadCache* next
+    unsigned long thread
+    unsigned tcache_index
+    Py_ssize_t live_bytes
+    Py_ssize_t live_segments
+    size_t allocated_total
+
+
+cdef struct ArenaCore:
+    int kind
+    bint open
+    int busy                  # SlicingArena: a thread is carving right now
+    ArenaSlot* slot
+    int mallocx_flags         # MALLOCX_ARENA | MALLOCX_TCACHE of the slot
+    unsigned long owner       # owning thread ident; 0 when any thread may use the arena
+    uint64_t generation       # bumped by reset and close: every older segment is dead
+    uint64_t serial           # unique per arena object, never reused (keys the per-thread caches)
+    Py_ssize_t live_bytes     # shared arenas: bytes reserved against max_bytes only
+    Py_ssize_t peak_bytes
+    Py_ssize_t live_segments
+    Py_ssize_t exports
+    Py_ssize_t max_bytes      # -1: no limit
+    size_t allocated_total
+    ThreadCache* threads
+    void* threads_lock
+    # SlicingArena
+    size_t chunk_size
+    char** chunks
+    size_t* chunk_sizes
+    size_t* chunk_zero_from   # bytes of a chunk at or past this offset are known to be zero
+    Py_ssize_t nchunks
+    Py_ssize_t chunks_capacity
+    Py_ssize_t current        # chunk being carved
+    size_t offset             # next free byte in the current chunk
+    size_t chunk_bytes
 
 
 cdef class Segment:
@@ -30,28 +99,18 @@ cdef class Segment:
 
 cdef class ArenaBase:
     cdef:
-        ArenaSlot _slot
-        bint _has_slot          # False once closed: the slot went back to the pool
-        int _mallocx_flags      # MALLOCX_ARENA | MALLOCX_TCACHE of the slot
-        unsigned long _owner    # owning thread ident; 0 when any thread may use the arena
-        uint64_t _generation    # bumped by reset() and close(): every older segment is dead
-        Py_ssize_t _live_bytes
-        Py_ssize_t _peak_bytes
-        Py_ssize_t _live_segments
-        Py_ssize_t _exports
-        Py_ssize_t _max_bytes   # -1: no limit
-        size_t _allocated_total
-        object _created_at      # creation traceback in debug mode, else None
+        ArenaCore _core
+        object _created_at      # creation stack in debug mode, else None
         object __weakref__
 
-    cdef int _open(self, object max_bytes) except -1
-    cdef int _check_usable(self) except -1
+    cdef int _open(self, int kind, object max_bytes) except -1
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align)
+    cdef void _update_shared_peak(self) noexcept
     cdef int _free_segment(self, Segment seg) except -1
-    cdef int _reserve(self, Py_ssize_t size) except -1
-    cdef void _account(self, Py_ssize_t size) noexcept
+    cdef int _raise(self, int code, str context) except -1
+    cdef Py_ssize_t _live_bytes(self) noexcept
     cdef int _close(self) except -1
-    cdef int _refuse_if_exported(self, str action) except -1
+    cdef int _check_usable(self) except -1
     cdef void _release_memory(self) noexcept
 
 
@@ -64,18 +123,15 @@ cdef class ConfinedArena(ArenaBase):
 
 
 cdef class SlicingArena(ArenaBase):
-    cdef:
-        Py_ssize_t _chunk_size
-        char** _chunks
-        size_t* _chunk_sizes
-        size_t* _chunk_zero_from  # bytes of a chunk at or past this offset are known to be zero
-        Py_ssize_t _nchunks
-        Py_ssize_t _chunks_capacity
-        Py_ssize_t _current       # chunk being carved
-        size_t _offset            # next free byte in the current chunk
-        size_t _chunk_bytes
-
-    cdef int _next_chunk(self, size_t size, size_t align) except -1
+    pass
 
 
+# -- C-level API (re-exported by arenalib/__init__.pxd) -------------------------------------------
+
+cdef ArenaCore* arena_core(object arena) except NULL
+cdef int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                        void** out) noexcept nogil
+cdef int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil
+cdef int arena_reset(ArenaCore* core) noexcept nogil
+cdef int arena_raise(int code) except -1
 cdef Segment make_segment(ArenaBase arena, char* ptr, Py_ssize_t size)

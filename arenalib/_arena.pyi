@@ -99,6 +99,8 @@ class PoolStats(TypedDict):
     slots_created: int
     slots_idle: int
     stale_bytes: int
+    cached_bytes: int
+    spare_tcaches: int
     resets: int
     purges: int
     stale_limit: int
@@ -109,3 +111,11 @@ def set_debug(enabled: bool) -> None: ...
 def jemalloc_version() -> str: ...
 def trim() -> None: ...
 def pool_stats() -> PoolStats: ...
+
+@type_check_only
+class LiveObjects(TypedDict):
+    open_arenas: int
+    segments: int
+    exports: int
+
+def live_objects() -> LiveObjects: ...

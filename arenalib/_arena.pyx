@@ -1,41 +1,43 @@
 # cython: language_level=3
 """Arenas of native memory over jemalloc's explicit arenas and thread caches.
 
-ArenaBase holds what all arenas share (the pooled jemalloc slot, accounting, the lifecycle);
-Arena, ConfinedArena and SlicingArena differ in who may use them and how they carve memory.
-Segment (in _segment.pxi) is the user's handle on a block of that memory.
+ArenaBase holds what all arenas share (the pooled jemalloc slot in an ArenaCore, accounting, the
+lifecycle); Arena, ConfinedArena and SlicingArena differ in who may use them and how they carve
+memory (the nogil rules live in _core.pxi).  Segment (_segment.pxi) is the user's handle on a block.
 """
 
 cimport cython
 from cpython.exc cimport PyErr_Clear
-from cpython.long cimport PyLong_AsSsize_t
-from cpython.mem cimport PyMem_RawFree, PyMem_RawRealloc
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport uint64_t
 
-from arenalib._jemalloc cimport (
-    JEMALLOC_VERSION, MALLOCX_LG_ALIGN, MALLOCX_ZERO, je_dallocx, je_mallctl, je_mallocx,
-)
-
 import warnings
 
-from arenalib._errors import ArenaClosedError, UnsupportedOperation, WrongThreadError
+from arenalib._errors import ArenaClosedError, ArenaError, UnsupportedOperation, WrongThreadError
+
+from arenalib._jemalloc cimport JEMALLOC_VERSION, je_mallctl
 
 include "_slots.pxi"
+include "_core.pxi"
 include "_segment.pxi"
 
-cdef extern from *:
-    int __builtin_ctzll(unsigned long long) nogil
-
-# Largest alignment accepted: huge pages (2 MiB) and well beyond, while still far below what would
-# make jemalloc's size arithmetic overflow.
-cdef Py_ssize_t MAX_ALIGN = 1 << 30
 cdef Py_ssize_t DEFAULT_CHUNK_SIZE = 256 * 1024
-cdef size_t SLICE_DEFAULT_ALIGN = 16   # malloc's guarantee on x86-64 (max_align_t)
-cdef size_t PAGE = 4096
 
 # Debug mode: arenas record where they were created, for the ResourceWarning of an unclosed arena.
 cdef bint _debug = False
+# Live-object counters, checked by the test suite after every test.
+cdef Py_ssize_t _open_arenas = 0
+
+_ERRORS = {
+    ARENA_ENOMEM: (MemoryError, "out of memory"),
+    ARENA_ELIMIT: (MemoryError, "the arena's max_bytes would be exceeded"),
+    ARENA_ECLOSED: (ArenaClosedError, "the arena is closed"),
+    ARENA_EWRONGTHREAD: (WrongThreadError, "a confined arena was used from another thread"),
+    ARENA_EINVAL: (ValueError, "align must be a power of two from 1 to 1 GiB"),
+    ARENA_EEXPORTED: (BufferError, "buffer exports of the arena's segments are alive"),
+    ARENA_EBUSY: (ArenaError, "the SlicingArena is in use by another thread"),
+    ARENA_EUNSUPPORTED: (UnsupportedOperation, "not supported by this kind of arena"),
+}
 
 
 def set_debug(bint enabled):
@@ -49,13 +51,24 @@ def jemalloc_version():
     return JEMALLOC_VERSION.decode()
 
 
+def live_objects():
+    """Counts of open arenas, Segment objects and buffer exports alive now (for leak checks)."""
+    return {"open_arenas": _open_arenas, "segments": _live_segment_objects,
+            "exports": _live_exports}
+
+
+cdef extern from "Python.h":
+    # Declared without an exception value: the fast path below inspects the result itself.
+    Py_ssize_t _long_as_ssize "PyLong_AsSsize_t"(object value) noexcept
+
+
 cdef inline Py_ssize_t _parse_size(object size, str name) except -1:
     cdef Py_ssize_t n
     if type(size) is int:  # the common case, without the cost of a try block
-        n = PyLong_AsSsize_t(size)
+        n = _long_as_ssize(size)
         if n >= 0:
             return n
-        PyErr_Clear()
+        PyErr_Clear()  # negative or too large: the slow path says which
     return _parse_size_slow(size, name)
 
 
@@ -81,13 +94,9 @@ cdef size_t _parse_align(object align) except 0:
         n = align
     except OverflowError:
         n = -1
-    if n <= 0 or n & (n - 1) or n > MAX_ALIGN:
+    if n <= 0 or n & (n - 1) or <size_t>n > MAX_ALIGN:
         raise ValueError(f"align must be a power of two from 1 to {MAX_ALIGN}, not {align!r}")
     return <size_t>n
-
-
-cdef inline int _lg(size_t power_of_two) noexcept nogil:
-    return __builtin_ctzll(power_of_two)
 
 
 cdef Py_ssize_t _parse_max_bytes(object max_bytes) except -2:
@@ -99,6 +108,7 @@ cdef Py_ssize_t _parse_max_bytes(object max_bytes) except -2:
         return -1  # a limit beyond any address space is no limit
 
 
+@cython.freelist(16)
 @cython.no_gc  # holds no object that could lead back to it: no cycles, no GC tracking cost
 cdef class ArenaBase:
     """What every arena shares: allocate(), reset(), purge(), close(), stats(), the with-block.
@@ -110,48 +120,28 @@ cdef class ArenaBase:
         if type(self) is ArenaBase:
             raise TypeError("ArenaBase is abstract; use Arena, ConfinedArena or SlicingArena")
 
-    cdef int _open(self, object max_bytes) except -1:
+    cdef int _open(self, int kind, object max_bytes) except -1:
         """Take a jemalloc slot from the pool; called once by each concrete class's __cinit__."""
-        self._generation = 1
-        self._max_bytes = _parse_max_bytes(max_bytes)
-        _slot_acquire(&self._slot)
-        self._has_slot = True
-        self._mallocx_flags = _slot_flags(&self._slot)
+        global _next_serial, _open_arenas
+        cdef ArenaCore* core = &self._core
+        core.max_bytes = _parse_max_bytes(max_bytes)
+        if kind == ARENA_KIND_SHARED:
+            core.threads_lock = PyThread_allocate_lock()
+            if core.threads_lock == NULL:
+                raise MemoryError("cannot allocate a lock")
+        core.slot = _slot_acquire()
+        core.kind = kind
+        core.generation = 1
+        core.serial = _next_serial
+        _next_serial += 1
+        core.mallocx_flags = _slot_flags(core.slot)
+        core.open = True
+        _open_arenas += 1
         if _debug:
             import traceback
-            stack = traceback.format_stack()
-            self._created_at = "".join(stack[:len(stack) - 1])
+            # Called from C: the innermost Python frame is the one that made the arena.
+            self._created_at = "".join(traceback.format_stack())
         return 0
-
-    # -- checks ----------------------------------------------------------------------------------
-
-    cdef int _check_usable(self) except -1:
-        if not self._has_slot:
-            raise ArenaClosedError(f"{type(self).__name__} is closed")
-        if self._owner and self._owner != PyThread_get_thread_ident():
-            raise _wrong_thread_error(self)
-        return 0
-
-    cdef int _refuse_if_exported(self, str action) except -1:
-        if self._exports:
-            raise BufferError(
-                f"cannot {action} {type(self).__name__}: {self._exports} buffer export(s) of its "
-                "segments (memoryview, NumPy array ...) are alive; release them first")
-        return 0
-
-    cdef int _reserve(self, Py_ssize_t size) except -1:
-        if self._max_bytes >= 0 and size > self._max_bytes - self._live_bytes:
-            raise MemoryError(
-                f"allocating {size} bytes would exceed max_bytes={self._max_bytes} of "
-                f"{type(self).__name__} ({self._live_bytes} bytes in use)")
-        return 0
-
-    cdef void _account(self, Py_ssize_t size) noexcept:
-        self._live_bytes += size
-        self._live_segments += 1
-        self._allocated_total += <size_t>size
-        if self._live_bytes > self._peak_bytes:
-            self._peak_bytes = self._live_bytes
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -165,44 +155,76 @@ cdef class ArenaBase:
         return self._allocate(_parse_size(size, "size"), zero, _parse_align(align))
 
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align):
-        self._check_usable()
-        self._reserve(size)
-        cdef int flags = self._mallocx_flags
-        if zero:
-            flags |= MALLOCX_ZERO
-        if align > 1:
-            flags |= MALLOCX_LG_ALIGN(_lg(align))
-        # jemalloc's mallocx does not take size 0: a 0-byte segment still gets a distinct address.
-        cdef char* ptr = <char*>je_mallocx(<size_t>size if size else 1, flags)
-        if ptr == NULL:
-            raise MemoryError(f"cannot allocate {size} bytes (align={align})")
-        self._account(size)
-        return make_segment(self, ptr, size)
+        cdef void* ptr
+        cdef int err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
+        if err:
+            self._raise(err, f"cannot allocate {size} bytes (align={align})")
+        if self._core.kind == ARENA_KIND_SHARED:
+            self._update_shared_peak()
+        return make_segment(self, <char*>ptr, size)
+
+    cdef void _update_shared_peak(self) noexcept:
+        # Walked without the lock: nodes are only freed by close(), which needs the GIL we hold,
+        # and a node a nogil thread is adding right now is missed at worst.
+        cdef Py_ssize_t live = 0
+        cdef ThreadCache* tc = self._core.threads
+        while tc != NULL:
+            live += tc.live_bytes
+            tc = tc.next
+        if live > self._core.peak_bytes:
+            self._core.peak_bytes = live
 
     cdef int _free_segment(self, Segment seg) except -1:
-        je_dallocx(seg._ptr, self._mallocx_flags)
+        cdef int err = arena_free(&self._core, seg._ptr, <size_t>seg._size)
+        if err:
+            self._raise(err, "cannot free this segment")
         seg._freed = True
-        self._live_bytes -= seg._size
-        self._live_segments -= 1
         return 0
+
+    cdef int _raise(self, int code, str context) except -1:
+        """Raise the exception for ``code`` with a message that names this arena."""
+        name = type(self).__name__
+        if code == ARENA_ECLOSED:
+            raise ArenaClosedError(f"{name} is closed")
+        if code == ARENA_EWRONGTHREAD:
+            raise _wrong_thread_error(self)
+        if code == ARENA_ELIMIT:
+            raise MemoryError(f"{context}: max_bytes={self._core.max_bytes} of {name} would be "
+                              f"exceeded ({self._live_bytes()} bytes in use)")
+        if code == ARENA_EEXPORTED:
+            raise BufferError(
+                f"{context}: {self._core.exports} buffer export(s) of its segments (memoryview, "
+                "NumPy array ...) are alive; release them first")
+        if code == ARENA_EUNSUPPORTED and self._core.kind == ARENA_KIND_SLICING:
+            raise UnsupportedOperation(
+                "SlicingArena segments cannot be freed one by one; use reset() or close()")
+        exc_type, message = _ERRORS[code]
+        raise exc_type(f"{context}: {message}")
+
+    cdef Py_ssize_t _live_bytes(self) noexcept:
+        cdef Py_ssize_t live, segments
+        cdef size_t total
+        if self._core.kind == ARENA_KIND_SHARED:
+            _shared_totals(&self._core, &live, &segments, &total)
+            return live
+        return self._core.live_bytes
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def reset(self):
-        """Free every segment at once and keep the arena open; its pages stay warm for reuse.
+        """Free every segment at once and keep the arena open (its pages stay warm for reuse).
 
         Raises BufferError, changing nothing, while a segment's buffer export is alive."""
-        self._check_usable()
-        self._refuse_if_exported("reset")
-        self._generation += 1
-        _slot_reset(&self._slot)
-        self._live_bytes = 0
-        self._live_segments = 0
+        cdef int err = arena_reset(&self._core)
+        if err:
+            self._raise(err, f"cannot reset {type(self).__name__}")
 
     def purge(self):
         """Hand the arena's unused dirty pages back to the OS now (live segments stay)."""
         self._check_usable()
-        _slot_purge(&self._slot)
+        if self._core.kind == ARENA_KIND_SHARED:
+            _shared_flush(&self._core, False, False)
+        _slot_purge(self._core.slot)
 
     def close(self):
         """Free every segment and give the memory back; idempotent.
@@ -211,33 +233,57 @@ cdef class ArenaBase:
         self._close()
 
     cdef int _close(self) except -1:
-        if not self._has_slot:
+        if not self._core.open:
             return 0
         self._check_usable()
-        self._refuse_if_exported("close")
+        if self._core.exports:
+            self._raise(ARENA_EEXPORTED, f"cannot close {type(self).__name__}")
         self._release_memory()
         return 0
 
+    cdef int _check_usable(self) except -1:
+        if not self._core.open:
+            raise ArenaClosedError(f"{type(self).__name__} is closed")
+        if self._core.owner and self._core.owner != PyThread_get_thread_ident():
+            raise _wrong_thread_error(self)
+        return 0
+
     cdef void _release_memory(self) noexcept:
-        if not self._has_slot:
+        global _open_arenas
+        cdef ArenaCore* core = &self._core
+        if not core.open:
             return
-        self._generation += 1
-        self._has_slot = False
+        core.open = False
+        core.generation += 1
+        _open_arenas -= 1
+        cdef Py_ssize_t stale = core.live_bytes, segments
+        cdef size_t churn = core.allocated_total
+        if core.kind == ARENA_KIND_SHARED:
+            _shared_totals(core, &stale, &segments, &churn)
+            _shared_flush(core, True, True)
+            core.allocated_total = churn  # the per-thread counters are gone now
+        elif core.kind == ARENA_KIND_SLICING:
+            # The chunks hold every segment: they are the slot's stale garbage now.
+            stale = <Py_ssize_t>core.chunk_bytes
+            churn = core.chunk_bytes
+            core.nchunks = 0
+            core.chunk_bytes = 0
         # The live segments are not freed one by one: their bytes become the slot's stale garbage,
         # dropped in bulk by a jemalloc arena reset (see _slots.pxi).
-        _slot_release(&self._slot, <size_t>self._live_bytes, self._allocated_total)
-        self._live_bytes = 0
-        self._live_segments = 0
+        _slot_release(core.slot, <size_t>stale, churn)
+        core.slot = NULL
+        core.live_bytes = 0
+        core.live_segments = 0
 
     @property
     def closed(self):
         """True once close() was called (or the with-block ended)."""
-        return not self._has_slot
+        return not self._core.open
 
     @property
     def max_bytes(self):
         """The limit on live bytes given at creation, or None."""
-        return None if self._max_bytes < 0 else self._max_bytes
+        return None if self._core.max_bytes < 0 else self._core.max_bytes
 
     def __enter__(self):
         self._check_usable()
@@ -252,30 +298,36 @@ cdef class ArenaBase:
 
         live_bytes/live_segments/peak_bytes count the sizes asked for; resident, mapped, active and
         dirty are jemalloc's byte counts for the underlying jemalloc arena (0 once closed)."""
+        cdef ArenaCore* core = &self._core
+        cdef Py_ssize_t live = core.live_bytes, segments = core.live_segments
+        cdef size_t total = core.allocated_total
+        if core.kind == ARENA_KIND_SHARED and core.open:
+            _shared_totals(core, &live, &segments, &total)
         result = {
-            "live_bytes": self._live_bytes,
-            "live_segments": self._live_segments,
-            "peak_bytes": self._peak_bytes,
-            "allocated_total": self._allocated_total,
-            "exports": self._exports,
+            "live_bytes": live,
+            "live_segments": segments,
+            "peak_bytes": core.peak_bytes,
+            "allocated_total": total,
+            "exports": core.exports,
             "max_bytes": self.max_bytes,
-            "closed": not self._has_slot,
+            "closed": not core.open,
         }
-        result.update(_jemalloc_arena_stats(self._slot.arena_index if self._has_slot else -1))
+        result.update(_jemalloc_arena_stats(core.slot.arena_index if core.open else -1))
         return result
 
     def __repr__(self):
-        if not self._has_slot:
-            return f"<arenalib.{type(self).__name__} closed>"
-        state = f"{self._live_segments} segments, {self._live_bytes} bytes"
-        return f"<arenalib.{type(self).__name__} {state}>"
+        name = type(self).__name__
+        if not self._core.open:
+            return f"<arenalib.{name} closed>"
+        stats = self.stats()
+        return f"<arenalib.{name} {stats['live_segments']} segments, {stats['live_bytes']} bytes>"
 
     def __reduce__(self):
         raise TypeError(f"{type(self).__name__} owns native memory and cannot be pickled")
 
     def __del__(self):
         # As an unclosed file does: free the memory and say so with a ResourceWarning.
-        if not self._has_slot:
+        if not self._core.open:
             return
         message = f"unclosed {self!r}"
         if self._created_at is not None:
@@ -286,6 +338,11 @@ cdef class ArenaBase:
 
     def __dealloc__(self):
         self._release_memory()
+        if self._core.threads_lock != NULL:
+            PyThread_free_lock(self._core.threads_lock)
+        PyMem_RawFree(self._core.chunks)
+        PyMem_RawFree(self._core.chunk_sizes)
+        PyMem_RawFree(self._core.chunk_zero_from)
 
 
 cdef dict _jemalloc_arena_stats(long arena_index):
@@ -306,36 +363,34 @@ cdef dict _jemalloc_arena_stats(long arena_index):
 
 
 @cython.final
-@cython.freelist(8)
 cdef class Arena(ArenaBase):
     """An arena any thread may allocate from, free into and close.
 
     Arena(*, max_bytes=None).  Every segment's memory is freed at once by close() (or the end of a
-    with-block); seg.free() gives one segment back early."""
+    with-block); seg.free() gives one segment back early.  Each thread allocates through its own
+    jemalloc thread cache, so threads do not contend on a lock."""
 
     def __cinit__(self, *, max_bytes=None):
-        self._open(max_bytes)
+        self._open(ARENA_KIND_SHARED, max_bytes)
 
 
 @cython.final
-@cython.freelist(8)
 cdef class ConfinedArena(ArenaBase):
     """An arena that only its creating thread may use, nor its segments (WrongThreadError).
 
     ConfinedArena(*, max_bytes=None).  Confinement is what lets it skip all locking."""
 
     def __cinit__(self, *, max_bytes=None):
-        self._open(max_bytes)
-        self._owner = PyThread_get_thread_ident()
+        self._open(ARENA_KIND_CONFINED, max_bytes)
+        self._core.owner = PyThread_get_thread_ident()
 
     @property
     def owner_thread(self):
         """threading.get_ident() of the thread that owns this arena."""
-        return self._owner
+        return self._core.owner
 
 
 @cython.final
-@cython.freelist(8)
 cdef class SlicingArena(ArenaBase):
     """Bump-pointer allocation inside chunks taken from jemalloc (Panama's slicingAllocator).
 
@@ -347,132 +402,28 @@ cdef class SlicingArena(ArenaBase):
         cdef Py_ssize_t size = DEFAULT_CHUNK_SIZE
         if chunk_size is not None:
             size = _parse_size(chunk_size, "chunk_size")
-            if size < PAGE:
+            if <size_t>size < PAGE:
                 raise ValueError(f"chunk_size must be at least {PAGE}, not {chunk_size!r}")
-        self._chunk_size = size
-        self._open(max_bytes)
+        self._core.chunk_size = <size_t>size
+        self._open(ARENA_KIND_SLICING, max_bytes)
 
     @property
     def chunk_size(self):
         """Size of the chunks carved by allocate()."""
-        return self._chunk_size
-
-    cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align):
-        self._check_usable()
-        self._reserve(size)
-        if align < SLICE_DEFAULT_ALIGN:
-            align = SLICE_DEFAULT_ALIGN
-        cdef size_t base, start
-        if self._nchunks:
-            base = <size_t>self._chunks[self._current]
-            start = (base + self._offset + align - 1) & ~(align - 1)
-            if start + <size_t>size > base + self._chunk_sizes[self._current]:
-                self._next_chunk(<size_t>size, align)
-                base = <size_t>self._chunks[self._current]
-                start = (base + align - 1) & ~(align - 1)
-        else:
-            self._next_chunk(<size_t>size, align)
-            base = <size_t>self._chunks[self._current]
-            start = (base + align - 1) & ~(align - 1)
-        cdef size_t begin = start - base, end = begin + <size_t>size
-        cdef size_t zero_from = self._chunk_zero_from[self._current]
-        if zero and begin < zero_from:
-            # Only bytes handed out before (since the chunk came from jemalloc) can be dirty.
-            memset(<char*>start, 0, (end if end < zero_from else zero_from) - begin)
-        if end > zero_from:
-            self._chunk_zero_from[self._current] = end
-        self._offset = end
-        self._account(size)
-        return make_segment(self, <char*>start, size)
-
-    cdef int _next_chunk(self, size_t size, size_t align) except -1:
-        """Make self._current a chunk that can hold ``size`` bytes at ``align`` from its start."""
-        cdef Py_ssize_t i = self._current + 1 if self._nchunks else 0
-        while i < self._nchunks:  # chunks kept warm by reset()
-            if (<size_t>self._chunks[i] & (align - 1)) == 0 and self._chunk_sizes[i] >= size:
-                self._current = i
-                self._offset = 0
-                return 0
-            i += 1
-        cdef size_t chunk_size = <size_t>self._chunk_size
-        if size > chunk_size:
-            chunk_size = (size + PAGE - 1) & ~(PAGE - 1)
-        cdef size_t chunk_align = align if align > PAGE else PAGE
-        cdef Py_ssize_t capacity
-        if self._nchunks == self._chunks_capacity:
-            capacity = self._chunks_capacity * 2 + 4
-            if not (_grow(<void**>&self._chunks, capacity * sizeof(char*))
-                    and _grow(<void**>&self._chunk_sizes, capacity * sizeof(size_t))
-                    and _grow(<void**>&self._chunk_zero_from, capacity * sizeof(size_t))):
-                raise MemoryError("cannot grow SlicingArena's chunk table")
-            self._chunks_capacity = capacity
-        # Chunks come zeroed (free of cost for fresh pages), so zero=True segments carved from
-        # never-used chunk space need no memset.
-        cdef char* chunk = <char*>je_mallocx(
-            chunk_size, self._mallocx_flags | MALLOCX_ZERO | MALLOCX_LG_ALIGN(_lg(chunk_align)))
-        if chunk == NULL:
-            raise MemoryError(f"cannot allocate a chunk of {chunk_size} bytes")
-        self._chunks[self._nchunks] = chunk
-        self._chunk_sizes[self._nchunks] = chunk_size
-        self._chunk_zero_from[self._nchunks] = 0
-        self._current = self._nchunks
-        self._nchunks += 1
-        self._offset = 0
-        self._chunk_bytes += chunk_size
-        return 0
-
-    cdef int _free_segment(self, Segment seg) except -1:
-        raise UnsupportedOperation(
-            "SlicingArena segments cannot be freed one by one; use reset() or close()")
-
-    def reset(self):
-        """Invalidate every segment and start carving again from the first chunk (chunks are kept).
-
-        Raises BufferError, changing nothing, while a segment's buffer export is alive."""
-        self._check_usable()
-        self._refuse_if_exported("reset")
-        self._generation += 1
-        self._current = 0
-        self._offset = 0
-        self._live_bytes = 0
-        self._live_segments = 0
+        return self._core.chunk_size
 
     def purge(self):
         """Give back the chunks not in use (those past the current one) and purge dirty pages."""
         self._check_usable()
-        cdef Py_ssize_t i
-        for i in range(self._current + 1, self._nchunks):
-            je_dallocx(self._chunks[i], self._mallocx_flags)
-            self._chunk_bytes -= self._chunk_sizes[i]
-        if self._nchunks:
-            self._nchunks = self._current + 1
-        _slot_purge(&self._slot)
-
-    cdef void _release_memory(self) noexcept:
-        if not self._has_slot:
-            return
-        # The chunks are the slot's stale garbage now, dropped by the next bulk reset.
-        self._live_bytes = <Py_ssize_t>self._chunk_bytes
-        self._chunk_bytes = 0
-        self._nchunks = 0
-        ArenaBase._release_memory(self)
+        if not arenalib_try_lock(&self._core.busy):
+            self._raise(ARENA_EBUSY, "cannot purge")
+        _slicing_free_chunks(&self._core, self._core.current + 1 if self._core.nchunks else 0)
+        arenalib_unlock(&self._core.busy)
+        _slot_purge(self._core.slot)
 
     def stats(self):
         """As ArenaBase.stats(), plus the chunks held."""
         result = ArenaBase.stats(self)
-        result["chunks"] = self._nchunks
-        result["chunk_bytes"] = self._chunk_bytes
+        result["chunks"] = self._core.nchunks
+        result["chunk_bytes"] = self._core.chunk_bytes
         return result
-
-    def __dealloc__(self):
-        PyMem_RawFree(self._chunks)
-        PyMem_RawFree(self._chunk_sizes)
-        PyMem_RawFree(self._chunk_zero_from)
-
-
-cdef bint _grow(void** array, size_t nbytes) noexcept:
-    cdef void* grown = PyMem_RawRealloc(array[0], nbytes)
-    if grown == NULL:
-        return False
-    array[0] = grown
-    return True

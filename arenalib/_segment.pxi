@@ -11,6 +11,8 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memmove, memset
 
 cdef Py_ssize_t _ITEMSIZE_ONE = 1
+cdef Py_ssize_t _live_segment_objects = 0
+cdef Py_ssize_t _live_exports = 0
 cdef char* _FORMAT_BYTE = b"B"
 
 
@@ -46,10 +48,10 @@ cdef class Segment:
         cdef ArenaBase arena = self._arena
         if arena is None:
             raise TypeError("this Segment was not made by an arena")
-        if arena._generation != self._generation or (
+        if arena._core.generation != self._generation or (
                 self._root is not None and self._root._freed) or self._freed:
             raise _dead_segment_error(self)
-        if arena._owner and arena._owner != PyThread_get_thread_ident():
+        if arena._core.owner and arena._core.owner != PyThread_get_thread_ident():
             raise _wrong_thread_error(arena)
         return 0
 
@@ -70,12 +72,16 @@ cdef class Segment:
         view.obj = self
         cdef Segment owner = self._owner_segment()
         owner._exports += 1
-        self._arena._exports += 1
+        self._arena._core.exports += 1
+        global _live_exports
+        _live_exports += 1
 
     def __releasebuffer__(self, Py_buffer* view):
         cdef Segment owner = self._owner_segment()
         owner._exports -= 1
-        self._arena._exports -= 1
+        self._arena._core.exports -= 1
+        global _live_exports
+        _live_exports -= 1
 
     # -- properties ------------------------------------------------------------------------------
 
@@ -101,7 +107,7 @@ cdef class Segment:
     def alive(self):
         """True while the memory is there: not freed, reset or closed with its arena."""
         cdef ArenaBase arena = self._arena
-        return (arena is not None and arena._generation == self._generation and not self._freed
+        return (arena is not None and arena._core.generation == self._generation and not self._freed
                 and (self._root is None or not self._root._freed))
 
     @property
@@ -125,19 +131,19 @@ cdef class Segment:
         self._check()
         return PyBytes_FromStringAndSize(self._ptr, self._size)
 
-    def slice(self, Py_ssize_t offset, Py_ssize_t size):
+    def slice(self, offset, size):
         """A segment viewing ``size`` bytes from ``offset``, without copying (Panama's asSlice).
 
         The slice shares this segment's memory and lifetime; an export of it counts as an export
-        of the parent."""
+        of the parent.  Negative arguments raise ValueError, out-of-bounds ones IndexError."""
         self._check()
-        if offset < 0 or size < 0:
-            raise ValueError(f"offset and size must be >= 0, not offset={offset}, size={size}")
-        if offset > self._size or size > self._size - offset:
+        cdef Py_ssize_t start = _bounded_index(offset, "offset")
+        cdef Py_ssize_t length = _bounded_index(size, "size")
+        if start > self._size or length > self._size - start:
             raise IndexError(
                 f"slice(offset={offset}, size={size}) is out of bounds for a segment of "
                 f"{self._size} bytes")
-        cdef Segment child = make_segment(self._arena, self._ptr + offset, size)
+        cdef Segment child = make_segment(self._arena, self._ptr + start, length)
         child._root = self._owner_segment()
         child._generation = self._generation
         return child
@@ -148,6 +154,9 @@ cdef class Segment:
         self._check()
         if self._root is not None:
             raise UnsupportedOperation("a slice shares its parent's memory: free the parent instead")
+        if self._arena._core.kind == ARENA_KIND_SLICING:
+            raise UnsupportedOperation(
+                "SlicingArena segments cannot be freed one by one; use reset() or close()")
         if self._exports:
             raise BufferError(
                 f"cannot free a segment while {self._exports} buffer export(s) of it "
@@ -201,6 +210,11 @@ cdef class Segment:
         return (f"<arenalib.Segment {self._size} bytes at {<size_t>self._ptr:#x}, "
                 f"{kind}{type(arena).__name__} {id(arena):#x}, {state}>")
 
+    def __dealloc__(self):
+        global _live_segment_objects
+        if self._arena is not None:
+            _live_segment_objects -= 1
+
     def __reduce__(self):
         raise TypeError("a Segment views native memory and cannot be pickled or copied; "
                         "use tobytes()")
@@ -208,17 +222,37 @@ cdef class Segment:
 
 cdef Segment make_segment(ArenaBase arena, char* ptr, Py_ssize_t size):
     """A new root segment over ``size`` bytes at ``ptr`` of ``arena``'s current generation."""
+    global _live_segment_objects
     cdef Segment seg = Segment.__new__(Segment)
     seg._ptr = ptr
     seg._size = size
     seg._arena = arena
-    seg._generation = arena._generation
+    seg._generation = arena._core.generation
+    _live_segment_objects += 1
     return seg
+
+
+cdef Py_ssize_t _bounded_index(object value, str name) except -1:
+    """A non-negative ``value`` as Py_ssize_t; too large for any segment: PY_SSIZE_T_MAX."""
+    cdef Py_ssize_t n
+    try:
+        n = value
+    except OverflowError:
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, not {value!r}") from None
+        return PY_SSIZE_T_MAX
+    if n < 0:
+        raise ValueError(f"{name} must be >= 0, not {value!r}")
+    return n
 
 
 cdef Py_ssize_t _segment_index(Segment seg, object index) except -1:
     """``index`` (negative from the end, as for bytes) checked against the segment's size."""
-    cdef Py_ssize_t i = index
+    cdef Py_ssize_t i
+    try:
+        i = index
+    except OverflowError:
+        raise IndexError("cannot fit 'int' into an index-sized integer") from None
     if i < 0:
         i += seg._size
     if i < 0 or i >= seg._size:
@@ -228,7 +262,7 @@ cdef Py_ssize_t _segment_index(Segment seg, object index) except -1:
 
 cdef object _dead_segment_error(Segment seg):
     cdef ArenaBase arena = seg._arena
-    if not arena._has_slot:
+    if not arena._core.open:
         why = f"its {type(arena).__name__} is closed"
     elif seg._freed or (seg._root is not None and seg._root._freed):
         why = "it was freed or released"
@@ -239,5 +273,5 @@ cdef object _dead_segment_error(Segment seg):
 
 cdef object _wrong_thread_error(ArenaBase arena):
     return WrongThreadError(
-        f"{type(arena).__name__} belongs to thread {arena._owner}; "
+        f"{type(arena).__name__} belongs to thread {arena._core.owner}; "
         f"thread {PyThread_get_thread_ident()} may not use it or its segments")

@@ -11,10 +11,16 @@
 # garbage passes STALE_LIMIT.  Pages are purged (handed back to the OS, ~75 us a MiB) when an arena
 # that churned more than PURGE_LIMIT closes, and when a slot drops out of the WARM_SLOTS most
 # recently used ones: memory parked in idle slots stays bounded by about WARM_SLOTS * STALE_LIMIT.
+#
+# The slot pool is used with the GIL held (arena objects are made and closed by Python code).  The
+# spare tcaches of shared arenas are taken from nogil code too, so they have a lock of their own.
 
-# Every function here runs with the GIL held; the GIL is what serialises use of a slot's tcache.
-
-from libc.string cimport memset
+from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawRealloc
+from cpython.pythread cimport (
+    PyThread_acquire_lock, PyThread_allocate_lock, PyThread_release_lock, PyThread_type_lock,
+    WAIT_LOCK,
+)
+from libc.string cimport memcpy
 
 from arenalib._jemalloc cimport (
     je_mallctl, je_mallctlbymib, je_mallctlnametomib, MALLOCX_ARENA, MALLOCX_TCACHE,
@@ -24,14 +30,19 @@ cdef size_t STALE_LIMIT = 1 << 20
 cdef size_t PURGE_LIMIT = 4 << 20
 cdef Py_ssize_t WARM_SLOTS = 4
 
-cdef ArenaSlot* _free_slots = NULL
+cdef ArenaSlot** _free_slots = NULL
 cdef Py_ssize_t _free_count = 0
 cdef Py_ssize_t _free_capacity = 0
 cdef Py_ssize_t _slots_created = 0
 cdef Py_ssize_t _resets = 0
 cdef Py_ssize_t _purges = 0
 
-# Management interfaces translated to MIBs once; index 1 is patched with the arena index per call.
+cdef unsigned* _spare_tcaches = NULL
+cdef Py_ssize_t _spare_tcache_count = 0
+cdef Py_ssize_t _spare_tcache_capacity = 0
+cdef PyThread_type_lock _spare_tcache_lock = PyThread_allocate_lock()
+
+# Management interfaces translated to MIBs once; a copy gets the arena index patched in per call.
 cdef size_t _mib_reset[3]
 cdef size_t _mib_purge[3]
 cdef size_t _mib_tcache_flush[2]
@@ -45,24 +56,37 @@ cdef int _init_mibs() except -1:
             or je_mallctlnametomib(b"arena.0.purge", _mib_purge, &_mib_purge_len)
             or je_mallctlnametomib(b"tcache.flush", _mib_tcache_flush, &_mib_tcache_flush_len)):
         raise ImportError("arenalib: the private jemalloc did not answer mallctlnametomib")
+    if _spare_tcache_lock == NULL:
+        raise ImportError("arenalib: cannot allocate a lock")
     return 0
 
 
 _init_mibs()
 
 
-cdef int _mallctl_read_unsigned(const char* name, unsigned* out) noexcept:
+cdef int _mallctl_read_unsigned(const char* name, unsigned* out) noexcept nogil:
     cdef size_t size = sizeof(unsigned)
     return je_mallctl(name, out, &size, NULL, 0)
 
 
-cdef int _slot_acquire(ArenaSlot* slot) except -1:
-    """Fill *slot with a warm pooled slot, or a new jemalloc arena and tcache."""
+cdef void _arena_ctl(size_t* mib_template, size_t mib_len, unsigned arena_index) noexcept nogil:
+    cdef size_t mib[3]
+    memcpy(mib, mib_template, mib_len * sizeof(size_t))
+    mib[1] = arena_index
+    je_mallctlbymib(mib, mib_len, NULL, NULL, NULL, 0)
+
+
+cdef void _flush_tcache(unsigned tcache_index) noexcept nogil:
+    je_mallctlbymib(_mib_tcache_flush, _mib_tcache_flush_len, NULL, NULL,
+                    &tcache_index, sizeof(unsigned))
+
+
+cdef ArenaSlot* _slot_acquire() except NULL:
+    """A warm pooled slot, or a new jemalloc arena with its tcache."""
     global _free_count, _slots_created
     if _free_count:
         _free_count -= 1
-        slot[0] = _free_slots[_free_count]
-        return 0
+        return _free_slots[_free_count]
     cdef unsigned arena_index, tcache_index
     cdef int err = _mallctl_read_unsigned(b"arenas.create", &arena_index)
     if err:
@@ -74,46 +98,51 @@ cdef int _slot_acquire(ArenaSlot* slot) except -1:
         # The new arena stays unused: destroying it would leak metadata and free an index that a
         # stale reference could alias.
         raise MemoryError(f"jemalloc cannot create another thread cache (error {err})")
-    _slots_created += 1
-    memset(slot, 0, sizeof(ArenaSlot))
+    cdef ArenaSlot* slot = <ArenaSlot*>PyMem_RawCalloc(1, sizeof(ArenaSlot))
+    if slot == NULL:
+        raise MemoryError("cannot allocate an arena slot")
     slot.arena_index = arena_index
     slot.tcache_index = tcache_index
-    return 0
+    _slots_created += 1
+    return slot
 
 
-cdef inline int _slot_flags(ArenaSlot* slot) noexcept:
+cdef inline int _slot_flags(ArenaSlot* slot) noexcept nogil:
     return MALLOCX_ARENA(slot.arena_index) | MALLOCX_TCACHE(slot.tcache_index)
 
 
-cdef void _slot_flush_tcache(ArenaSlot* slot) noexcept:
-    je_mallctlbymib(_mib_tcache_flush, _mib_tcache_flush_len, NULL, NULL,
-                    &slot.tcache_index, sizeof(unsigned))
+cdef void _slot_drop_cache(ArenaSlot* slot) noexcept nogil:
+    """Forget the cached free blocks (the caller resets the arena, which frees them in bulk)."""
+    cdef int i
+    for i in range(CACHE_BINS):
+        slot.bins[i] = NULL
+        slot.bin_counts[i] = 0
+    slot.cached_bytes = 0
 
 
-cdef void _slot_reset(ArenaSlot* slot) noexcept:
+cdef void _slot_reset(ArenaSlot* slot) noexcept nogil:
     """Discard every allocation of the slot's arena at once (pages stay warm)."""
     global _resets
     # jemalloc requires every tcache that touched the arena to be flushed before a reset.
-    _slot_flush_tcache(slot)
-    _mib_reset[1] = slot.arena_index
-    je_mallctlbymib(_mib_reset, _mib_reset_len, NULL, NULL, NULL, 0)
+    _flush_tcache(slot.tcache_index)
+    _slot_drop_cache(slot)
+    _arena_ctl(_mib_reset, _mib_reset_len, slot.arena_index)
     slot.stale_bytes = 0
     _resets += 1
 
 
-cdef void _slot_purge(ArenaSlot* slot) noexcept:
+cdef void _slot_purge(ArenaSlot* slot) noexcept nogil:
     """Hand the arena's unused dirty pages back to the OS now."""
     global _purges
-    _slot_flush_tcache(slot)
-    _mib_purge[1] = slot.arena_index
-    je_mallctlbymib(_mib_purge, _mib_purge_len, NULL, NULL, NULL, 0)
+    _flush_tcache(slot.tcache_index)
+    _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
     slot.churn_bytes = 0
     _purges += 1
 
 
-cdef void _slot_wipe(ArenaSlot* slot) noexcept:
-    """Drop the slot's garbage and hand its pages back to the OS."""
-    if slot.stale_bytes:
+cdef void _slot_wipe(ArenaSlot* slot) noexcept nogil:
+    """Drop the slot's garbage and cached blocks and hand its pages back to the OS."""
+    if slot.stale_bytes or slot.cached_bytes:
         _slot_reset(slot)
     if slot.churn_bytes:
         _slot_purge(slot)
@@ -123,7 +152,7 @@ cdef void _slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
     """Give a slot back to the pool; ``stale`` bytes of it were left allocated by its last user,
     which allocated ``churn`` bytes in all."""
     global _free_slots, _free_count, _free_capacity
-    cdef ArenaSlot* grown
+    cdef ArenaSlot** grown
     slot.stale_bytes += stale
     slot.churn_bytes += churn
     if churn > PURGE_LIMIT:
@@ -131,18 +160,49 @@ cdef void _slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
     elif slot.stale_bytes > STALE_LIMIT:
         _slot_reset(slot)         # garbage of many small scopes: drop it, keep the pages warm
     if _free_count == _free_capacity:
-        grown = <ArenaSlot*>PyMem_RawRealloc(
-            _free_slots, <size_t>(_free_capacity * 2 + 16) * sizeof(ArenaSlot))
+        grown = <ArenaSlot**>PyMem_RawRealloc(
+            _free_slots, <size_t>(_free_capacity * 2 + 16) * sizeof(ArenaSlot*))
         if grown == NULL:
             _slot_wipe(slot)
             return  # no memory for bookkeeping: the slot stays unused (and empty), never unsafe
         _free_slots = grown
         _free_capacity = _free_capacity * 2 + 16
-    _free_slots[_free_count] = slot[0]
+    _free_slots[_free_count] = slot
     _free_count += 1
     # Slots are taken LIFO: the one now falling out of the warm window may idle for long.
     if _free_count > WARM_SLOTS:
-        _slot_wipe(&_free_slots[_free_count - 1 - WARM_SLOTS])
+        _slot_wipe(_free_slots[_free_count - 1 - WARM_SLOTS])
+
+
+cdef int _tcache_take(unsigned* out) noexcept nogil:
+    """A spare explicit tcache (for a shared arena's thread), or a new one; 0 on success."""
+    global _spare_tcache_count
+    PyThread_acquire_lock(_spare_tcache_lock, WAIT_LOCK)
+    if _spare_tcache_count:
+        _spare_tcache_count -= 1
+        out[0] = _spare_tcaches[_spare_tcache_count]
+        PyThread_release_lock(_spare_tcache_lock)
+        return 0
+    PyThread_release_lock(_spare_tcache_lock)
+    return _mallctl_read_unsigned(b"tcache.create", out)
+
+
+cdef void _tcache_give_back(unsigned tcache_index) noexcept nogil:
+    """Keep a flushed tcache for the next shared arena's thread (tcaches are never destroyed)."""
+    global _spare_tcaches, _spare_tcache_count, _spare_tcache_capacity
+    cdef unsigned* grown
+    PyThread_acquire_lock(_spare_tcache_lock, WAIT_LOCK)
+    if _spare_tcache_count == _spare_tcache_capacity:
+        grown = <unsigned*>PyMem_RawRealloc(
+            _spare_tcaches, <size_t>(_spare_tcache_capacity * 2 + 16) * sizeof(unsigned))
+        if grown == NULL:
+            PyThread_release_lock(_spare_tcache_lock)
+            return
+        _spare_tcaches = grown
+        _spare_tcache_capacity = _spare_tcache_capacity * 2 + 16
+    _spare_tcaches[_spare_tcache_count] = tcache_index
+    _spare_tcache_count += 1
+    PyThread_release_lock(_spare_tcache_lock)
 
 
 def trim():
@@ -150,19 +210,22 @@ def trim():
     back to the OS (open arenas are not touched; see their purge())."""
     cdef Py_ssize_t i
     for i in range(_free_count):
-        _slot_wipe(&_free_slots[i])
+        _slot_wipe(_free_slots[i])
 
 
 def pool_stats():
     """Figures of the pool of jemalloc arenas shared by all arena objects (for tests and tuning)."""
     cdef Py_ssize_t i
-    cdef size_t stale = 0
+    cdef size_t stale = 0, cached = 0
     for i in range(_free_count):
         stale += _free_slots[i].stale_bytes
+        cached += _free_slots[i].cached_bytes
     return {
         "slots_created": _slots_created,
         "slots_idle": _free_count,
         "stale_bytes": stale,
+        "cached_bytes": cached,
+        "spare_tcaches": _spare_tcache_count,
         "resets": _resets,
         "purges": _purges,
         "stale_limit": STALE_LIMIT,

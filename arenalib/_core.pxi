@@ -1,0 +1,426 @@
+# The nogil core of every arena: allocate, free and reset on an ArenaCore.  The Python classes and the
+# C-level API (arenalib/__init__.pxd) both call these, so there is one implementation of each rule.
+#
+#   ConfinedArena  one owner thread; the slot's explicit tcache plus a cache of free blocks threaded
+#                  through the blocks themselves, which confinement lets us keep without any lock.
+#   Arena          any thread; each thread gets its own explicit tcache and counters (ThreadCache),
+#                  found through a small thread-local table, so two threads never share a lock or a
+#                  cache line on the common path.
+#   SlicingArena   bump-pointer carving of chunks; a busy flag refuses concurrent use (ARENA_EBUSY).
+
+from cpython.pythread cimport PyThread_free_lock
+from cpython.pyport cimport PY_SSIZE_T_MAX
+from libc.string cimport memset
+
+from arenalib._jemalloc cimport (
+    MALLOCX_LG_ALIGN, MALLOCX_TCACHE_NONE, MALLOCX_ZERO, je_dallocx, je_mallocx,
+)
+
+cdef extern from "pythread.h":
+    # Only reads pthread_self(): safe without the GIL.
+    unsigned long _thread_ident "PyThread_get_thread_ident"() noexcept nogil
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    /* A direct-mapped cache: arena serial -> this thread's ThreadCache of that (shared) arena. */
+    typedef struct { uint64_t serial; void *cache; } arenalib_tls_entry;
+    static __thread arenalib_tls_entry arenalib_tls_cache[8];
+    static inline void *arenalib_tls_get(uint64_t serial) {
+        arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
+        return e->serial == serial ? e->cache : NULL;
+    }
+    static inline void arenalib_tls_set(uint64_t serial, void *cache) {
+        arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
+        e->serial = serial;
+        e->cache = cache;
+    }
+    #define arenalib_try_lock(p) (__atomic_exchange_n((p), 1, __ATOMIC_ACQUIRE) == 0)
+    #define arenalib_unlock(p) __atomic_store_n((p), 0, __ATOMIC_RELEASE)
+    #define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
+    #define arenalib_clz(x) __builtin_clzll(x)
+    #define arenalib_ctz(x) __builtin_ctzll(x)
+    """
+    void* arenalib_tls_get(uint64_t serial) noexcept nogil
+    void arenalib_tls_set(uint64_t serial, void* cache) noexcept nogil
+    bint arenalib_try_lock(int* flag) noexcept nogil
+    void arenalib_unlock(int* flag) noexcept nogil
+    Py_ssize_t arenalib_atomic_add(Py_ssize_t* counter, Py_ssize_t value) noexcept nogil
+    int arenalib_clz(unsigned long long x) noexcept nogil
+    int arenalib_ctz(unsigned long long x) noexcept nogil
+
+# Largest alignment accepted: huge pages (2 MiB) and well beyond, far below what would make
+# jemalloc's size arithmetic overflow.
+cdef size_t MAX_ALIGN = 1 << 30
+cdef size_t MAX_SIZE = <size_t>PY_SSIZE_T_MAX
+cdef size_t SLICE_DEFAULT_ALIGN = 16   # malloc's guarantee on x86-64 (max_align_t)
+cdef size_t PAGE = 4096
+cdef size_t CACHE_MAX_BYTES = 1 << 20  # free blocks a slot keeps for reuse
+cdef unsigned char CACHE_MAX_PER_BIN = 64
+cdef uint64_t _next_serial = 1
+
+
+# -- size classes of the free-block cache ------------------------------------------------------------
+
+cdef inline int _bin_of(size_t size) noexcept nogil:
+    if size <= 1024:
+        return <int>((size + 15) >> 4)
+    cdef int k = 63 - arenalib_clz(size - 1)          # size is in (2**k, 2**(k+1)]
+    return 65 + (k - 10) * 4 + <int>(((size - 1) >> (k - 2)) & 3)
+
+
+cdef inline size_t _bin_size(int b) noexcept nogil:
+    if b <= 64:
+        return 16 if b == 0 else <size_t>b * 16
+    b -= 65
+    return <size_t>(5 + (b & 3)) << (8 + (b >> 2))
+
+
+cdef inline void* _jemalloc_allocate(int flags, size_t size, size_t align, bint zero) noexcept nogil:
+    if zero:
+        flags |= MALLOCX_ZERO
+    if align > 1:
+        flags |= MALLOCX_LG_ALIGN(arenalib_ctz(align))
+    return je_mallocx(size, flags)
+
+
+# -- ConfinedArena ---------------------------------------------------------------------------------
+
+cdef inline int _confined_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                                   void** out) noexcept nogil:
+    if core.owner != _thread_ident():
+        return ARENA_EWRONGTHREAD
+    if core.max_bytes >= 0 and <Py_ssize_t>size > core.max_bytes - core.live_bytes:
+        return ARENA_ELIMIT
+    cdef ArenaSlot* slot = core.slot
+    cdef void* ptr
+    cdef int b
+    if size <= CACHE_MAX_SIZE:
+        b = _bin_of(size)
+        ptr = slot.bins[b]
+        if ptr != NULL and align <= 16:
+            slot.bins[b] = (<void**>ptr)[0]
+            slot.bin_counts[b] -= 1
+            slot.cached_bytes -= _bin_size(b)
+            if zero:
+                memset(ptr, 0, size)
+        else:
+            # A whole size class, so the block can go to its bin when freed.
+            ptr = _jemalloc_allocate(core.mallocx_flags, _bin_size(b), align, zero)
+    else:
+        ptr = _jemalloc_allocate(core.mallocx_flags, size, align, zero)
+    if ptr == NULL:
+        return ARENA_ENOMEM
+    core.live_bytes += size
+    core.live_segments += 1
+    core.allocated_total += size
+    if core.live_bytes > core.peak_bytes:
+        core.peak_bytes = core.live_bytes
+    out[0] = ptr
+    return ARENA_OK
+
+
+cdef inline int _confined_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    if core.owner != _thread_ident():
+        return ARENA_EWRONGTHREAD
+    cdef ArenaSlot* slot = core.slot
+    cdef int b
+    cdef size_t block
+    if size <= CACHE_MAX_SIZE:
+        b = _bin_of(size)
+        block = _bin_size(b)
+        if slot.bin_counts[b] < CACHE_MAX_PER_BIN and slot.cached_bytes + block <= CACHE_MAX_BYTES:
+            (<void**>ptr)[0] = slot.bins[b]
+            slot.bins[b] = ptr
+            slot.bin_counts[b] += 1
+            slot.cached_bytes += block
+        else:
+            je_dallocx(ptr, core.mallocx_flags)
+    else:
+        je_dallocx(ptr, core.mallocx_flags)
+    core.live_bytes -= size
+    core.live_segments -= 1
+    return ARENA_OK
+
+
+# -- Arena (shared) --------------------------------------------------------------------------------
+
+cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
+    """The calling thread's ThreadCache of a shared arena, made on its first use; NULL: no memory."""
+    cdef ThreadCache* tc = <ThreadCache*>arenalib_tls_get(core.serial)
+    if tc != NULL:
+        return tc
+    cdef unsigned long me = _thread_ident()
+    PyThread_acquire_lock(core.threads_lock, WAIT_LOCK)
+    tc = core.threads
+    while tc != NULL and tc.thread != me:
+        tc = tc.next
+    if tc == NULL:
+        tc = <ThreadCache*>PyMem_RawCalloc(1, sizeof(ThreadCache))
+        if tc != NULL:
+            if _tcache_take(&tc.tcache_index) != 0:
+                PyMem_RawFree(tc)
+                tc = NULL
+            else:
+                tc.thread = me
+                tc.next = core.threads
+                core.threads = tc
+    PyThread_release_lock(core.threads_lock)
+    if tc != NULL:
+        arenalib_tls_set(core.serial, tc)
+    return tc
+
+
+cdef inline int _shared_flags(ArenaCore* core, ThreadCache* tc) noexcept nogil:
+    return MALLOCX_ARENA(core.slot.arena_index) | MALLOCX_TCACHE(tc.tcache_index)
+
+
+cdef inline int _shared_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                                 void** out) noexcept nogil:
+    cdef ThreadCache* tc = _thread_cache(core)
+    if tc == NULL:
+        return ARENA_ENOMEM
+    if core.max_bytes >= 0:
+        # Only a limited arena pays for a counter shared by all threads.
+        if arenalib_atomic_add(&core.live_bytes, <Py_ssize_t>size) > core.max_bytes:
+            arenalib_atomic_add(&core.live_bytes, -<Py_ssize_t>size)
+            return ARENA_ELIMIT
+    cdef void* ptr = _jemalloc_allocate(_shared_flags(core, tc), size if size else 1, align, zero)
+    if ptr == NULL:
+        if core.max_bytes >= 0:
+            arenalib_atomic_add(&core.live_bytes, -<Py_ssize_t>size)
+        return ARENA_ENOMEM
+    tc.live_bytes += size
+    tc.live_segments += 1
+    tc.allocated_total += size
+    out[0] = ptr
+    return ARENA_OK
+
+
+cdef inline int _shared_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    cdef ThreadCache* tc = _thread_cache(core)
+    if tc == NULL:
+        # No memory for this thread's cache: free without one, and count it on a thread that
+        # allocated (there is one: ptr came from this arena), so the totals stay right.
+        je_dallocx(ptr, MALLOCX_TCACHE_NONE)
+        tc = core.threads
+    else:
+        je_dallocx(ptr, _shared_flags(core, tc))
+    if tc != NULL:
+        tc.live_bytes -= size
+        tc.live_segments -= 1
+    if core.max_bytes >= 0:
+        arenalib_atomic_add(&core.live_bytes, -<Py_ssize_t>size)
+    return ARENA_OK
+
+
+cdef void _shared_totals(ArenaCore* core, Py_ssize_t* live, Py_ssize_t* segments,
+                         size_t* total) noexcept nogil:
+    cdef ThreadCache* tc
+    live[0] = 0
+    segments[0] = 0
+    total[0] = 0
+    PyThread_acquire_lock(core.threads_lock, WAIT_LOCK)
+    tc = core.threads
+    while tc != NULL:
+        live[0] += tc.live_bytes
+        segments[0] += tc.live_segments
+        total[0] += tc.allocated_total
+        tc = tc.next
+    PyThread_release_lock(core.threads_lock)
+
+
+cdef void _shared_flush(ArenaCore* core, bint forget_counts, bint give_back) noexcept nogil:
+    """Flush every thread's tcache (before a reset or purge); forget_counts zeroes the threads'
+    live counts (a reset); give_back hands the tcaches back for other arenas (a close)."""
+    cdef ThreadCache* tc
+    cdef ThreadCache* next_tc
+    PyThread_acquire_lock(core.threads_lock, WAIT_LOCK)
+    tc = core.threads
+    while tc != NULL:
+        next_tc = tc.next
+        _flush_tcache(tc.tcache_index)
+        if forget_counts:
+            tc.live_bytes = 0
+            tc.live_segments = 0
+        if give_back:
+            _tcache_give_back(tc.tcache_index)
+            PyMem_RawFree(tc)
+        tc = next_tc
+    if give_back:
+        core.threads = NULL
+    PyThread_release_lock(core.threads_lock)
+
+
+# -- SlicingArena ----------------------------------------------------------------------------------
+
+cdef int _slicing_next_chunk(ArenaCore* core, size_t size, size_t align) noexcept nogil:
+    """Make core.current a chunk that can hold ``size`` bytes at ``align`` from its start."""
+    cdef Py_ssize_t i = core.current + 1 if core.nchunks else 0
+    while i < core.nchunks:  # chunks kept warm by reset()
+        if (<size_t>core.chunks[i] & (align - 1)) == 0 and core.chunk_sizes[i] >= size:
+            core.current = i
+            core.offset = 0
+            return ARENA_OK
+        i += 1
+    cdef size_t chunk_size = core.chunk_size
+    if size > chunk_size:
+        chunk_size = (size + PAGE - 1) & ~(PAGE - 1)
+    cdef Py_ssize_t capacity
+    if core.nchunks == core.chunks_capacity:
+        capacity = core.chunks_capacity * 2 + 4
+        if not (_grow(<void**>&core.chunks, capacity * sizeof(char*))
+                and _grow(<void**>&core.chunk_sizes, capacity * sizeof(size_t))
+                and _grow(<void**>&core.chunk_zero_from, capacity * sizeof(size_t))):
+            return ARENA_ENOMEM
+        core.chunks_capacity = capacity
+    # Chunks come zeroed (free of cost for fresh pages), so zero=True segments carved from
+    # never-used chunk space need no memset.
+    cdef char* chunk = <char*>_jemalloc_allocate(
+        core.mallocx_flags, chunk_size, align if align > PAGE else PAGE, True)
+    if chunk == NULL:
+        return ARENA_ENOMEM
+    core.chunks[core.nchunks] = chunk
+    core.chunk_sizes[core.nchunks] = chunk_size
+    core.chunk_zero_from[core.nchunks] = 0
+    core.current = core.nchunks
+    core.nchunks += 1
+    core.offset = 0
+    core.chunk_bytes += chunk_size
+    return ARENA_OK
+
+
+cdef inline int _slicing_carve(ArenaCore* core, size_t size, size_t align, bint zero,
+                               void** out) noexcept nogil:
+    if core.max_bytes >= 0 and <Py_ssize_t>size > core.max_bytes - core.live_bytes:
+        return ARENA_ELIMIT
+    if align < SLICE_DEFAULT_ALIGN:
+        align = SLICE_DEFAULT_ALIGN
+    cdef size_t base = 0, start = 0
+    cdef int err
+    if core.nchunks:
+        base = <size_t>core.chunks[core.current]
+        start = (base + core.offset + align - 1) & ~(align - 1)
+    if core.nchunks == 0 or start + size > base + core.chunk_sizes[core.current]:
+        err = _slicing_next_chunk(core, size, align)
+        if err:
+            return err
+        base = <size_t>core.chunks[core.current]
+        start = (base + align - 1) & ~(align - 1)
+    cdef size_t begin = start - base
+    cdef size_t end = begin + size
+    cdef size_t zero_from = core.chunk_zero_from[core.current]
+    if zero and begin < zero_from:
+        # Only bytes handed out before (since the chunk came from jemalloc) can be dirty.
+        memset(<char*>start, 0, (end if end < zero_from else zero_from) - begin)
+    if end > zero_from:
+        core.chunk_zero_from[core.current] = end
+    core.offset = end
+    core.live_bytes += size
+    core.live_segments += 1
+    core.allocated_total += size
+    if core.live_bytes > core.peak_bytes:
+        core.peak_bytes = core.live_bytes
+    out[0] = <void*>start
+    return ARENA_OK
+
+
+cdef bint _grow(void** array, size_t nbytes) noexcept nogil:
+    cdef void* grown = PyMem_RawRealloc(array[0], nbytes)
+    if grown == NULL:
+        return False
+    array[0] = grown
+    return True
+
+
+cdef void _slicing_free_chunks(ArenaCore* core, Py_ssize_t keep) noexcept nogil:
+    """Give back the chunks from index ``keep`` on (they hold no live segment)."""
+    cdef Py_ssize_t i
+    for i in range(keep, core.nchunks):
+        je_dallocx(core.chunks[i], core.mallocx_flags)
+        core.chunk_bytes -= core.chunk_sizes[i]
+    if keep < core.nchunks:
+        core.nchunks = keep
+
+
+# -- the C-level API -------------------------------------------------------------------------------
+
+cdef int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                        void** out) noexcept nogil:
+    """Allocate ``size`` bytes aligned to ``align`` (0 or a power of two up to 1 GiB), zeroed if
+    ``zero``; the address goes to ``*out``.  Returns ARENA_OK or an error code."""
+    cdef int err
+    if not core.open:
+        return ARENA_ECLOSED
+    if align & (align - 1) or align > MAX_ALIGN:
+        return ARENA_EINVAL
+    if size > MAX_SIZE:
+        return ARENA_ENOMEM
+    if core.kind == ARENA_KIND_CONFINED:
+        return _confined_allocate(core, size, align, zero, out)
+    if core.kind == ARENA_KIND_SHARED:
+        return _shared_allocate(core, size, align, zero, out)
+    if core.kind == ARENA_KIND_SLICING:
+        if not arenalib_try_lock(&core.busy):
+            return ARENA_EBUSY
+        err = _slicing_carve(core, size, align, zero, out)
+        arenalib_unlock(&core.busy)
+        return err
+    return ARENA_EUNSUPPORTED
+
+
+cdef int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    """Give back one allocation of Arena or ConfinedArena; ``size`` must be the size allocated."""
+    if not core.open:
+        return ARENA_ECLOSED
+    if core.kind == ARENA_KIND_CONFINED:
+        return _confined_free(core, ptr, size)
+    if core.kind == ARENA_KIND_SHARED:
+        return _shared_free(core, ptr, size)
+    return ARENA_EUNSUPPORTED
+
+
+cdef int arena_reset(ArenaCore* core) noexcept nogil:
+    """Free every allocation at once and keep the arena open (no other thread may use it now)."""
+    if not core.open:
+        return ARENA_ECLOSED
+    if core.kind == ARENA_KIND_CONFINED and core.owner != _thread_ident():
+        return ARENA_EWRONGTHREAD
+    if core.exports:
+        return ARENA_EEXPORTED
+    if core.kind == ARENA_KIND_SLICING:
+        if not arenalib_try_lock(&core.busy):
+            return ARENA_EBUSY
+        core.current = 0
+        core.offset = 0
+    elif core.kind == ARENA_KIND_SHARED:
+        _shared_flush(core, True, False)
+        _slot_reset(core.slot)
+    elif core.kind == ARENA_KIND_CONFINED:
+        _slot_reset(core.slot)
+    else:
+        return ARENA_EUNSUPPORTED
+    core.generation += 1
+    core.live_bytes = 0
+    core.live_segments = 0
+    if core.kind == ARENA_KIND_SLICING:
+        arenalib_unlock(&core.busy)
+    return ARENA_OK
+
+
+cdef ArenaCore* arena_core(object arena) except NULL:
+    """The C handle of an open Arena, ConfinedArena or SlicingArena (keep a reference to it)."""
+    if not isinstance(arena, ArenaBase):
+        raise TypeError(f"expected Arena, ConfinedArena or SlicingArena, not {type(arena).__name__}")
+    cdef ArenaBase base = arena
+    if not base._core.open:
+        raise ArenaClosedError(f"{type(arena).__name__} is closed")
+    return &base._core
+
+
+cdef int arena_raise(int code) except -1:
+    """Raise the Python exception for an error code of the nogil functions (with the GIL held)."""
+    if code == ARENA_OK:
+        return 0
+    exc_type, message = _ERRORS.get(code, (ArenaError, f"unknown arenalib error code {code}"))
+    raise exc_type(message)
