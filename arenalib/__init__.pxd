@@ -1,0 +1,48 @@
+# cython: language_level=3
+# The C-level API of arenalib, for Cython extensions:
+#
+#     from arenalib cimport ArenaCore, arena_core, arena_allocate, arena_free, arena_raise
+#
+#     core = arena_core(arena)              # with the GIL; keep a reference to `arena`
+#     with nogil:
+#         err = arena_allocate(core, 512, 0, False, &ptr)
+#         ...
+#         err = arena_free(core, ptr, 512)
+#     arena_raise(err)                      # the matching Python exception, if any
+#
+# The nogil functions never raise: they return ARENA_OK or an error code.  A ConfinedArena's core
+# fails with ARENA_EWRONGTHREAD on any thread but its owner; a SlicingArena's with ARENA_EBUSY when
+# two threads carve at once; an Arena's is free for all threads (each gets its own thread cache).
+# arena_free() takes the size given to arena_allocate().  Close and reset must not race with
+# allocations on other threads.  For a nogil scope without any Python object, put an ArenaCore on
+# the stack and use arena_open() / arena_close() (both need the GIL).
+# Consumers need no jemalloc header and link nothing: the functions come through Cython's C-API
+# import of arenalib._arena.  See arenalib/_examples/cython/ for a complete consumer.
+
+from arenalib._arena cimport (
+    ARENA_EBUSY,
+    ARENA_ECLOSED,
+    ARENA_EEXPORTED,
+    ARENA_EINVAL,
+    ARENA_ELIMIT,
+    ARENA_ENOMEM,
+    ARENA_EUNSUPPORTED,
+    ARENA_EWRONGTHREAD,
+    ARENA_KIND_CONFINED,
+    ARENA_KIND_SHARED,
+    ARENA_KIND_SLICING,
+    ARENA_OK,
+    Arena,
+    ArenaBase,
+    ArenaCore,
+    ConfinedArena,
+    Segment,
+    SlicingArena,
+    arena_allocate,
+    arena_close,
+    arena_core,
+    arena_free,
+    arena_open,
+    arena_raise,
+    arena_reset,
+)

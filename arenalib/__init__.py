@@ -28,6 +28,15 @@ from arenalib._errors import (
 
 __version__ = "0.1.0"  # keep in sync with pyproject.toml and meson.build
 
+
+
+def get_include() -> str:
+    """The directory to pass to Cython with -I so that ``cimport arenalib`` finds the .pxd files."""
+    import os
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 __all__ = [
     "Arena",
     "ArenaBase",
@@ -40,6 +49,7 @@ __all__ = [
     "UnsupportedOperation",
     "WrongThreadError",
     "__version__",
+    "get_include",
     "jemalloc_version",
     "live_objects",
     "pool_stats",

@@ -128,6 +128,8 @@ cdef class SlicingArena(ArenaBase):
 
 # -- C-level API (re-exported by arenalib/__init__.pxd) -------------------------------------------
 
+cdef int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes, size_t chunk_size) except -1
+cdef int arena_close(ArenaCore* core) except -1
 cdef ArenaCore* arena_core(object arena) except NULL
 cdef int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
                         void** out) noexcept nogil

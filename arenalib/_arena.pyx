@@ -21,12 +21,8 @@ include "_slots.pxi"
 include "_core.pxi"
 include "_segment.pxi"
 
-cdef Py_ssize_t DEFAULT_CHUNK_SIZE = 256 * 1024
-
 # Debug mode: arenas record where they were created, for the ResourceWarning of an unclosed arena.
 cdef bint _debug = False
-# Live-object counters, checked by the test suite after every test.
-cdef Py_ssize_t _open_arenas = 0
 
 _ERRORS = {
     ARENA_ENOMEM: (MemoryError, "out of memory"),
@@ -121,22 +117,8 @@ cdef class ArenaBase:
             raise TypeError("ArenaBase is abstract; use Arena, ConfinedArena or SlicingArena")
 
     cdef int _open(self, int kind, object max_bytes) except -1:
-        """Take a jemalloc slot from the pool; called once by each concrete class's __cinit__."""
-        global _next_serial, _open_arenas
-        cdef ArenaCore* core = &self._core
-        core.max_bytes = _parse_max_bytes(max_bytes)
-        if kind == ARENA_KIND_SHARED:
-            core.threads_lock = PyThread_allocate_lock()
-            if core.threads_lock == NULL:
-                raise MemoryError("cannot allocate a lock")
-        core.slot = _slot_acquire()
-        core.kind = kind
-        core.generation = 1
-        core.serial = _next_serial
-        _next_serial += 1
-        core.mallocx_flags = _slot_flags(core.slot)
-        core.open = True
-        _open_arenas += 1
+        """Open the core; called once by each concrete class's __cinit__."""
+        arena_open(&self._core, kind, _parse_max_bytes(max_bytes), self._core.chunk_size)
         if _debug:
             import traceback
             # Called from C: the innermost Python frame is the one that made the arena.
@@ -249,31 +231,7 @@ cdef class ArenaBase:
         return 0
 
     cdef void _release_memory(self) noexcept:
-        global _open_arenas
-        cdef ArenaCore* core = &self._core
-        if not core.open:
-            return
-        core.open = False
-        core.generation += 1
-        _open_arenas -= 1
-        cdef Py_ssize_t stale = core.live_bytes, segments
-        cdef size_t churn = core.allocated_total
-        if core.kind == ARENA_KIND_SHARED:
-            _shared_totals(core, &stale, &segments, &churn)
-            _shared_flush(core, True, True)
-            core.allocated_total = churn  # the per-thread counters are gone now
-        elif core.kind == ARENA_KIND_SLICING:
-            # The chunks hold every segment: they are the slot's stale garbage now.
-            stale = <Py_ssize_t>core.chunk_bytes
-            churn = core.chunk_bytes
-            core.nchunks = 0
-            core.chunk_bytes = 0
-        # The live segments are not freed one by one: their bytes become the slot's stale garbage,
-        # dropped in bulk by a jemalloc arena reset (see _slots.pxi).
-        _slot_release(core.slot, <size_t>stale, churn)
-        core.slot = NULL
-        core.live_bytes = 0
-        core.live_segments = 0
+        _core_close(&self._core)
 
     @property
     def closed(self):
@@ -337,12 +295,7 @@ cdef class ArenaBase:
             warnings.warn(message, ResourceWarning, stacklevel=2, source=self)
 
     def __dealloc__(self):
-        self._release_memory()
-        if self._core.threads_lock != NULL:
-            PyThread_free_lock(self._core.threads_lock)
-        PyMem_RawFree(self._core.chunks)
-        PyMem_RawFree(self._core.chunk_sizes)
-        PyMem_RawFree(self._core.chunk_zero_from)
+        _core_close(&self._core)
 
 
 cdef dict _jemalloc_arena_stats(long arena_index):
@@ -382,7 +335,6 @@ cdef class ConfinedArena(ArenaBase):
 
     def __cinit__(self, *, max_bytes=None):
         self._open(ARENA_KIND_CONFINED, max_bytes)
-        self._core.owner = PyThread_get_thread_ident()
 
     @property
     def owner_thread(self):
@@ -399,7 +351,7 @@ cdef class SlicingArena(ArenaBase):
     get a chunk of their own."""
 
     def __cinit__(self, *, chunk_size=None, max_bytes=None):
-        cdef Py_ssize_t size = DEFAULT_CHUNK_SIZE
+        cdef Py_ssize_t size = <Py_ssize_t>DEFAULT_CHUNK_SIZE
         if chunk_size is not None:
             size = _parse_size(chunk_size, "chunk_size")
             if <size_t>size < PAGE:

@@ -57,7 +57,9 @@ cdef size_t SLICE_DEFAULT_ALIGN = 16   # malloc's guarantee on x86-64 (max_align
 cdef size_t PAGE = 4096
 cdef size_t CACHE_MAX_BYTES = 1 << 20  # free blocks a slot keeps for reuse
 cdef unsigned char CACHE_MAX_PER_BIN = 64
+cdef size_t DEFAULT_CHUNK_SIZE = 256 * 1024
 cdef uint64_t _next_serial = 1
+cdef Py_ssize_t _open_arenas = 0     # live-object counter, checked by the tests after every test
 
 
 # -- size classes of the free-block cache ------------------------------------------------------------
@@ -343,6 +345,25 @@ cdef void _slicing_free_chunks(ArenaCore* core, Py_ssize_t keep) noexcept nogil:
         core.nchunks = keep
 
 
+# -- BufferPool's region ------------------------------------------------------------------------
+
+cdef inline int _region_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                                 void** out) noexcept nogil:
+    """One plain block of the slot's arena (a pool allocates its region once, holding the GIL)."""
+    if core.max_bytes >= 0 and <Py_ssize_t>size > core.max_bytes - core.live_bytes:
+        return ARENA_ELIMIT
+    cdef void* ptr = _jemalloc_allocate(core.mallocx_flags, size if size else 1, align, zero)
+    if ptr == NULL:
+        return ARENA_ENOMEM
+    core.live_bytes += size
+    core.live_segments += 1
+    core.allocated_total += size
+    if core.live_bytes > core.peak_bytes:
+        core.peak_bytes = core.live_bytes
+    out[0] = ptr
+    return ARENA_OK
+
+
 # -- the C-level API -------------------------------------------------------------------------------
 
 cdef int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
@@ -366,6 +387,8 @@ cdef int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
         err = _slicing_carve(core, size, align, zero, out)
         arenalib_unlock(&core.busy)
         return err
+    if core.kind == ARENA_KIND_POOL:
+        return _region_allocate(core, size, align, zero, out)
     return ARENA_EUNSUPPORTED
 
 
@@ -406,6 +429,83 @@ cdef int arena_reset(ArenaCore* core) noexcept nogil:
     if core.kind == ARENA_KIND_SLICING:
         arenalib_unlock(&core.busy)
     return ARENA_OK
+
+
+cdef int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes, size_t chunk_size) except -1:
+    """Open an arena in an ArenaCore the caller owns (an arena object's, or a C struct on the
+    stack for a nogil scope).  kind: ARENA_KIND_*; max_bytes: -1 for no limit; chunk_size: the
+    SlicingArena chunk size (0 for the default).  Needs the GIL; arena_close() undoes it."""
+    global _next_serial, _open_arenas
+    if core.open:
+        raise ValueError("this ArenaCore is open already")
+    memset(core, 0, sizeof(ArenaCore))
+    if kind == ARENA_KIND_SHARED:
+        core.threads_lock = PyThread_allocate_lock()
+        if core.threads_lock == NULL:
+            raise MemoryError("cannot allocate a lock")
+    core.slot = _slot_acquire()
+    core.kind = kind
+    core.max_bytes = max_bytes if max_bytes >= 0 else -1
+    core.chunk_size = chunk_size if chunk_size else DEFAULT_CHUNK_SIZE
+    core.generation = 1
+    core.serial = _next_serial
+    _next_serial += 1
+    core.mallocx_flags = _slot_flags(core.slot)
+    if kind == ARENA_KIND_CONFINED:
+        core.owner = _thread_ident()
+    core.open = True
+    _open_arenas += 1
+    return 0
+
+
+cdef void _core_close(ArenaCore* core) noexcept:
+    """Close without checks: every allocation becomes the slot's garbage, dropped in bulk."""
+    global _open_arenas
+    if not core.open:
+        return
+    core.open = False
+    core.generation += 1
+    _open_arenas -= 1
+    cdef Py_ssize_t stale = core.live_bytes, segments
+    cdef size_t churn = core.allocated_total
+    if core.kind == ARENA_KIND_SHARED:
+        _shared_totals(core, &stale, &segments, &churn)
+        _shared_flush(core, True, True)
+        core.allocated_total = churn  # the per-thread counters are gone now
+        PyThread_free_lock(core.threads_lock)
+        core.threads_lock = NULL
+    elif core.kind == ARENA_KIND_SLICING:
+        # The chunks hold every segment: they are the slot's stale garbage now.
+        stale = <Py_ssize_t>core.chunk_bytes
+        churn = core.chunk_bytes
+        core.nchunks = 0
+        core.chunks_capacity = 0
+        core.chunk_bytes = 0
+        PyMem_RawFree(core.chunks)
+        PyMem_RawFree(core.chunk_sizes)
+        PyMem_RawFree(core.chunk_zero_from)
+        core.chunks = NULL
+        core.chunk_sizes = NULL
+        core.chunk_zero_from = NULL
+    # The live segments are not freed one by one: their bytes become the slot's stale garbage,
+    # dropped in bulk by a jemalloc arena reset (see _slots.pxi).
+    _slot_release(core.slot, <size_t>stale, churn)
+    core.slot = NULL
+    core.live_bytes = 0
+    core.live_segments = 0
+
+
+cdef int arena_close(ArenaCore* core) except -1:
+    """Free every allocation at once and give the memory back (GIL held); idempotent.  Raises
+    WrongThreadError for a confined arena of another thread, BufferError while exports live."""
+    if not core.open:
+        return 0
+    if core.kind == ARENA_KIND_CONFINED and core.owner != _thread_ident():
+        arena_raise(ARENA_EWRONGTHREAD)
+    if core.exports:
+        arena_raise(ARENA_EEXPORTED)
+    _core_close(core)
+    return 0
 
 
 cdef ArenaCore* arena_core(object arena) except NULL:

@@ -1,0 +1,183 @@
+"""Other Cython extensions cimport arenalib and allocate without the GIL (issue 5).
+
+The example consumer shipped in arenalib/_examples/cython is built here against the package, in a
+temporary directory, with meson, as a downstream project would build it."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import arenalib
+
+EXAMPLE = Path(arenalib.__file__).parent / "_examples" / "cython"
+
+
+@pytest.fixture(scope="module")
+def consumer(tmp_path_factory):
+    source = tmp_path_factory.mktemp("consumer")
+    for name in ("meson.build", "arenalib_consumer.pyx"):
+        shutil.copy(EXAMPLE / name, source / name)
+    build = source / "build"
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    meson = [sys.executable, "-m", "mesonbuild.mesonmain"]
+    for cmd in ([*meson, "setup", str(build),
+                 f"--native-file={_native_file(source)}"],
+                [*meson, "compile", "-C", str(build)]):
+        result = subprocess.run(cmd, cwd=source, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+    [built] = build.glob("arenalib_consumer*.so")
+    spec = importlib.util.spec_from_file_location("arenalib_consumer", built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _native_file(directory: Path) -> Path:
+    # Build against this interpreter, whatever python3 is first on PATH.
+    path = directory / "native.ini"
+    cython = Path(sys.executable).parent / "cython"
+    path.write_text(f"[binaries]\npython = '{sys.executable}'\ncython = '{cython}'\n")
+    return path
+
+
+def test_consumer_uses_the_package_pxd(consumer):
+    # The consumer's C code imports arenalib._arena's C API at import time (no link against it).
+    assert "arenalib._arena" in sys.modules
+    assert consumer.fill_free_loop.__module__ == "arenalib_consumer"
+
+
+@pytest.mark.parametrize("kind", [arenalib.Arena, arenalib.ConfinedArena])
+@pytest.mark.parametrize("size", [0, 8, 512, 4096, 65536, 1 << 20])
+@pytest.mark.parametrize("zero", [False, True])
+def test_nogil_allocate_fill_free(consumer, kind, size, zero):
+    with kind() as arena:
+        assert consumer.fill_free_loop(arena, 200, size, zero) == 200 * size
+        stats = arena.stats()
+        assert stats["live_bytes"] == 0
+        assert stats["live_segments"] == 0
+        assert stats["allocated_total"] == 200 * size
+
+
+def test_nogil_allocations_show_in_stats_and_die_with_reset(consumer):
+    with arenalib.ConfinedArena() as arena:
+        consumer.keep_allocations(arena, 100, 1000)
+        stats = arena.stats()
+        assert (stats["live_bytes"], stats["live_segments"]) == (100_000, 100)
+        assert stats["peak_bytes"] == 100_000
+        arena.reset()
+        assert arena.stats()["live_bytes"] == 0
+
+
+def test_slicing_arena_through_the_c_api(consumer):
+    with arenalib.SlicingArena(chunk_size=1 << 16) as arena:
+        consumer.keep_allocations(arena, 1000, 100)
+        assert arena.stats()["live_bytes"] == 100_000
+        with pytest.raises(arenalib.UnsupportedOperation):
+            consumer.fill_free_loop(arena, 1, 8)
+
+
+def test_limits_and_closed_arenas_raise_through_arena_raise(consumer):
+    with arenalib.ConfinedArena(max_bytes=4096) as arena:
+        with pytest.raises(MemoryError, match="max_bytes"):
+            consumer.keep_allocations(arena, 10, 1000)
+        assert arena.stats()["live_bytes"] == 4000  # the four that fitted
+    with pytest.raises(arenalib.ArenaClosedError):
+        consumer.fill_free_loop(arena, 1, 8)
+    with pytest.raises(TypeError):
+        consumer.fill_free_loop(bytearray(8), 1, 8)
+
+
+def test_confined_handle_from_wrong_thread_fails_cleanly(consumer):
+    arena = arenalib.ConfinedArena()
+    errors = []
+
+    def other_thread():
+        try:
+            consumer.fill_free_loop(arena, 10, 64)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            errors.append(exc)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and isinstance(errors[0], arenalib.WrongThreadError)
+    # untouched and still fine for its owner
+    assert arena.stats()["live_segments"] == 0
+    assert consumer.fill_free_loop(arena, 10, 64) == 640
+    arena.close()
+
+
+def test_scoped_core_without_python_object(consumer):
+    before = arenalib.live_objects()["open_arenas"]
+    assert consumer.scoped_loop(10_000, 512) == 10_000
+    assert arenalib.live_objects()["open_arenas"] == before
+
+
+def run_threads(count, target):
+    errors = []
+
+    def wrapped(index):
+        try:
+            target(index)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_threads_on_their_own_confined_arenas(consumer, threads):
+    def work(index):
+        with arenalib.ConfinedArena() as arena:
+            consumer.batch_loop(arena, 200, 64, 256, index + 1)
+            assert arena.stats()["live_segments"] == 0
+
+    run_threads(threads, work)
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_threads_on_one_shared_arena(consumer, threads):
+    arena = arenalib.Arena()
+
+    def work(index):
+        consumer.batch_loop(arena, 200, 64, 256, index + 1)
+
+    run_threads(threads, work)
+    stats = arena.stats()
+    assert stats["live_bytes"] == 0 and stats["live_segments"] == 0
+    assert stats["allocated_total"] == threads * 200 * 64 * 256
+    arena.close()
+
+
+def test_slicing_arena_refuses_concurrent_carving(consumer):
+    # Two threads carving one SlicingArena: each call either works or gets ArenaError (busy),
+    # never corrupted blocks.
+    arena = arenalib.SlicingArena()
+    outcomes = []
+
+    def work(index):
+        for _ in range(200):
+            try:
+                consumer.keep_allocations(arena, 50, 64)
+                outcomes.append("ok")
+            except arenalib.ArenaError:
+                outcomes.append("busy")
+
+    run_threads(2, work)
+    assert "ok" in outcomes
+    # a busy call may have carved part of its 50 blocks before it was refused
+    live = arena.stats()["live_segments"]
+    assert 50 * outcomes.count("ok") <= live <= 50 * len(outcomes)
+    arena.close()
