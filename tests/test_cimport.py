@@ -101,7 +101,7 @@ def test_confined_handle_from_wrong_thread_fails_cleanly(consumer):
     def other_thread():
         try:
             consumer.fill_free_loop(arena, 10, 64)
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        except BaseException as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=other_thread)
@@ -126,7 +126,7 @@ def run_threads(count, target):
     def wrapped(index):
         try:
             target(index)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(count)]
