@@ -25,6 +25,7 @@ from arenalib._errors import (
     UnsupportedOperation,
     WrongThreadError,
 )
+from arenalib._pool import BufferPool
 
 __version__ = "0.1.0"  # keep in sync with pyproject.toml and meson.build
 
@@ -42,6 +43,7 @@ __all__ = [
     "ArenaBase",
     "ArenaClosedError",
     "ArenaError",
+    "BufferPool",
     "ConfinedArena",
     "PoolExhaustedError",
     "Segment",

@@ -29,6 +29,17 @@ cdef enum:
     # classes per doubling up to 64 KiB.
     CACHE_BINS = 89
     CACHE_MAX_SIZE = 65536
+    # A confined arena remembers its first few allocations: when those are all it holds at close,
+    # they go back to the slot's free-block cache instead of waiting for a bulk reset.
+    RECENT_MAX = 4
+
+
+cdef struct FreeBlocks:
+    # Freed blocks kept for reuse by one thread, per size class: singly linked lists threaded
+    # through the blocks themselves.  A pop or push is a few instructions and no lock.
+    size_t cached_bytes
+    void* heads[CACHE_BINS]
+    unsigned char counts[CACHE_BINS]
 
 
 cdef struct ArenaSlot:
@@ -38,9 +49,7 @@ cdef struct ArenaSlot:
     unsigned tcache_index
     size_t stale_bytes    # allocations left behind by closed arena objects, dropped by a reset
     size_t churn_bytes    # bytes allocated since the last purge: what may sit dirty in the arena
-    size_t cached_bytes
-    void* bins[CACHE_BINS]             # singly linked lists threaded through the free blocks
-    unsigned char bin_counts[CACHE_BINS]
+    FreeBlocks cache      # used by confined arenas (one owner thread at a time)
 
 
 cdef struct ThreadCache:
@@ -52,6 +61,7 @@ cdef struct ThreadCache:
     Py_ssize_t live_bytes
     Py_ssize_t live_segments
     size_t allocated_total
+    FreeBlocks cache
 
 
 cdef struct ArenaCore:
@@ -69,6 +79,9 @@ cdef struct ArenaCore:
     Py_ssize_t exports
     Py_ssize_t max_bytes      # -1: no limit
     size_t allocated_total
+    int recent_count          # allocations remembered in recent; RECENT_MAX + 1: too many
+    void* recent[RECENT_MAX]  # NULL once freed
+    size_t recent_sizes[RECENT_MAX]
     ThreadCache* threads
     void* threads_lock
     # SlicingArena

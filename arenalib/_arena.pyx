@@ -8,7 +8,6 @@ memory (the nogil rules live in _core.pxi).  Segment (_segment.pxi) is the user'
 
 cimport cython
 from cpython.exc cimport PyErr_Clear
-from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport uint64_t
 
 import warnings
@@ -226,7 +225,7 @@ cdef class ArenaBase:
     cdef int _check_usable(self) except -1:
         if not self._core.open:
             raise ArenaClosedError(f"{type(self).__name__} is closed")
-        if self._core.owner and self._core.owner != PyThread_get_thread_ident():
+        if self._core.owner and self._core.owner != _thread_ident():
             raise _wrong_thread_error(self)
         return 0
 

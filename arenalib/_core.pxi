@@ -16,9 +16,6 @@ from arenalib._jemalloc cimport (
     MALLOCX_LG_ALIGN, MALLOCX_TCACHE_NONE, MALLOCX_ZERO, je_dallocx, je_mallocx,
 )
 
-cdef extern from "pythread.h":
-    # Only reads pthread_self(): safe without the GIL.
-    unsigned long _thread_ident "PyThread_get_thread_ident"() noexcept nogil
 
 cdef extern from *:
     """
@@ -38,6 +35,18 @@ cdef extern from *:
     #define arenalib_try_lock(p) (__atomic_exchange_n((p), 1, __ATOMIC_ACQUIRE) == 0)
     #define arenalib_unlock(p) __atomic_store_n((p), 0, __ATOMIC_RELEASE)
     #define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
+    #include <pthread.h>
+    /* The calling thread's identity, equal to PyThread_get_thread_ident() (pthread_self()); read
+       straight from the thread control block where glibc keeps it, as pthread_self() does. */
+    static inline unsigned long arenalib_thread_ident(void) {
+    #if defined(__x86_64__) && defined(__GLIBC__)
+        unsigned long self;
+        __asm__("movq %%fs:16, %0" : "=r"(self));
+        return self;
+    #else
+        return (unsigned long)pthread_self();
+    #endif
+    }
     #define arenalib_clz(x) __builtin_clzll(x)
     #define arenalib_ctz(x) __builtin_ctzll(x)
     """
@@ -46,6 +55,7 @@ cdef extern from *:
     bint arenalib_try_lock(int* flag) noexcept nogil
     void arenalib_unlock(int* flag) noexcept nogil
     Py_ssize_t arenalib_atomic_add(Py_ssize_t* counter, Py_ssize_t value) noexcept nogil
+    unsigned long _thread_ident "arenalib_thread_ident"() noexcept nogil
     int arenalib_clz(unsigned long long x) noexcept nogil
     int arenalib_ctz(unsigned long long x) noexcept nogil
 
@@ -86,6 +96,45 @@ cdef inline void* _jemalloc_allocate(int flags, size_t size, size_t align, bint 
     return je_mallocx(size, flags)
 
 
+# -- the free-block cache -----------------------------------------------------------------------
+
+cdef inline void* _cached_allocate(FreeBlocks* cache, int flags, size_t size, size_t align,
+                                   bint zero) noexcept nogil:
+    """A block from ``cache`` when one of the size class is there (and no special alignment is
+    asked), else a new one from jemalloc; NULL when memory cannot be had."""
+    cdef void* ptr
+    cdef int b
+    if size > CACHE_MAX_SIZE:
+        return _jemalloc_allocate(flags, size, align, zero)
+    b = _bin_of(size)
+    ptr = cache.heads[b]
+    if ptr != NULL and align <= 16:
+        cache.heads[b] = (<void**>ptr)[0]
+        cache.counts[b] -= 1
+        cache.cached_bytes -= _bin_size(b)
+        if zero:
+            memset(ptr, 0, size)
+        return ptr
+    # A whole size class, so the block can go to its bin when freed.
+    return _jemalloc_allocate(flags, _bin_size(b), align, zero)
+
+
+cdef inline void _cached_free(FreeBlocks* cache, int flags, void* ptr, size_t size) noexcept nogil:
+    """Keep a freed block for reuse, or give it to jemalloc when the cache is full."""
+    cdef int b
+    cdef size_t block
+    if size <= CACHE_MAX_SIZE:
+        b = _bin_of(size)
+        block = _bin_size(b)
+        if cache.counts[b] < CACHE_MAX_PER_BIN and cache.cached_bytes + block <= CACHE_MAX_BYTES:
+            (<void**>ptr)[0] = cache.heads[b]
+            cache.heads[b] = ptr
+            cache.counts[b] += 1
+            cache.cached_bytes += block
+            return
+    je_dallocx(ptr, flags)
+
+
 # -- ConfinedArena ---------------------------------------------------------------------------------
 
 cdef inline int _confined_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
@@ -94,25 +143,15 @@ cdef inline int _confined_allocate(ArenaCore* core, size_t size, size_t align, b
         return ARENA_EWRONGTHREAD
     if core.max_bytes >= 0 and <Py_ssize_t>size > core.max_bytes - core.live_bytes:
         return ARENA_ELIMIT
-    cdef ArenaSlot* slot = core.slot
-    cdef void* ptr
-    cdef int b
-    if size <= CACHE_MAX_SIZE:
-        b = _bin_of(size)
-        ptr = slot.bins[b]
-        if ptr != NULL and align <= 16:
-            slot.bins[b] = (<void**>ptr)[0]
-            slot.bin_counts[b] -= 1
-            slot.cached_bytes -= _bin_size(b)
-            if zero:
-                memset(ptr, 0, size)
-        else:
-            # A whole size class, so the block can go to its bin when freed.
-            ptr = _jemalloc_allocate(core.mallocx_flags, _bin_size(b), align, zero)
-    else:
-        ptr = _jemalloc_allocate(core.mallocx_flags, size, align, zero)
+    cdef void* ptr = _cached_allocate(&core.slot.cache, core.mallocx_flags, size, align, zero)
     if ptr == NULL:
         return ARENA_ENOMEM
+    if core.recent_count < RECENT_MAX:
+        core.recent[core.recent_count] = ptr
+        core.recent_sizes[core.recent_count] = size
+        core.recent_count += 1
+    else:
+        core.recent_count = RECENT_MAX + 1
     core.live_bytes += size
     core.live_segments += 1
     core.allocated_total += size
@@ -125,21 +164,13 @@ cdef inline int _confined_allocate(ArenaCore* core, size_t size, size_t align, b
 cdef inline int _confined_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
     if core.owner != _thread_ident():
         return ARENA_EWRONGTHREAD
-    cdef ArenaSlot* slot = core.slot
-    cdef int b
-    cdef size_t block
-    if size <= CACHE_MAX_SIZE:
-        b = _bin_of(size)
-        block = _bin_size(b)
-        if slot.bin_counts[b] < CACHE_MAX_PER_BIN and slot.cached_bytes + block <= CACHE_MAX_BYTES:
-            (<void**>ptr)[0] = slot.bins[b]
-            slot.bins[b] = ptr
-            slot.bin_counts[b] += 1
-            slot.cached_bytes += block
-        else:
-            je_dallocx(ptr, core.mallocx_flags)
-    else:
-        je_dallocx(ptr, core.mallocx_flags)
+    cdef int i
+    if core.recent_count <= RECENT_MAX:
+        for i in range(core.recent_count):
+            if core.recent[i] == ptr:
+                core.recent[i] = NULL
+                break
+    _cached_free(&core.slot.cache, core.mallocx_flags, ptr, size)
     core.live_bytes -= size
     core.live_segments -= 1
     return ARENA_OK
@@ -187,7 +218,7 @@ cdef inline int _shared_allocate(ArenaCore* core, size_t size, size_t align, bin
         if arenalib_atomic_add(&core.live_bytes, <Py_ssize_t>size) > core.max_bytes:
             arenalib_atomic_add(&core.live_bytes, -<Py_ssize_t>size)
             return ARENA_ELIMIT
-    cdef void* ptr = _jemalloc_allocate(_shared_flags(core, tc), size if size else 1, align, zero)
+    cdef void* ptr = _cached_allocate(&tc.cache, _shared_flags(core, tc), size, align, zero)
     if ptr == NULL:
         if core.max_bytes >= 0:
             arenalib_atomic_add(&core.live_bytes, -<Py_ssize_t>size)
@@ -207,7 +238,7 @@ cdef inline int _shared_free(ArenaCore* core, void* ptr, size_t size) noexcept n
         je_dallocx(ptr, MALLOCX_TCACHE_NONE)
         tc = core.threads
     else:
-        je_dallocx(ptr, _shared_flags(core, tc))
+        _cached_free(&tc.cache, _shared_flags(core, tc), ptr, size)
     if tc != NULL:
         tc.live_bytes -= size
         tc.live_segments -= 1
@@ -217,7 +248,7 @@ cdef inline int _shared_free(ArenaCore* core, void* ptr, size_t size) noexcept n
 
 
 cdef void _shared_totals(ArenaCore* core, Py_ssize_t* live, Py_ssize_t* segments,
-                         size_t* total) noexcept nogil:
+                         size_t* total, size_t* cached=NULL) noexcept nogil:
     cdef ThreadCache* tc
     live[0] = 0
     segments[0] = 0
@@ -228,6 +259,8 @@ cdef void _shared_totals(ArenaCore* core, Py_ssize_t* live, Py_ssize_t* segments
         live[0] += tc.live_bytes
         segments[0] += tc.live_segments
         total[0] += tc.allocated_total
+        if cached != NULL:
+            cached[0] += tc.cache.cached_bytes
         tc = tc.next
     PyThread_release_lock(core.threads_lock)
 
@@ -245,6 +278,7 @@ cdef void _shared_flush(ArenaCore* core, bint forget_counts, bint give_back) noe
         if forget_counts:
             tc.live_bytes = 0
             tc.live_segments = 0
+            _cache_forget(&tc.cache)
         if give_back:
             _tcache_give_back(tc.tcache_index)
             PyMem_RawFree(tc)
@@ -426,6 +460,7 @@ cdef int arena_reset(ArenaCore* core) noexcept nogil:
     core.generation += 1
     core.live_bytes = 0
     core.live_segments = 0
+    core.recent_count = 0
     if core.kind == ARENA_KIND_SLICING:
         arenalib_unlock(&core.busy)
     return ARENA_OK
@@ -467,9 +502,11 @@ cdef void _core_close(ArenaCore* core) noexcept:
     core.generation += 1
     _open_arenas -= 1
     cdef Py_ssize_t stale = core.live_bytes, segments
-    cdef size_t churn = core.allocated_total
+    cdef size_t churn = core.allocated_total, cached = 0
     if core.kind == ARENA_KIND_SHARED:
-        _shared_totals(core, &stale, &segments, &churn)
+        # The threads' caches die with the arena: their blocks are garbage too.
+        _shared_totals(core, &stale, &segments, &churn, &cached)
+        stale += <Py_ssize_t>cached
         _shared_flush(core, True, True)
         core.allocated_total = churn  # the per-thread counters are gone now
         PyThread_free_lock(core.threads_lock)
@@ -487,8 +524,17 @@ cdef void _core_close(ArenaCore* core) noexcept:
         core.chunks = NULL
         core.chunk_sizes = NULL
         core.chunk_zero_from = NULL
-    # The live segments are not freed one by one: their bytes become the slot's stale garbage,
-    # dropped in bulk by a jemalloc arena reset (see _slots.pxi).
+    cdef int i
+    if core.kind == ARENA_KIND_CONFINED and core.recent_count <= RECENT_MAX:
+        # A small scope: its few blocks go straight back to the slot's cache, warm for the next
+        # scope, and no reset is ever needed for them.
+        for i in range(core.recent_count):
+            if core.recent[i] != NULL:
+                _cached_free(&core.slot.cache, core.mallocx_flags, core.recent[i],
+                             core.recent_sizes[i])
+        stale = 0
+    # Otherwise the live segments are not freed one by one: their bytes become the slot's stale
+    # garbage, dropped in bulk by a jemalloc arena reset (see _slots.pxi).
     _slot_release(core.slot, <size_t>stale, churn)
     core.slot = NULL
     core.live_bytes = 0

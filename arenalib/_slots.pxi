@@ -20,7 +20,7 @@ from cpython.pythread cimport (
     PyThread_acquire_lock, PyThread_allocate_lock, PyThread_release_lock, PyThread_type_lock,
     WAIT_LOCK,
 )
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from arenalib._jemalloc cimport (
     je_mallctl, je_mallctlbymib, je_mallctlnametomib, MALLOCX_ARENA, MALLOCX_TCACHE,
@@ -111,13 +111,9 @@ cdef inline int _slot_flags(ArenaSlot* slot) noexcept nogil:
     return MALLOCX_ARENA(slot.arena_index) | MALLOCX_TCACHE(slot.tcache_index)
 
 
-cdef void _slot_drop_cache(ArenaSlot* slot) noexcept nogil:
+cdef void _cache_forget(FreeBlocks* cache) noexcept nogil:
     """Forget the cached free blocks (the caller resets the arena, which frees them in bulk)."""
-    cdef int i
-    for i in range(CACHE_BINS):
-        slot.bins[i] = NULL
-        slot.bin_counts[i] = 0
-    slot.cached_bytes = 0
+    memset(cache, 0, sizeof(FreeBlocks))
 
 
 cdef void _slot_reset(ArenaSlot* slot) noexcept nogil:
@@ -125,7 +121,7 @@ cdef void _slot_reset(ArenaSlot* slot) noexcept nogil:
     global _resets
     # jemalloc requires every tcache that touched the arena to be flushed before a reset.
     _flush_tcache(slot.tcache_index)
-    _slot_drop_cache(slot)
+    _cache_forget(&slot.cache)
     _arena_ctl(_mib_reset, _mib_reset_len, slot.arena_index)
     slot.stale_bytes = 0
     _resets += 1
@@ -142,7 +138,7 @@ cdef void _slot_purge(ArenaSlot* slot) noexcept nogil:
 
 cdef void _slot_wipe(ArenaSlot* slot) noexcept nogil:
     """Drop the slot's garbage and cached blocks and hand its pages back to the OS."""
-    if slot.stale_bytes or slot.cached_bytes:
+    if slot.stale_bytes or slot.cache.cached_bytes:
         _slot_reset(slot)
     if slot.churn_bytes:
         _slot_purge(slot)
@@ -219,7 +215,7 @@ def pool_stats():
     cdef size_t stale = 0, cached = 0
     for i in range(_free_count):
         stale += _free_slots[i].stale_bytes
-        cached += _free_slots[i].cached_bytes
+        cached += _free_slots[i].cache.cached_bytes
     return {
         "slots_created": _slots_created,
         "slots_idle": _free_count,

@@ -1,0 +1,28 @@
+# cython: language_level=3
+# BufferPool, for arenalib's other Cython modules and for extensions that cimport it.
+
+from arenalib._arena cimport ArenaBase, Segment
+
+
+cdef class BufferPool(ArenaBase):
+    cdef:
+        char* _base                 # the region: one jemalloc block of _stride * _count bytes
+        size_t _stride              # distance between buffers: _buffer_size rounded up to _align
+        size_t _align
+        Py_ssize_t _buffer_size
+        Py_ssize_t _count
+        bint _zero
+        Py_ssize_t* _free_stack     # indices of the free buffers; the top is acquired next
+        Py_ssize_t _nfree
+        unsigned char* _state       # per buffer: free and zero, in use, or free and dirty
+        Py_ssize_t _in_use
+        Py_ssize_t _high_water
+        Py_ssize_t _exhausted
+        size_t _acquisitions
+
+    cdef void _reset_buffers(self, bint fresh) noexcept
+    cdef Segment _acquire(self, bint raise_exhausted)
+    cdef Segment _exhaust(self, bint raise_exhausted)
+    cdef int _release(self, Segment seg) except -1
+    cdef Py_ssize_t _index_of(self, Segment seg) except -1
+    cdef int _check_open(self) except -1

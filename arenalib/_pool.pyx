@@ -1,0 +1,337 @@
+# cython: language_level=3
+"""BufferPool: fixed-size, aligned buffers carved from one region of the private jemalloc, recycled
+in O(1) for I/O (io_uring, O_DIRECT, sockets).
+
+The region is one allocation of the pool's ArenaCore (kind ARENA_KIND_POOL), handed back in bulk by
+close().  Each acquire() makes a new Segment over a free buffer; release() marks that Segment freed,
+so a stale handle raises ArenaClosedError even after the same buffer is acquired again.
+
+Thread safety: every method runs holding the GIL and never releases it between reading and writing
+the pool's state, so acquire and release are serialised by the GIL itself and need no lock.  The one
+call that can run Python code (making the Segment object may start the garbage collector, and with
+it finalizers that may switch threads or use this pool) happens before the state is touched, and the
+state is checked again after it.
+"""
+
+cimport cython
+from cpython.buffer cimport PyBUF_WRITE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.memoryview cimport PyMemoryView_FromMemory
+from cpython.pyport cimport PY_SSIZE_T_MAX
+from libc.string cimport memset
+
+from arenalib._arena cimport (
+    ARENA_EEXPORTED, ARENA_KIND_POOL, ARENA_OK, ArenaBase, Segment, arena_allocate, make_segment,
+)
+
+from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, UnsupportedOperation
+
+cdef size_t MAX_ALIGN = 1 << 30
+cdef size_t REGION_ALIGN = 4096
+
+# Buffer states.  Free buffers that were never handed out since the region was zeroed need no memset
+# for a zero=True pool.
+cdef enum:
+    FREE_ZERO = 0
+    IN_USE = 1
+    FREE_DIRTY = 2
+
+
+cdef Py_ssize_t _positive(object value, str name) except -1:
+    cdef Py_ssize_t n
+    try:
+        n = value
+    except OverflowError:
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, not {value!r}") from None
+        raise MemoryError(f"cannot allocate a pool with {name}={value!r}: larger than any address "
+                          "space") from None
+    if n < 1:
+        raise ValueError(f"{name} must be >= 1, not {value!r}")
+    return n
+
+
+@cython.final
+@cython.auto_pickle(False)  # ArenaBase.__reduce__ refuses pickling
+cdef class BufferPool(ArenaBase):
+    """``count`` buffers of ``buffer_size`` bytes, each aligned to ``align``, in one contiguous region.
+
+    BufferPool(buffer_size, count, *, align=4096, zero=False)
+
+    Buffers are ``stride`` bytes apart (buffer_size rounded up to align), so the whole region can be
+    registered with the kernel at once (``region()``) or buffer by buffer (``iovecs()``).
+    acquire() hands out a free buffer as a Segment of ``buffer_size`` bytes in O(1) (PoolExhaustedError
+    when none is free; try_acquire() returns None instead); release(seg) or seg.free() gives it back in
+    O(1).  A released Segment is dead: any use raises ArenaClosedError, even once its buffer is acquired
+    again by someone else.
+
+    zero=False (the default, for I/O that overwrites the buffer anyway): a buffer is handed out as the
+    previous user left it.  zero=True: a buffer is zero-filled at each acquire.
+
+    Thread-safe: acquire and release may be called from any thread (they are serialised by the GIL).
+    close() (or the end of a with-block) gives the region back; it raises BufferError while a buffer
+    export (memoryview ...) of an acquired segment is alive.
+    """
+
+    def __cinit__(self, buffer_size, count, *, align=4096, bint zero=False):
+        cdef Py_ssize_t size = _positive(buffer_size, "buffer_size")
+        cdef Py_ssize_t n = _positive(count, "count")
+        cdef Py_ssize_t a
+        try:
+            a = align
+        except OverflowError:
+            a = -1
+        if a <= 0 or a & (a - 1) or <size_t>a > MAX_ALIGN:
+            raise ValueError(f"align must be a power of two from 1 to {MAX_ALIGN}, not {align!r}")
+        if <size_t>size > <size_t>PY_SSIZE_T_MAX - <size_t>a:
+            raise MemoryError(f"cannot allocate buffers of {size} bytes: larger than any address space")
+        cdef size_t stride = (<size_t>size + <size_t>a - 1) & ~(<size_t>a - 1)
+        if <size_t>n > <size_t>PY_SSIZE_T_MAX / stride:
+            raise MemoryError(f"cannot allocate {n} buffers of {stride} bytes: larger than any address "
+                              "space")
+        cdef size_t total = stride * <size_t>n
+        self._free_stack = <Py_ssize_t*>PyMem_Malloc(<size_t>n * sizeof(Py_ssize_t))
+        self._state = <unsigned char*>PyMem_Malloc(<size_t>n)
+        if self._free_stack == NULL or self._state == NULL:
+            raise MemoryError(f"cannot allocate the bookkeeping of {n} buffers")
+        self._buffer_size = size
+        self._count = n
+        self._stride = stride
+        self._align = <size_t>a
+        self._zero = zero
+        self._open(ARENA_KIND_POOL, None)
+        cdef void* ptr = NULL
+        cdef int err = arena_allocate(&self._core, total, max(<size_t>a, REGION_ALIGN), zero, &ptr)
+        if err != ARENA_OK:
+            self._release_memory()  # closed again: no ResourceWarning for a pool that never was
+            self._raise(err, f"cannot allocate a pool region of {total} bytes")
+        self._base = <char*>ptr
+        self._reset_buffers(True)
+
+    def __dealloc__(self):
+        PyMem_Free(self._free_stack)
+        PyMem_Free(self._state)
+
+    cdef void _reset_buffers(self, bint fresh) noexcept:
+        """Every buffer free, index 0 on top; ``fresh``: the region was just allocated (zeroed when
+        the pool zeroes), else in-use buffers become dirty."""
+        cdef Py_ssize_t i
+        for i in range(self._count):
+            self._free_stack[i] = self._count - 1 - i
+            if fresh:
+                self._state[i] = FREE_ZERO if self._zero else FREE_DIRTY
+            elif self._state[i] == IN_USE:
+                self._state[i] = FREE_DIRTY
+        self._nfree = self._count
+        self._in_use = 0
+
+    # -- acquire / release -----------------------------------------------------------------------
+
+    def acquire(self):
+        """A free buffer as a Segment of ``buffer_size`` bytes; PoolExhaustedError when none is free."""
+        return self._acquire(True)
+
+    def try_acquire(self):
+        """A free buffer as a Segment of ``buffer_size`` bytes, or None when none is free."""
+        return self._acquire(False)
+
+    cdef Segment _acquire(self, bint raise_exhausted):
+        if not self._core.open:
+            raise ArenaClosedError("BufferPool is closed")
+        if self._nfree == 0:
+            return self._exhaust(raise_exhausted)
+        # Made first, with no address: this may run the garbage collector and with it any Python code
+        # (another thread included), so the state is read only afterwards, with nothing in between.
+        cdef Segment seg = make_segment(self, NULL, self._buffer_size)
+        if not self._core.open:
+            raise ArenaClosedError("BufferPool is closed")
+        if self._nfree == 0:
+            return self._exhaust(raise_exhausted)
+        self._nfree -= 1
+        cdef Py_ssize_t i = self._free_stack[self._nfree]
+        cdef char* ptr = self._base + <size_t>i * self._stride
+        if self._zero and self._state[i] != FREE_ZERO:
+            memset(ptr, 0, <size_t>self._buffer_size)
+        self._state[i] = IN_USE
+        self._in_use += 1
+        self._acquisitions += 1
+        if self._in_use > self._high_water:
+            self._high_water = self._in_use
+        seg._ptr = ptr
+        seg._generation = self._core.generation
+        return seg
+
+    cdef Segment _exhaust(self, bint raise_exhausted):
+        self._exhausted += 1
+        if raise_exhausted:
+            raise PoolExhaustedError(
+                f"all {self._count} buffers of {self._buffer_size} bytes of the BufferPool are in use")
+        return None
+
+    def release(self, segment):
+        """Give an acquired buffer back; the segment is dead from now on (any use raises
+        ArenaClosedError).  ``seg.free()`` does the same.
+
+        Raises, changing nothing: TypeError for a non-Segment; ValueError for a segment of another
+        pool or arena, or a slice; ArenaClosedError for a segment already released (or made stale by
+        reset() or close()); BufferError while a buffer export of it (memoryview ...) is alive."""
+        if type(segment) is not Segment:
+            raise TypeError(f"release() takes a Segment from acquire(), not {type(segment).__name__}")
+        self._release(<Segment>segment)
+
+    cdef int _free_segment(self, Segment seg) except -1:
+        # Segment.free() of a pool segment: release the buffer to the pool (Segment.free() has
+        # already refused slices, dead segments and live exports).
+        return self._release(seg)
+
+    cdef int _release(self, Segment seg) except -1:
+        if seg._arena is not self:
+            raise ValueError("the segment does not belong to this BufferPool")
+        if seg._root is not None:
+            raise ValueError("a slice cannot be released; release the segment acquire() returned")
+        if not self._core.open:
+            raise ArenaClosedError("BufferPool is closed")
+        if seg._freed:
+            raise ArenaClosedError("the segment was already released")
+        if seg._generation != self._core.generation:
+            raise ArenaClosedError("the segment is stale: the BufferPool was reset since it was acquired")
+        if seg._exports:
+            raise BufferError(
+                f"cannot release a buffer while {seg._exports} buffer export(s) of it (memoryview, "
+                "NumPy array ...) are alive; release them first")
+        cdef Py_ssize_t i = self._index_of(seg)
+        if seg._ptr != self._base + <size_t>i * self._stride or self._state[i] != IN_USE:
+            raise ArenaError(f"internal error: buffer {i} of the BufferPool is not in use")
+        seg._freed = True
+        self._state[i] = FREE_DIRTY
+        self._free_stack[self._nfree] = i
+        self._nfree += 1
+        self._in_use -= 1
+        return 0
+
+    cdef Py_ssize_t _index_of(self, Segment seg) except -1:
+        cdef size_t offset = <size_t>(seg._ptr - self._base)
+        if seg._ptr < self._base or offset >= self._stride * <size_t>self._count:
+            raise ValueError("the segment is not in this BufferPool's region")
+        return <Py_ssize_t>(offset / self._stride)
+
+    def reset(self):
+        """Release every acquired buffer at once: each of their segments is dead from now on.
+
+        Raises BufferError, changing nothing, while a buffer export of a segment is alive."""
+        if not self._core.open:
+            raise ArenaClosedError("BufferPool is closed")
+        if self._core.exports:
+            self._raise(ARENA_EEXPORTED, "cannot reset BufferPool")
+        self._core.generation += 1
+        self._reset_buffers(False)
+
+    def allocate(self, size, *, zero=True, align=None):
+        """Not supported: a BufferPool hands out its fixed buffers with acquire()."""
+        raise UnsupportedOperation("a BufferPool hands out fixed buffers: use acquire()")
+
+    # -- registration ----------------------------------------------------------------------------
+
+    def index(self, segment):
+        """Index of the buffer ``segment`` (or a slice of it) lies in: its io_uring fixed-buffer index
+        when the pool is registered with ``iovecs()``.  ArenaClosedError for a dead segment."""
+        if type(segment) is not Segment:
+            raise TypeError(f"index() takes a Segment, not {type(segment).__name__}")
+        cdef Segment seg = <Segment>segment
+        if seg._arena is not self:
+            raise ValueError("the segment does not belong to this BufferPool")
+        seg._check()
+        return self._index_of(seg)
+
+    cdef int _check_open(self) except -1:
+        if not self._core.open:
+            raise ArenaClosedError("BufferPool is closed")
+        return 0
+
+    @property
+    def address(self):
+        """Address of the region (of buffer 0), as an int."""
+        self._check_open()
+        return <size_t>self._base
+
+    @property
+    def nbytes(self):
+        """Size of the region in bytes: ``stride * len(pool)``."""
+        return self._stride * <size_t>self._count
+
+    def region(self):
+        """The whole region as one ``(address, length)`` pair (to register it as one buffer)."""
+        self._check_open()
+        return (<size_t>self._base, self._stride * <size_t>self._count)
+
+    def iovecs(self):
+        """``[(address, buffer_size), ...]``, one pair per buffer in index order (struct iovec's
+        fields): the form io_uring_register_buffers wants, so buffer i is fixed-buffer index i."""
+        self._check_open()
+        cdef Py_ssize_t i
+        return [(<size_t>(self._base + <size_t>i * self._stride), self._buffer_size)
+                for i in range(self._count)]
+
+    def raw_views(self):
+        """One writable memoryview per buffer (``buffer_size`` bytes, index order), for clients that
+        accept only memoryviews and keep them for good, such as liburing's ``Iovec``.
+
+        UNCHECKED: these views are not Segments.  They are not counted as exports (close() and
+        release() do not wait for them), and nothing stops their use after release() or close():
+        use them only to hand addresses to the kernel (registration, readv iovecs) while the pool is
+        open and the buffer is acquired, and read the data through the acquired Segment."""
+        self._check_open()
+        cdef Py_ssize_t i
+        return [PyMemoryView_FromMemory(self._base + <size_t>i * self._stride, self._buffer_size,
+                                        PyBUF_WRITE)
+                for i in range(self._count)]
+
+    # -- figures ---------------------------------------------------------------------------------
+
+    def __len__(self):
+        return self._count
+
+    @property
+    def buffer_size(self):
+        """Size of each buffer (and of each acquired Segment) in bytes."""
+        return self._buffer_size
+
+    @property
+    def stride(self):
+        """Distance in bytes between the starts of two neighbouring buffers."""
+        return self._stride
+
+    @property
+    def align(self):
+        """Alignment of every buffer's address."""
+        return self._align
+
+    @property
+    def zero(self):
+        """True when acquire() hands out zero-filled buffers."""
+        return bool(self._zero)
+
+    @property
+    def available(self):
+        """Number of free buffers (0 once closed)."""
+        return self._nfree if self._core.open else 0
+
+    def stats(self):
+        """As ArenaBase.stats() (live_bytes is the region), plus: buffers, buffer_size, in_use,
+        available, acquisitions (acquire() calls served), high_water (most buffers in use at once)
+        and exhausted (acquire()/try_acquire() calls that found no free buffer)."""
+        result = ArenaBase.stats(self)
+        result["buffers"] = self._count
+        result["buffer_size"] = self._buffer_size
+        result["in_use"] = self._in_use if self._core.open else 0
+        result["available"] = self.available
+        result["acquisitions"] = self._acquisitions
+        result["high_water"] = self._high_water
+        result["exhausted"] = self._exhausted
+        return result
+
+    def __repr__(self):
+        if not self._core.open:
+            return "<arenalib.BufferPool closed>"
+        return (f"<arenalib.BufferPool {self._in_use}/{self._count} buffers of {self._buffer_size} "
+                f"bytes in use, at {<size_t>self._base:#x}>")

@@ -1,0 +1,209 @@
+"""C-level experiments: arenalib's nogil API against glibc's malloc/calloc/free (issue 5).
+
+What: (1) the panama-dev experiment in C: per op allocate + fill(3) + free at 8 B .. 64 KiB, zeroed
+and unzeroed, for each arena kind against malloc+fill+free and calloc+fill+free, plus the per-scope
+pattern (open a confined arena, allocate, fill, close); (2) the LWJGL experiment: allocate/free pairs
+per thread at 8 and 1024 B on 1 and 2 threads, ns per op and the 2-thread scaling factor.
+
+How: the loops are Cython kernels (bench/native/arenalib_bench_kernels.pyx) that cimport arenalib
+and time themselves with CLOCK_MONOTONIC, so no Python call overhead is measured; the kernel module
+is built with meson against the installed arenalib on first use (build/bench-native-<python>/).
+Candidates are interleaved (A B A B ...) over rounds; each round's ratio to glibc is taken in that
+round, and the medians of ns/op and of the same-round ratios are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import arenalib
+
+HERE = Path(__file__).resolve().parent
+SIZES = [8, 512, 1024, 4096, 65536]
+
+
+def build_kernels():
+    """Build (once) and import the Cython kernel module."""
+    tag = f"py{sys.version_info[0]}.{sys.version_info[1]}"
+    build = HERE.parent / "build" / f"bench-native-{tag}"
+    source = HERE / "native"
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    meson = [sys.executable, "-m", "mesonbuild.mesonmain"]
+    if not (build / "build.ninja").exists():
+        shutil.rmtree(build, ignore_errors=True)
+        native = build.parent / f"bench-native-{tag}.ini"
+        native.parent.mkdir(parents=True, exist_ok=True)
+        native.write_text(f"[binaries]\npython = '{sys.executable}'\ncython = '{bin_dir / 'cython'}'\n")
+        subprocess.run([*meson, "setup", str(build), str(source), f"--native-file={native}"],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run([*meson, "compile", "-C", str(build)], check=True, env=env, stdout=subprocess.DEVNULL)
+    [built] = build.glob("arenalib_bench_kernels*.so")
+    spec = importlib.util.spec_from_file_location("arenalib_bench_kernels", built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def roundtrip(kernels, quick: bool, progress=None) -> dict:
+    """Panama's experiment at C level: median ns/op and same-round ratios to malloc+fill+free."""
+    rounds = 5 if quick else 15
+    confined = arenalib.ConfinedArena()
+    shared = arenalib.Arena()
+    slicing = arenalib.SlicingArena()
+    results = {}
+    try:
+        for size in SIZES:
+            n = max(20_000, (400_000 if quick else 2_000_000) // max(1, size // 512))
+            candidates = {
+                "malloc+fill+free": lambda: kernels.malloc_fill_free(n, size),
+                "calloc+fill+free": lambda: kernels.calloc_fill_free(n, size),
+                "ConfinedArena zero=False": lambda: kernels.arena_fill_free(confined, n, size, False),
+                "ConfinedArena zero=True": lambda: kernels.arena_fill_free(confined, n, size, True),
+                "Arena zero=False": lambda: kernels.arena_fill_free(shared, n, size, False),
+                "Arena zero=True": lambda: kernels.arena_fill_free(shared, n, size, True),
+                "SlicingArena (reset/100)": lambda: kernels.slicing_fill(slicing, n, size, 100),
+                "scope open+alloc+fill+close": lambda: kernels.scope_open_allocate_close(n, size),
+            }
+            samples = {name: [] for name in candidates}
+            ratios = {name: [] for name in candidates}
+            for name, fn in candidates.items():  # warm-up
+                fn()
+            for _ in range(rounds):
+                this_round = {name: fn() for name, fn in candidates.items()}
+                for name, value in this_round.items():
+                    samples[name].append(value)
+                    ratios[name].append(value / this_round["malloc+fill+free"])
+            results[size] = {
+                name: {"ns_per_op": statistics.median(samples[name]),
+                       "ratio_to_malloc": statistics.median(ratios[name])}
+                for name in candidates
+            }
+            if progress:
+                progress(f"native roundtrip {size} B")
+    finally:
+        confined.close()
+        shared.close()
+        slicing.close()
+    return results
+
+
+def threads(kernels, quick: bool, progress=None) -> dict:
+    """LWJGL's experiment: allocate/free pairs per thread, 1 and 2 threads, scaling factor."""
+    per_thread = 2_000_000 if quick else 10_000_000
+    results = {}
+
+    def run(thread_count, make_call):
+        timings = []
+        barrier = threading.Barrier(thread_count)
+
+        def worker():
+            call = make_call()
+            barrier.wait()
+            timings.append(call())
+
+        workers = [threading.Thread(target=worker) for _ in range(thread_count)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        wall = time.perf_counter() - start
+        return {"ns_per_op": statistics.mean(timings), "ops_per_s": thread_count * per_thread / wall}
+
+    for size in (8, 1024):
+        shared = arenalib.Arena()
+        confined_by_thread = threading.local()
+
+        def confined_call(size=size):
+            confined_by_thread.arena = arenalib.ConfinedArena()
+            arena = confined_by_thread.arena
+            return lambda: _closing(arena, kernels.arena_alloc_free_pairs(arena, per_thread, size))
+
+        candidates = {
+            "malloc+free": lambda size=size: lambda: kernels.malloc_free_pairs(per_thread, size),
+            "ConfinedArena per thread": confined_call,
+            "shared Arena": lambda size=size: lambda: kernels.arena_alloc_free_pairs(shared, per_thread, size),
+        }
+        for name, make_call in candidates.items():
+            one = run(1, make_call)
+            two = run(2, make_call)
+            results[f"{name} {size} B"] = {
+                "1 thread ns/op": one["ns_per_op"],
+                "2 threads ns/op": two["ns_per_op"],
+                "scaling": two["ops_per_s"] / one["ops_per_s"],
+            }
+            if progress:
+                progress(f"native threads {name} {size} B")
+        shared.close()
+    return results
+
+
+def _closing(arena, value):
+    arena.close()
+    return value
+
+
+def targets(roundtrip_results: dict, thread_results: dict) -> list[dict]:
+    """The issue's targets, each with the measured ratio and whether it is met."""
+    checks = []
+    for size, row in roundtrip_results.items():
+        checks.append(("ConfinedArena alloc+fill+free <= 1.0x malloc+fill+free", size,
+                       row["ConfinedArena zero=False"]["ratio_to_malloc"], 1.0))
+        if size <= 1024:
+            checks.append(("SlicingArena <= 0.33x malloc+fill+free", size,
+                           row["SlicingArena (reset/100)"]["ratio_to_malloc"], 0.33))
+        elif size == 4096:
+            checks.append(("SlicingArena <= 1.0x malloc+fill+free", size,
+                           row["SlicingArena (reset/100)"]["ratio_to_malloc"], 1.0))
+        checks.append(("scope open+alloc+fill+close <= 1.0x malloc+fill+free", size,
+                       row["scope open+alloc+fill+close"]["ratio_to_malloc"], 1.0))
+    for name, row in thread_results.items():
+        if name.startswith("ConfinedArena"):
+            checks.append((f"2-thread scaling >= 1.9x ({name})", None, row["scaling"], 1.9))
+    out = []
+    for label, size, value, bound in checks:
+        met = value >= bound if "scaling" in label else value <= bound
+        out.append({"target": label, "size": size, "value": value, "bound": bound, "met": met})
+    return out
+
+
+def run(quick: bool = True, progress=None) -> dict:
+    kernels = build_kernels()
+    rt = roundtrip(kernels, quick, progress)
+    th = threads(kernels, quick, progress)
+    return {"roundtrip": rt, "threads": th, "targets": targets(rt, th)}
+
+
+def print_report(result: dict) -> None:
+    print("\nC level, per op (ns) and ratio to malloc+fill+free measured in the same round")
+    names = list(next(iter(result["roundtrip"].values())))
+    print(f"{'candidate':30s}" + "".join(f"{size:>16d}" for size in result["roundtrip"]))
+    for name in names:
+        cells = "".join(f"{row[name]['ns_per_op']:8.1f} ({row[name]['ratio_to_malloc']:4.2f}x)"
+                        for row in result["roundtrip"].values())
+        print(f"{name:30s}{cells}")
+    print("\nC level, allocate/free pairs per thread")
+    for name, row in result["threads"].items():
+        print(f"{name:34s} 1 thread {row['1 thread ns/op']:6.1f} ns/op   2 threads "
+              f"{row['2 threads ns/op']:6.1f} ns/op   scaling {row['scaling']:4.2f}x")
+    print("\nTargets (C level)")
+    for t in result["targets"]:
+        size = f" at {t['size']} B" if t["size"] else ""
+        print(f"  [{'MET' if t['met'] else 'MISSED'}] {t['target']}{size}: {t['value']:.2f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true")
+    args = parser.parse_args()
+    print_report(run(quick=not args.full, progress=lambda m: print(m, file=sys.stderr)))

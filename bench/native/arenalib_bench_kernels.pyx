@@ -1,0 +1,166 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""nogil timing loops: arenalib's C-level API against glibc's malloc, calloc and free.
+
+Every loop times itself with CLOCK_MONOTONIC and returns ns per operation, so the Python call
+overhead is outside the measurement.  escape() stops the compiler from proving a block unused and
+deleting the malloc/free pair."""
+
+from libc.stdint cimport int64_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memset
+
+from arenalib cimport (
+    ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, arena_allocate, arena_close, arena_core, arena_free,
+    arena_open, arena_raise, arena_reset,
+)
+
+cdef extern from *:
+    """
+    #include <time.h>
+    static inline void arenalib_bench_escape(void *p) { __asm__ volatile("" : : "g"(p) : "memory"); }
+    static inline long long arenalib_bench_now(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    }
+    """
+    void escape "arenalib_bench_escape"(void* p) noexcept nogil
+    long long now_ns "arenalib_bench_now"() noexcept nogil
+
+
+def malloc_fill_free(Py_ssize_t n, size_t size):
+    """glibc malloc + memset(3) + free, ns per op."""
+    cdef Py_ssize_t i
+    cdef void* p
+    cdef long long t0
+    with nogil:
+        t0 = now_ns()
+        for i in range(n):
+            p = malloc(size)
+            memset(p, 3, size)
+            escape(p)
+            free(p)
+        t0 = now_ns() - t0
+    return t0 / <double>n
+
+
+def calloc_fill_free(Py_ssize_t n, size_t size):
+    """glibc calloc + memset(3) + free, ns per op."""
+    cdef Py_ssize_t i
+    cdef void* p
+    cdef long long t0
+    with nogil:
+        t0 = now_ns()
+        for i in range(n):
+            p = calloc(1, size)
+            memset(p, 3, size)
+            escape(p)
+            free(p)
+        t0 = now_ns() - t0
+    return t0 / <double>n
+
+
+def arena_fill_free(arena, Py_ssize_t n, size_t size, bint zero):
+    """arena_allocate + memset(3) + arena_free on an Arena or ConfinedArena, ns per op."""
+    cdef ArenaCore* core = arena_core(arena)
+    cdef Py_ssize_t i
+    cdef void* p
+    cdef int err = ARENA_OK
+    cdef long long t0
+    with nogil:
+        t0 = now_ns()
+        for i in range(n):
+            err = arena_allocate(core, size, 0, zero, &p)
+            if err != ARENA_OK:
+                break
+            memset(p, 3, size)
+            escape(p)
+            arena_free(core, p, size)
+        t0 = now_ns() - t0
+    arena_raise(err)
+    return t0 / <double>n
+
+
+def slicing_fill(arena, Py_ssize_t n, size_t size, Py_ssize_t batch):
+    """arena_allocate + memset(3) on a SlicingArena, arena_reset every ``batch`` ops, ns per op."""
+    cdef ArenaCore* core = arena_core(arena)
+    cdef Py_ssize_t i
+    cdef void* p
+    cdef int err = ARENA_OK
+    cdef long long t0
+    with nogil:
+        t0 = now_ns()
+        for i in range(n):
+            err = arena_allocate(core, size, 0, False, &p)
+            if err != ARENA_OK:
+                break
+            memset(p, 3, size)
+            escape(p)
+            if (i + 1) % batch == 0:
+                err = arena_reset(core)
+                if err != ARENA_OK:
+                    break
+        t0 = now_ns() - t0
+    arena_raise(err)
+    return t0 / <double>n
+
+
+def scope_open_allocate_close(Py_ssize_t n, size_t size):
+    """Per-scope pattern: arena_open (confined, stack struct) + allocate + memset(3) + arena_close.
+
+    Open and close take the GIL-protected slot pool, so this loop holds the GIL (no Python code
+    runs inside it)."""
+    cdef ArenaCore core
+    cdef Py_ssize_t i
+    cdef void* p
+    cdef int err = ARENA_OK
+    cdef long long t0
+    core.open = False
+    t0 = now_ns()
+    for i in range(n):
+        arena_open(&core, ARENA_KIND_CONFINED, -1, 0)
+        err = arena_allocate(&core, size, 0, False, &p)
+        if err == ARENA_OK:
+            memset(p, 3, size)
+            escape(p)
+        arena_close(&core)
+        if err != ARENA_OK:
+            break
+    t0 = now_ns() - t0
+    arena_raise(err)
+    return t0 / <double>n
+
+
+def arena_alloc_free_pairs(arena, Py_ssize_t n, size_t size):
+    """The LWJGL loop: arena_allocate + arena_free with nothing between (GIL released), ns/op."""
+    cdef ArenaCore* core = arena_core(arena)
+    cdef Py_ssize_t i
+    cdef void* p
+    cdef int err = ARENA_OK
+    cdef long long t0
+    with nogil:
+        t0 = now_ns()
+        for i in range(n):
+            err = arena_allocate(core, size, 0, False, &p)
+            if err != ARENA_OK:
+                break
+            escape(p)
+            arena_free(core, p, size)
+        t0 = now_ns() - t0
+    arena_raise(err)
+    return t0 / <double>n
+
+
+def malloc_free_pairs(Py_ssize_t n, size_t size):
+    """The LWJGL loop on glibc: malloc + free (GIL released), ns/op."""
+    cdef Py_ssize_t i
+    cdef void* p
+    cdef long long t0
+    with nogil:
+        t0 = now_ns()
+        for i in range(n):
+            p = malloc(size)
+            escape(p)
+            free(p)
+        t0 = now_ns() - t0
+    return t0 / <double>n
