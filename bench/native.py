@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import arenalib
@@ -43,7 +44,8 @@ def build_kernels():
         shutil.rmtree(build, ignore_errors=True)
         native = build.parent / f"bench-native-{tag}.ini"
         native.parent.mkdir(parents=True, exist_ok=True)
-        native.write_text(f"[binaries]\npython = '{sys.executable}'\ncython = '{bin_dir / 'cython'}'\n")
+        cython = bin_dir / "cython"
+        native.write_text(f"[binaries]\npython = '{sys.executable}'\ncython = '{cython}'\n")
         subprocess.run([*meson, "setup", str(build), str(source), f"--native-file={native}"],
                        check=True, env=env, stdout=subprocess.DEVNULL)
     subprocess.run([*meson, "compile", "-C", str(build)], check=True, env=env, stdout=subprocess.DEVNULL)
@@ -65,18 +67,18 @@ def roundtrip(kernels, quick: bool, progress=None) -> dict:
         for size in SIZES:
             n = max(20_000, (400_000 if quick else 2_000_000) // max(1, size // 512))
             candidates = {
-                "malloc+fill+free": lambda: kernels.malloc_fill_free(n, size),
-                "calloc+fill+free": lambda: kernels.calloc_fill_free(n, size),
-                "ConfinedArena zero=False": lambda: kernels.arena_fill_free(confined, n, size, False),
-                "ConfinedArena zero=True": lambda: kernels.arena_fill_free(confined, n, size, True),
-                "Arena zero=False": lambda: kernels.arena_fill_free(shared, n, size, False),
-                "Arena zero=True": lambda: kernels.arena_fill_free(shared, n, size, True),
-                "SlicingArena (reset/100)": lambda: kernels.slicing_fill(slicing, n, size, 100),
-                "scope open+alloc+fill+close": lambda: kernels.scope_open_allocate_close(n, size),
+                "malloc+fill+free": partial(kernels.malloc_fill_free, n, size),
+                "calloc+fill+free": partial(kernels.calloc_fill_free, n, size),
+                "ConfinedArena zero=False": partial(kernels.arena_fill_free, confined, n, size, False),
+                "ConfinedArena zero=True": partial(kernels.arena_fill_free, confined, n, size, True),
+                "Arena zero=False": partial(kernels.arena_fill_free, shared, n, size, False),
+                "Arena zero=True": partial(kernels.arena_fill_free, shared, n, size, True),
+                "SlicingArena (reset/100)": partial(kernels.slicing_fill, slicing, n, size, 100),
+                "scope open+alloc+fill+close": partial(kernels.scope_open_allocate_close, n, size),
             }
             samples = {name: [] for name in candidates}
             ratios = {name: [] for name in candidates}
-            for name, fn in candidates.items():  # warm-up
+            for fn in candidates.values():  # warm-up
                 fn()
             for _ in range(rounds):
                 this_round = {name: fn() for name, fn in candidates.items()}
@@ -122,17 +124,10 @@ def threads(kernels, quick: bool, progress=None) -> dict:
 
     for size in (8, 1024):
         shared = arenalib.Arena()
-        confined_by_thread = threading.local()
-
-        def confined_call(size=size):
-            confined_by_thread.arena = arenalib.ConfinedArena()
-            arena = confined_by_thread.arena
-            return lambda: _closing(arena, kernels.arena_alloc_free_pairs(arena, per_thread, size))
-
         candidates = {
-            "malloc+free": lambda size=size: lambda: kernels.malloc_free_pairs(per_thread, size),
-            "ConfinedArena per thread": confined_call,
-            "shared Arena": lambda size=size: lambda: kernels.arena_alloc_free_pairs(shared, per_thread, size),
+            "malloc+free": partial(_malloc_call, kernels, per_thread, size),
+            "ConfinedArena per thread": partial(_confined_call, kernels, per_thread, size),
+            "shared Arena": partial(_shared_call, kernels, shared, per_thread, size),
         }
         for name, make_call in candidates.items():
             one = run(1, make_call)
@@ -146,6 +141,20 @@ def threads(kernels, quick: bool, progress=None) -> dict:
                 progress(f"native threads {name} {size} B")
         shared.close()
     return results
+
+
+# Each makes, in the worker thread, the call that worker times.
+def _malloc_call(kernels, n, size):
+    return partial(kernels.malloc_free_pairs, n, size)
+
+
+def _confined_call(kernels, n, size):
+    arena = arenalib.ConfinedArena()  # made by the worker thread: it owns it
+    return lambda: _closing(arena, kernels.arena_alloc_free_pairs(arena, n, size))
+
+
+def _shared_call(kernels, arena, n, size):
+    return partial(kernels.arena_alloc_free_pairs, arena, n, size)
 
 
 def _closing(arena, value):

@@ -28,10 +28,10 @@ def fill_free_loop(arena, Py_ssize_t iterations, size_t size, bint zero=False,
     cdef ArenaCore* core = arena_core(arena)
     cdef void* ptr = NULL
     cdef int err = ARENA_OK
-    cdef Py_ssize_t i
+    cdef Py_ssize_t _i
     cdef uint64_t checked = 0
     with nogil:
-        for i in range(iterations):
+        for _i in range(iterations):
             err = arena_allocate(core, size, 0, zero, &ptr)
             if err != ARENA_OK:
                 break
@@ -61,9 +61,9 @@ def batch_loop(arena, Py_ssize_t rounds, Py_ssize_t batch, size_t size, unsigned
     cdef ArenaCore* core = arena_core(arena)
     cdef void* blocks[1024]
     cdef int err = ARENA_OK
-    cdef Py_ssize_t r, i, n = 0
+    cdef Py_ssize_t _r, i, n = 0
     with nogil:
-        for r in range(rounds):
+        for _r in range(rounds):
             n = 0
             while n < batch:
                 err = arena_allocate(core, size, 0, False, &blocks[n])
@@ -89,9 +89,9 @@ def keep_allocations(arena, Py_ssize_t count, size_t size):
     cdef ArenaCore* core = arena_core(arena)
     cdef void* ptr
     cdef int err = ARENA_OK
-    cdef Py_ssize_t i
+    cdef Py_ssize_t _i
     with nogil:
-        for i in range(count):
+        for _i in range(count):
             err = arena_allocate(core, size, 0, True, &ptr)
             if err != ARENA_OK:
                 break
@@ -103,9 +103,9 @@ def scoped_loop(Py_ssize_t iterations, size_t size):
     cdef ArenaCore core
     cdef void* ptr
     cdef int err = ARENA_OK
-    cdef Py_ssize_t i
+    cdef Py_ssize_t _i
     core.open = False
-    for i in range(iterations):
+    for _i in range(iterations):
         arena_open(&core, ARENA_KIND_CONFINED, -1, 0)
         err = arena_allocate(&core, size, 0, False, &ptr)
         if err == ARENA_OK:
