@@ -141,3 +141,37 @@ def test_prefixed_malloc_conf_variable_is_read():
     # jemalloc names the unknown option it read from our variable, and carries on.
     assert "no_such_option" in env_run.stderr
     assert env_run.returncode == 0
+
+
+@pytest.mark.slow
+def test_sdist_builds_without_network_or_package_cache(tmp_path):
+    # The sdist carries jemalloc's source; building it must not need subprojects/packagecache/
+    # (absent from the sdist) nor any download.
+    pytest.importorskip("build")
+    sdist_dir = tmp_path / "sdist"
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(sdist_dir),
+                    str(ROOT)], check=True, capture_output=True)
+    [sdist] = sdist_dir.glob("arenalib-*.tar.gz")
+    import tarfile
+
+    with tarfile.open(sdist) as tar:
+        names = tar.getnames()
+    assert any(name.endswith("subprojects/jemalloc-5.3.0/configure") for name in names)
+    assert not any("packagecache" in name for name in names)
+    wheel_dir = tmp_path / "wheel"
+    env = {**__import__("os").environ, "PATH": f"{Path(sys.executable).parent}:{__import__('os').environ['PATH']}",
+           # any attempt to download would go nowhere
+           "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
+         "-w", str(wheel_dir), str(sdist)], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [wheel] = wheel_dir.glob("arenalib-*.whl")
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        files = zf.namelist()
+    assert any(f.startswith("arenalib/_arena.") and f.endswith(".so") for f in files)
+    assert "arenalib/__init__.pxd" in files
+    # nothing of jemalloc is installed: no headers, no archive, no library
+    assert not [f for f in files if "jemalloc" in f.lower() and not f.endswith((".pxd", ".c"))]
