@@ -50,6 +50,9 @@ cdef struct ArenaSlot:
     size_t stale_bytes    # allocations left behind by closed arena objects, dropped by a reset
     size_t churn_bytes    # bytes allocated since the last purge: what may sit dirty in the arena
     FreeBlocks cache      # used by confined arenas (one owner thread at a time)
+    ThreadCache* threads  # shared arenas' per-thread caches, kept warm with the slot
+    int thread_count
+    void* threads_lock
 
 
 cdef struct ThreadCache:
@@ -82,13 +85,10 @@ cdef struct ArenaCore:
     int recent_count          # allocations remembered in recent; RECENT_MAX + 1: too many
     void* recent[RECENT_MAX]  # NULL once freed
     size_t recent_sizes[RECENT_MAX]
-    ThreadCache* threads
-    void* threads_lock
     # SlicingArena
     size_t chunk_size
     char** chunks
     size_t* chunk_sizes
-    size_t* chunk_zero_from   # bytes of a chunk at or past this offset are known to be zero
     Py_ssize_t nchunks
     Py_ssize_t chunks_capacity
     Py_ssize_t current        # chunk being carved

@@ -53,6 +53,8 @@ def live_objects():
 
 
 cdef extern from "Python.h":
+    int PyType_HasFeature(type t, unsigned long feature)
+    unsigned long Py_TPFLAGS_HEAPTYPE
     # Declared without an exception value: the fast path below inspects the result itself.
     Py_ssize_t _long_as_ssize "PyLong_AsSsize_t"(object value) noexcept
 
@@ -111,9 +113,11 @@ cdef class ArenaBase:
     Not instantiable; use Arena, ConfinedArena or SlicingArena."""
 
     def __cinit__(self):
-        # A no-argument __cinit__ is called whatever the constructor's arguments are.
-        if type(self) is ArenaBase:
-            raise TypeError("ArenaBase is abstract; use Arena, ConfinedArena or SlicingArena")
+        # A no-argument __cinit__ is called whatever the constructor's arguments are.  Python
+        # subclasses (heap types) would get an arena they cannot open: refuse them too.
+        if type(self) is ArenaBase or PyType_HasFeature(type(self), Py_TPFLAGS_HEAPTYPE):
+            raise TypeError(f"{type(self).__name__}: ArenaBase cannot be instantiated or subclassed"
+                            " in Python; use Arena, ConfinedArena or SlicingArena")
 
     cdef int _open(self, int kind, object max_bytes) except -1:
         """Open the core; called once by each concrete class's __cinit__."""
@@ -148,7 +152,7 @@ cdef class ArenaBase:
         # Walked without the lock: nodes are only freed by close(), which needs the GIL we hold,
         # and a node a nogil thread is adding right now is missed at worst.
         cdef Py_ssize_t live = 0
-        cdef ThreadCache* tc = self._core.threads
+        cdef ThreadCache* tc = self._core.slot.threads
         while tc != NULL:
             live += tc.live_bytes
             tc = tc.next
@@ -203,8 +207,6 @@ cdef class ArenaBase:
     def purge(self):
         """Hand the arena's unused dirty pages back to the OS now (live segments stay)."""
         self._check_usable()
-        if self._core.kind == ARENA_KIND_SHARED:
-            _shared_flush(&self._core, False, False)
         _slot_purge(self._core.slot)
 
     def close(self):

@@ -67,6 +67,7 @@ cdef size_t SLICE_DEFAULT_ALIGN = 16   # malloc's guarantee on x86-64 (max_align
 cdef size_t PAGE = 4096
 cdef size_t CACHE_MAX_BYTES = 1 << 20  # free blocks a slot keeps for reuse
 cdef unsigned char CACHE_MAX_PER_BIN = 64
+cdef int MAX_THREAD_CACHES = 8         # per slot, kept warm across shared arenas
 cdef size_t DEFAULT_CHUNK_SIZE = 256 * 1024
 cdef uint64_t _next_serial = 1
 cdef Py_ssize_t _open_arenas = 0     # live-object counter, checked by the tests after every test
@@ -184,8 +185,9 @@ cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
     if tc != NULL:
         return tc
     cdef unsigned long me = _thread_ident()
-    PyThread_acquire_lock(core.threads_lock, WAIT_LOCK)
-    tc = core.threads
+    cdef ArenaSlot* slot = core.slot
+    PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
+    tc = slot.threads
     while tc != NULL and tc.thread != me:
         tc = tc.next
     if tc == NULL:
@@ -196,9 +198,10 @@ cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
                 tc = NULL
             else:
                 tc.thread = me
-                tc.next = core.threads
-                core.threads = tc
-    PyThread_release_lock(core.threads_lock)
+                tc.next = slot.threads
+                slot.threads = tc
+                slot.thread_count += 1
+    PyThread_release_lock(<PyThread_type_lock>slot.threads_lock)
     if tc != NULL:
         arenalib_tls_set(core.serial, tc)
     return tc
@@ -236,7 +239,7 @@ cdef inline int _shared_free(ArenaCore* core, void* ptr, size_t size) noexcept n
         # No memory for this thread's cache: free without one, and count it on a thread that
         # allocated (there is one: ptr came from this arena), so the totals stay right.
         je_dallocx(ptr, MALLOCX_TCACHE_NONE)
-        tc = core.threads
+        tc = core.slot.threads
     else:
         _cached_free(&tc.cache, _shared_flags(core, tc), ptr, size)
     if tc != NULL:
@@ -253,8 +256,8 @@ cdef void _shared_totals(ArenaCore* core, Py_ssize_t* live, Py_ssize_t* segments
     live[0] = 0
     segments[0] = 0
     total[0] = 0
-    PyThread_acquire_lock(core.threads_lock, WAIT_LOCK)
-    tc = core.threads
+    PyThread_acquire_lock(<PyThread_type_lock>core.slot.threads_lock, WAIT_LOCK)
+    tc = core.slot.threads
     while tc != NULL:
         live[0] += tc.live_bytes
         segments[0] += tc.live_segments
@@ -262,30 +265,20 @@ cdef void _shared_totals(ArenaCore* core, Py_ssize_t* live, Py_ssize_t* segments
         if cached != NULL:
             cached[0] += tc.cache.cached_bytes
         tc = tc.next
-    PyThread_release_lock(core.threads_lock)
+    PyThread_release_lock(<PyThread_type_lock>core.slot.threads_lock)
 
 
-cdef void _shared_flush(ArenaCore* core, bint forget_counts, bint give_back) noexcept nogil:
-    """Flush every thread's tcache (before a reset or purge); forget_counts zeroes the threads'
-    live counts (a reset); give_back hands the tcaches back for other arenas (a close)."""
+cdef void _shared_start(ArenaSlot* slot) noexcept nogil:
+    """A shared arena opens on a slot: the threads' caches stay warm, their counts start at 0."""
     cdef ThreadCache* tc
-    cdef ThreadCache* next_tc
-    PyThread_acquire_lock(core.threads_lock, WAIT_LOCK)
-    tc = core.threads
+    PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
+    tc = slot.threads
     while tc != NULL:
-        next_tc = tc.next
-        _flush_tcache(tc.tcache_index)
-        if forget_counts:
-            tc.live_bytes = 0
-            tc.live_segments = 0
-            _cache_forget(&tc.cache)
-        if give_back:
-            _tcache_give_back(tc.tcache_index)
-            PyMem_RawFree(tc)
-        tc = next_tc
-    if give_back:
-        core.threads = NULL
-    PyThread_release_lock(core.threads_lock)
+        tc.live_bytes = 0
+        tc.live_segments = 0
+        tc.allocated_total = 0
+        tc = tc.next
+    PyThread_release_lock(<PyThread_type_lock>slot.threads_lock)
 
 
 # -- SlicingArena ----------------------------------------------------------------------------------
@@ -306,19 +299,17 @@ cdef int _slicing_next_chunk(ArenaCore* core, size_t size, size_t align) noexcep
     if core.nchunks == core.chunks_capacity:
         capacity = core.chunks_capacity * 2 + 4
         if not (_grow(<void**>&core.chunks, capacity * sizeof(char*))
-                and _grow(<void**>&core.chunk_sizes, capacity * sizeof(size_t))
-                and _grow(<void**>&core.chunk_zero_from, capacity * sizeof(size_t))):
+                and _grow(<void**>&core.chunk_sizes, capacity * sizeof(size_t))):
             return ARENA_ENOMEM
         core.chunks_capacity = capacity
-    # Chunks come zeroed (free of cost for fresh pages), so zero=True segments carved from
-    # never-used chunk space need no memset.
+    # Not zeroed: a chunk is mostly reused dirty memory, and zeroing all of it would cost more than
+    # zeroing the zero=True segments carved from it.
     cdef char* chunk = <char*>_jemalloc_allocate(
-        core.mallocx_flags, chunk_size, align if align > PAGE else PAGE, True)
+        core.mallocx_flags, chunk_size, align if align > PAGE else PAGE, False)
     if chunk == NULL:
         return ARENA_ENOMEM
     core.chunks[core.nchunks] = chunk
     core.chunk_sizes[core.nchunks] = chunk_size
-    core.chunk_zero_from[core.nchunks] = 0
     core.current = core.nchunks
     core.nchunks += 1
     core.offset = 0
@@ -343,15 +334,9 @@ cdef inline int _slicing_carve(ArenaCore* core, size_t size, size_t align, bint 
             return err
         base = <size_t>core.chunks[core.current]
         start = (base + align - 1) & ~(align - 1)
-    cdef size_t begin = start - base
-    cdef size_t end = begin + size
-    cdef size_t zero_from = core.chunk_zero_from[core.current]
-    if zero and begin < zero_from:
-        # Only bytes handed out before (since the chunk came from jemalloc) can be dirty.
-        memset(<char*>start, 0, (end if end < zero_from else zero_from) - begin)
-    if end > zero_from:
-        core.chunk_zero_from[core.current] = end
-    core.offset = end
+    if zero:
+        memset(<char*>start, 0, size)
+    core.offset = start - base + size
     core.live_bytes += size
     core.live_segments += 1
     core.allocated_total += size
@@ -451,7 +436,6 @@ cdef int arena_reset(ArenaCore* core) noexcept nogil:
         core.current = 0
         core.offset = 0
     elif core.kind == ARENA_KIND_SHARED:
-        _shared_flush(core, True, False)
         _slot_reset(core.slot)
     elif core.kind == ARENA_KIND_CONFINED:
         _slot_reset(core.slot)
@@ -474,11 +458,9 @@ cdef int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes, size_t chun
     if core.open:
         raise ValueError("this ArenaCore is open already")
     memset(core, 0, sizeof(ArenaCore))
-    if kind == ARENA_KIND_SHARED:
-        core.threads_lock = PyThread_allocate_lock()
-        if core.threads_lock == NULL:
-            raise MemoryError("cannot allocate a lock")
     core.slot = _slot_acquire()
+    if kind == ARENA_KIND_SHARED:
+        _shared_start(core.slot)
     core.kind = kind
     core.max_bytes = max_bytes if max_bytes >= 0 else -1
     core.chunk_size = chunk_size if chunk_size else DEFAULT_CHUNK_SIZE
@@ -502,28 +484,27 @@ cdef void _core_close(ArenaCore* core) noexcept:
     core.generation += 1
     _open_arenas -= 1
     cdef Py_ssize_t stale = core.live_bytes, segments
-    cdef size_t churn = core.allocated_total, cached = 0
+    cdef size_t churn = core.allocated_total
     if core.kind == ARENA_KIND_SHARED:
-        # The threads' caches die with the arena: their blocks are garbage too.
-        _shared_totals(core, &stale, &segments, &churn, &cached)
-        stale += <Py_ssize_t>cached
-        _shared_flush(core, True, True)
-        core.allocated_total = churn  # the per-thread counters are gone now
-        PyThread_free_lock(core.threads_lock)
-        core.threads_lock = NULL
+        _shared_totals(core, &stale, &segments, &churn)
+        core.allocated_total = churn  # the per-thread counters belong to the next user now
+        if core.slot.thread_count > MAX_THREAD_CACHES:
+            # Threads come and go: do not let a slot collect caches of threads long gone.
+            stale += <Py_ssize_t>_slot_flush_threads(core.slot, False, True)
     elif core.kind == ARENA_KIND_SLICING:
-        # The chunks hold every segment: they are the slot's stale garbage now.
-        stale = <Py_ssize_t>core.chunk_bytes
         churn = core.chunk_bytes
+        if core.nchunks <= RECENT_MAX:
+            # A few chunks go straight back to jemalloc, warm for the next arena's chunks.
+            _slicing_free_chunks(core, 0)
+        # Otherwise the chunks (holding every segment) are the slot's stale garbage now.
+        stale = <Py_ssize_t>core.chunk_bytes
         core.nchunks = 0
         core.chunks_capacity = 0
         core.chunk_bytes = 0
         PyMem_RawFree(core.chunks)
         PyMem_RawFree(core.chunk_sizes)
-        PyMem_RawFree(core.chunk_zero_from)
         core.chunks = NULL
         core.chunk_sizes = NULL
-        core.chunk_zero_from = NULL
     cdef int i
     if core.kind == ARENA_KIND_CONFINED and core.recent_count <= RECENT_MAX:
         # A small scope: its few blocks go straight back to the slot's cache, warm for the next

@@ -10,7 +10,8 @@ Thread safety: every method runs holding the GIL and never releases it between r
 the pool's state, so acquire and release are serialised by the GIL itself and need no lock.  The one
 call that can run Python code (making the Segment object may start the garbage collector, and with
 it finalizers that may switch threads or use this pool) happens before the state is touched, and the
-state is checked again after it.
+state is checked again after it.  (The module is not declared free-threading compatible, so a
+free-threaded CPython keeps the GIL enabled for it.)
 """
 
 cimport cython

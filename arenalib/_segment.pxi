@@ -198,6 +198,9 @@ cdef class Segment:
             return
         self._ptr[_segment_index(self, key)] = <char>_as_byte(value)
 
+    def __delitem__(self, key):
+        raise TypeError("a segment has a fixed size: its bytes cannot be deleted")
+
     def __iter__(self):
         return iter(self.tobytes())
 

@@ -101,6 +101,10 @@ cdef ArenaSlot* _slot_acquire() except NULL:
     cdef ArenaSlot* slot = <ArenaSlot*>PyMem_RawCalloc(1, sizeof(ArenaSlot))
     if slot == NULL:
         raise MemoryError("cannot allocate an arena slot")
+    slot.threads_lock = PyThread_allocate_lock()
+    if slot.threads_lock == NULL:
+        PyMem_RawFree(slot)
+        raise MemoryError("cannot allocate a lock")
     slot.arena_index = arena_index
     slot.tcache_index = tcache_index
     _slots_created += 1
@@ -116,11 +120,41 @@ cdef void _cache_forget(FreeBlocks* cache) noexcept nogil:
     memset(cache, 0, sizeof(FreeBlocks))
 
 
+cdef size_t _slot_flush_threads(ArenaSlot* slot, bint forget, bint give_back) noexcept nogil:
+    """Flush the jemalloc tcache of every thread that used the slot through a shared arena.
+
+    forget: also drop their counts and cached blocks (before a reset); give_back: also hand their
+    tcaches back and free them (returns the bytes their caches held, garbage from now on)."""
+    cdef ThreadCache* tc
+    cdef ThreadCache* next_tc
+    cdef size_t dropped = 0
+    PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
+    tc = slot.threads
+    while tc != NULL:
+        next_tc = tc.next
+        _flush_tcache(tc.tcache_index)
+        if forget:
+            tc.live_bytes = 0
+            tc.live_segments = 0
+            _cache_forget(&tc.cache)
+        if give_back:
+            dropped += tc.cache.cached_bytes
+            _tcache_give_back(tc.tcache_index)
+            PyMem_RawFree(tc)
+        tc = next_tc
+    if give_back:
+        slot.threads = NULL
+        slot.thread_count = 0
+    PyThread_release_lock(<PyThread_type_lock>slot.threads_lock)
+    return dropped
+
+
 cdef void _slot_reset(ArenaSlot* slot) noexcept nogil:
     """Discard every allocation of the slot's arena at once (pages stay warm)."""
     global _resets
     # jemalloc requires every tcache that touched the arena to be flushed before a reset.
     _flush_tcache(slot.tcache_index)
+    _slot_flush_threads(slot, True, False)
     _cache_forget(&slot.cache)
     _arena_ctl(_mib_reset, _mib_reset_len, slot.arena_index)
     slot.stale_bytes = 0
@@ -131,6 +165,7 @@ cdef void _slot_purge(ArenaSlot* slot) noexcept nogil:
     """Hand the arena's unused dirty pages back to the OS now."""
     global _purges
     _flush_tcache(slot.tcache_index)
+    _slot_flush_threads(slot, False, False)
     _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
     slot.churn_bytes = 0
     _purges += 1

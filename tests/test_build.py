@@ -2,6 +2,7 @@
 
 import ctypes
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -137,7 +138,7 @@ def test_prefixed_malloc_conf_variable_is_read():
     env_run = subprocess.run(
         [sys.executable, "-c", "import arenalib; arenalib.Arena().close()"],
         capture_output=True, text=True, check=False,
-        env={**__import__("os").environ, "ARENALIB_JE_MALLOC_CONF": "no_such_option:1"})
+        env={**os.environ, "ARENALIB_JE_MALLOC_CONF": "no_such_option:1"})
     # jemalloc names the unknown option it read from our variable, and carries on.
     assert "no_such_option" in env_run.stderr
     assert env_run.returncode == 0
@@ -159,7 +160,7 @@ def test_sdist_builds_without_network_or_package_cache(tmp_path):
     assert any(name.endswith("subprojects/jemalloc-5.3.0/configure") for name in names)
     assert not any("packagecache" in name for name in names)
     wheel_dir = tmp_path / "wheel"
-    env = {**__import__("os").environ, "PATH": f"{Path(sys.executable).parent}:{__import__('os').environ['PATH']}",
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            # any attempt to download would go nowhere
            "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
     result = subprocess.run(
