@@ -7,6 +7,7 @@
 """
 
 from arenalib._arena import (
+    TRACEMALLOC_DOMAIN,
     Arena,
     ArenaBase,
     ConfinedArena,
@@ -39,6 +40,7 @@ def get_include() -> str:
 
 
 __all__ = [
+    "TRACEMALLOC_DOMAIN",
     "Arena",
     "ArenaBase",
     "ArenaClosedError",

@@ -114,6 +114,7 @@ cdef class ArenaBase:
     cdef:
         ArenaCore _core
         object _created_at      # creation stack in debug mode, else None
+        set _traced             # addresses reported to tracemalloc and not yet untracked
         object __weakref__
 
     cdef int _open(self, int kind, object max_bytes) except -1
@@ -125,6 +126,7 @@ cdef class ArenaBase:
     cdef int _close(self) except -1
     cdef int _check_usable(self) except -1
     cdef void _release_memory(self) noexcept
+    cdef void _untrack_all(self) noexcept
 
 
 cdef class Arena(ArenaBase):

@@ -23,6 +23,12 @@ include "_segment.pxi"
 # Debug mode: arenas record where they were created, for the ResourceWarning of an unclosed arena.
 cdef bint _debug = False
 
+# tracemalloc domain of the memory that arenalib's Python API hands out ("ARNA"): filter a snapshot
+# with tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN).
+cdef enum:
+    TRACE_DOMAIN = 0x41524E41
+TRACEMALLOC_DOMAIN = TRACE_DOMAIN
+
 _ERRORS = {
     ARENA_ENOMEM: (MemoryError, "out of memory"),
     ARENA_ELIMIT: (MemoryError, "the arena's max_bytes would be exceeded"),
@@ -53,6 +59,9 @@ def live_objects():
 
 
 cdef extern from "Python.h":
+    # Both return -2 at once when tracemalloc is not tracing: the cost when it is off.
+    int PyTraceMalloc_Track(unsigned int domain, size_t ptr, size_t size) noexcept
+    int PyTraceMalloc_Untrack(unsigned int domain, size_t ptr) noexcept
     int PyType_HasFeature(type t, unsigned long feature)
     unsigned long Py_TPFLAGS_HEAPTYPE
     # Declared without an exception value: the fast path below inspects the result itself.
@@ -146,6 +155,10 @@ cdef class ArenaBase:
             self._raise(err, f"cannot allocate {size} bytes (align={align})")
         if self._core.kind == ARENA_KIND_SHARED:
             self._update_shared_peak()
+        if PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, <size_t>size) == 0:
+            if self._traced is None:
+                self._traced = set()
+            self._traced.add(<size_t>ptr)
         return make_segment(self, <char*>ptr, size)
 
     cdef void _update_shared_peak(self) noexcept:
@@ -164,6 +177,9 @@ cdef class ArenaBase:
         if err:
             self._raise(err, "cannot free this segment")
         seg._freed = True
+        if self._traced is not None:
+            PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>seg._ptr)
+            self._traced.discard(<size_t>seg._ptr)
         return 0
 
     cdef int _raise(self, int code, str context) except -1:
@@ -203,6 +219,7 @@ cdef class ArenaBase:
         cdef int err = arena_reset(&self._core)
         if err:
             self._raise(err, f"cannot reset {type(self).__name__}")
+        self._untrack_all()
 
     def purge(self):
         """Hand the arena's unused dirty pages back to the OS now (live segments stay)."""
@@ -233,6 +250,15 @@ cdef class ArenaBase:
 
     cdef void _release_memory(self) noexcept:
         _core_close(&self._core)
+        self._untrack_all()
+
+    cdef void _untrack_all(self) noexcept:
+        """Tell tracemalloc that every traced block of the arena is gone."""
+        if self._traced is None:
+            return
+        for address in self._traced:
+            PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>address)
+        self._traced = None
 
     @property
     def closed(self):

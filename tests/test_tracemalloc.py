@@ -1,0 +1,77 @@
+"""Memory handed out by arenalib is visible to tracemalloc, in arenalib's own domain (issue 7)."""
+
+import tracemalloc
+
+import pytest
+
+import arenalib
+
+KINDS = [arenalib.Arena, arenalib.ConfinedArena, arenalib.SlicingArena]
+
+
+@pytest.fixture
+def tracing():
+    tracemalloc.start(5)
+    try:
+        yield
+    finally:
+        tracemalloc.stop()
+
+
+def arenalib_traces():
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN)])
+    return snapshot.traces
+
+
+def allocate_here(arena, size):
+    return arena.allocate(size)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_allocations_are_traced_with_the_callers_stack(tracing, kind):
+    with kind() as arena:
+        seg = allocate_here(arena, 123_457)
+        traces = arenalib_traces()
+        assert [t.size for t in traces] == [123_457]
+        frames = {frame.filename for frame in traces[0].traceback}
+        assert __file__ in frames
+        assert seg.alive
+    assert len(arenalib_traces()) == 0
+
+
+@pytest.mark.parametrize("kind", [arenalib.Arena, arenalib.ConfinedArena])
+def test_free_untracks(tracing, kind):
+    with kind() as arena:
+        keep = arena.allocate(1000)
+        gone = arena.allocate(2000)
+        gone.free()
+        assert sorted(t.size for t in arenalib_traces()) == [1000]
+        assert keep.alive
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reset_and_close_untrack_everything(tracing, kind):
+    arena = kind()
+    for size in (10, 20, 30):
+        arena.allocate(size)
+    assert sorted(t.size for t in arenalib_traces()) == [10, 20, 30]
+    arena.reset()
+    assert len(arenalib_traces()) == 0
+    arena.allocate(40)
+    assert [t.size for t in arenalib_traces()] == [40]
+    arena.close()
+    assert len(arenalib_traces()) == 0
+
+
+def test_nothing_is_traced_when_tracemalloc_is_off():
+    assert not tracemalloc.is_tracing()
+    with arenalib.ConfinedArena() as arena:
+        arena.allocate(100)
+        tracemalloc.start()
+        try:
+            arena.allocate(200)
+            # only what was allocated while tracing shows
+            assert [t.size for t in arenalib_traces()] == [200]
+        finally:
+            tracemalloc.stop()
