@@ -19,6 +19,15 @@ cdef enum:
     ARENA_EUNSUPPORTED = 8    # UnsupportedOperation: per-segment free of a SlicingArena
 
 cdef enum:
+    # tracemalloc domain of the memory handed out through the Python API ("ARNA").
+    TRACE_DOMAIN = 0x41524E41
+
+cdef extern from "Python.h":
+    # Both return -2 at once when tracemalloc is not tracing: the cost when it is off.
+    int PyTraceMalloc_Track(unsigned int domain, size_t ptr, size_t size) noexcept
+    int PyTraceMalloc_Untrack(unsigned int domain, size_t ptr) noexcept
+
+cdef enum:
     ARENA_KIND_SHARED = 0     # Arena
     ARENA_KIND_CONFINED = 1   # ConfinedArena
     ARENA_KIND_SLICING = 2    # SlicingArena

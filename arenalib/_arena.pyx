@@ -25,8 +25,6 @@ cdef bint _debug = False
 
 # tracemalloc domain of the memory that arenalib's Python API hands out ("ARNA"): filter a snapshot
 # with tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN).
-cdef enum:
-    TRACE_DOMAIN = 0x41524E41
 TRACEMALLOC_DOMAIN = TRACE_DOMAIN
 
 _ERRORS = {
@@ -59,9 +57,6 @@ def live_objects():
 
 
 cdef extern from "Python.h":
-    # Both return -2 at once when tracemalloc is not tracing: the cost when it is off.
-    int PyTraceMalloc_Track(unsigned int domain, size_t ptr, size_t size) noexcept
-    int PyTraceMalloc_Untrack(unsigned int domain, size_t ptr) noexcept
     int PyType_HasFeature(type t, unsigned long feature)
     unsigned long Py_TPFLAGS_HEAPTYPE
     # Declared without an exception value: the fast path below inspects the result itself.

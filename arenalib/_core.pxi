@@ -537,7 +537,7 @@ cdef int arena_close(ArenaCore* core) except -1:
 
 cdef ArenaCore* arena_core(object arena) except NULL:
     """The C handle of an open Arena, ConfinedArena or SlicingArena (keep a reference to it)."""
-    if not isinstance(arena, ArenaBase):
+    if not isinstance(arena, ArenaBase) or (<ArenaBase>arena)._core.kind == ARENA_KIND_POOL:
         raise TypeError(f"expected Arena, ConfinedArena or SlicingArena, not {type(arena).__name__}")
     cdef ArenaBase base = arena
     if not base._core.open:

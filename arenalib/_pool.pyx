@@ -22,7 +22,8 @@ from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.string cimport memset
 
 from arenalib._arena cimport (
-    ARENA_EEXPORTED, ARENA_KIND_POOL, ARENA_OK, ArenaBase, Segment, arena_allocate, make_segment,
+    ARENA_EEXPORTED, ARENA_KIND_POOL, ARENA_OK, TRACE_DOMAIN, ArenaBase, PyTraceMalloc_Track, Segment,
+    arena_allocate, make_segment,
 )
 
 from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, UnsupportedOperation
@@ -108,6 +109,9 @@ cdef class BufferPool(ArenaBase):
             self._raise(err, f"cannot allocate a pool region of {total} bytes")
         self._base = <char*>ptr
         self._reset_buffers(True)
+        # The region is the allocation tracemalloc sees (untracked by close(), as arenas' blocks are).
+        if PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, total) == 0:
+            self._traced = {<size_t>ptr}
 
     def __dealloc__(self):
         PyMem_Free(self._free_stack)

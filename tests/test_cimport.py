@@ -181,3 +181,9 @@ def test_slicing_arena_refuses_concurrent_carving(consumer):
     live = arena.stats()["live_segments"]
     assert 50 * outcomes.count("ok") <= live <= 50 * len(outcomes)
     arena.close()
+
+
+def test_buffer_pool_has_no_c_level_arena_handle(consumer):
+    # A pool's region is carved by acquire(); raw C allocations from it could never be freed.
+    with arenalib.BufferPool(4096, 2) as pool, pytest.raises(TypeError):
+        consumer.keep_allocations(pool, 1, 64)

@@ -1,0 +1,767 @@
+"""BufferPool: the contract, then proof with real I/O clients (os.preadv/pwritev, readinto, sockets,
+O_DIRECT, io_uring through the liburing package), then a hypothesis state machine."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import gc
+import hashlib
+import itertools
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    precondition,
+    rule,
+)
+
+import arenalib
+from arenalib import (
+    ArenaClosedError,
+    ArenaError,
+    BufferPool,
+    PoolExhaustedError,
+    Segment,
+    UnsupportedOperation,
+)
+
+try:
+    import liburing
+except ImportError:  # a test dependency; the io_uring tests skip without it
+    liburing = None
+
+PAGE = 4096
+DIRECT_DIR = "/var/tmp"  # a disk filesystem (not tmpfs), where O_DIRECT is normally accepted
+
+
+@pytest.fixture
+def pool():
+    p = BufferPool(1000, 4)
+    yield p
+    p.close()
+
+
+def pattern(n: int, seed: int) -> bytes:
+    return bytes((i * 7 + seed) & 0xFF for i in range(n))
+
+
+# -- construction ----------------------------------------------------------------------------------
+
+
+def test_is_exported_and_an_arena():
+    assert "BufferPool" in arenalib.__all__
+    assert issubclass(BufferPool, arenalib.ArenaBase)
+    assert issubclass(PoolExhaustedError, ArenaError)
+
+
+@pytest.mark.parametrize(
+    ("buffer_size", "count", "align", "stride"),
+    [(1, 1, 1, 1), (1000, 4, 4096, 4096), (4096, 3, 4096, 4096), (4097, 2, 4096, 8192),
+     (100, 5, 64, 128), (65536, 8, 4096, 65536), (10, 3, 1 << 21, 1 << 21)],
+)
+def test_layout(buffer_size, count, align, stride):
+    with BufferPool(buffer_size, count, align=align) as p:
+        assert len(p) == count
+        assert p.buffer_size == buffer_size
+        assert p.stride == stride
+        assert p.align == align
+        assert p.nbytes == stride * count
+        assert p.available == count
+        assert p.address % max(align, PAGE) == 0
+        assert p.region() == (p.address, stride * count)
+        iovecs = p.iovecs()
+        assert iovecs == [(p.address + i * stride, buffer_size) for i in range(count)]
+        segs = [p.acquire() for _ in range(count)]
+        for seg in segs:
+            assert len(seg) == seg.nbytes == buffer_size
+            assert seg.address % align == 0
+            assert (seg.address, len(seg)) == iovecs[p.index(seg)]
+        assert sorted(p.index(s) for s in segs) == list(range(count))
+        assert p.available == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "exc"),
+    [((0, 1), {}, ValueError), ((1, 0), {}, ValueError), ((-1, 1), {}, ValueError),
+     ((1, -5), {}, ValueError), ((1, 1), {"align": 3}, ValueError), ((1, 1), {"align": 0}, ValueError),
+     ((1, 1), {"align": 1 << 31}, ValueError), ((1, 1), {"align": -4096}, ValueError),
+     ((1.5, 1), {}, TypeError), ((1, "2"), {}, TypeError), ((1, 1), {"align": 4096.0}, TypeError),
+     ((1 << 70, 1), {}, MemoryError), ((1 << 40, 1 << 40), {}, MemoryError),
+     ((1 << 62, 1), {}, MemoryError), ((1,), {}, TypeError)],
+)
+def test_bad_arguments(args, kwargs, exc):
+    before = arenalib.live_objects()["open_arenas"]
+    with pytest.raises(exc):
+        BufferPool(*args, **kwargs)
+    # nothing left open (and no ResourceWarning from a half-made pool)
+    gc.collect()
+    assert arenalib.live_objects()["open_arenas"] == before
+
+
+def test_repr_pickle_allocate(pool):
+    seg = pool.acquire()
+    assert "1/4 buffers of 1000 bytes in use" in repr(pool)
+    assert "BufferPool" in repr(seg)
+    with pytest.raises(TypeError):
+        pickle.dumps(pool)
+    with pytest.raises(UnsupportedOperation):
+        pool.allocate(10)
+    pool.release(seg)
+    pool.close()
+    assert repr(pool) == "<arenalib.BufferPool closed>"
+
+
+# -- acquire / release -----------------------------------------------------------------------------
+
+
+def test_exhaustion_and_stats():
+    with BufferPool(512, 3) as p:
+        a, b, c = p.acquire(), p.acquire(), p.acquire()
+        assert p.available == 0
+        with pytest.raises(PoolExhaustedError, match="all 3 buffers"):
+            p.acquire()
+        assert p.try_acquire() is None
+        b_address = b.address
+        p.release(b)
+        d = p.try_acquire()
+        assert d is not None and d.address == b_address  # LIFO: the warm buffer comes back first
+        p.release(a)
+        stats = p.stats()
+        assert stats["acquisitions"] == 4
+        assert stats["high_water"] == 3
+        assert stats["exhausted"] == 2
+        assert stats["in_use"] == 2
+        assert stats["available"] == 1
+        assert stats["buffers"] == 3 and stats["buffer_size"] == 512
+        assert stats["live_bytes"] == p.nbytes
+        assert not stats["closed"]
+        for s in (c, d):
+            s.free()  # Segment.free() of a pool segment releases it
+        assert p.available == 3
+        assert p.stats()["in_use"] == 0
+
+
+def test_stale_handle_never_aliases_the_new_owner():
+    with BufferPool(64, 1) as p:
+        old = p.acquire()
+        old.fill(1)
+        address = old.address
+        p.release(old)
+        new = p.acquire()
+        assert new.address == address  # the same buffer, a new handle
+        new.fill(2)
+        assert not old.alive and new.alive
+        for use in (old.tobytes, lambda: old[0], lambda: old.fill(3), lambda: memoryview(old),
+                    lambda: old.address, lambda: old.slice(0, 1), lambda: p.index(old),
+                    lambda: old.__setitem__(0, 9), old.free):
+            with pytest.raises(ArenaClosedError):
+                use()
+        with pytest.raises(ArenaClosedError, match="already released"):
+            p.release(old)
+        assert new.tobytes() == b"\x02" * 64
+        p.release(new)
+
+
+def test_release_errors_change_nothing(pool):
+    other = BufferPool(1000, 4)
+    arena = arenalib.ConfinedArena()
+    try:
+        seg = pool.acquire()
+        seg.fill(5)
+        foreign = other.acquire()
+        plain = arena.allocate(1000)
+        before = pool.stats()
+
+        def unchanged():
+            assert seg.alive and seg.tobytes() == b"\x05" * 1000
+            after = pool.stats()
+            for key in ("in_use", "available", "acquisitions", "exports"):
+                assert after[key] == before[key]
+
+        with pytest.raises(TypeError):
+            pool.release(bytearray(1000))
+        with pytest.raises(TypeError):
+            pool.release(None)
+        with pytest.raises(ValueError, match="does not belong"):
+            pool.release(foreign)
+        with pytest.raises(ValueError, match="does not belong"):
+            pool.release(plain)
+        with pytest.raises(ValueError, match="slice"):
+            pool.release(seg.slice(0, 10))
+        with pytest.raises(UnsupportedOperation):
+            seg.slice(0, 10).free()
+        unchanged()
+        with memoryview(seg) as view:
+            with pytest.raises(BufferError):
+                pool.release(seg)
+            with pytest.raises(BufferError):
+                seg.free()
+            with pytest.raises(BufferError):
+                pool.close()
+            with pytest.raises(BufferError):
+                pool.reset()
+            view[0] = 6
+        sl = seg.slice(10, 10)
+        with memoryview(sl):  # an export of a slice counts toward its segment
+            with pytest.raises(BufferError):
+                pool.release(seg)
+        assert pool.stats()["in_use"] == 1
+        pool.release(seg)
+        assert not sl.alive
+        with pytest.raises(ArenaClosedError):
+            pool.release(seg)
+        with pytest.raises(ValueError):
+            pool.index(foreign)
+        with pytest.raises(TypeError):
+            pool.index(b"x")
+        assert other.index(foreign) == 0
+        other.release(foreign)
+    finally:
+        other.close()
+        arena.close()
+
+
+def test_index_of_slices(pool):
+    segs = [pool.acquire() for _ in range(4)]
+    for i, seg in enumerate(segs):
+        assert pool.index(seg) == i
+        assert pool.index(seg.slice(999, 1)) == i
+    for seg in segs:
+        pool.release(seg)
+
+
+def test_zero_semantics():
+    with BufferPool(300, 2, zero=True) as p:
+        assert p.zero
+        a = p.acquire()
+        assert a.tobytes() == bytes(300)
+        a.fill(0xAB)
+        p.release(a)
+        b = p.acquire()
+        assert b.address == a_address(p, 0)
+        assert b.tobytes() == bytes(300)  # zeroed again at acquire
+        p.release(b)
+    with BufferPool(300, 2, zero=False) as p:
+        assert not p.zero
+        a = p.acquire()
+        a.fill(0xAB)
+        p.release(a)
+        b = p.acquire()
+        assert b.tobytes() == b"\xab" * 300  # as the previous user left it
+        p.release(b)
+
+
+def a_address(p: BufferPool, i: int) -> int:
+    return p.iovecs()[i][0]
+
+
+def test_reset_kills_every_segment():
+    with BufferPool(128, 3, zero=True) as p:
+        segs = [p.acquire() for _ in range(3)]
+        for s in segs:
+            s.fill(7)
+        p.reset()
+        assert p.available == 3 and p.stats()["in_use"] == 0
+        for s in segs:
+            assert not s.alive
+            with pytest.raises(ArenaClosedError):
+                s.tobytes()
+            with pytest.raises(ArenaClosedError, match="stale"):
+                p.release(s)
+        again = [p.acquire() for _ in range(3)]
+        assert all(s.tobytes() == bytes(128) for s in again)
+        for s in again:
+            p.release(s)
+
+
+def test_close_and_lifecycle():
+    p = BufferPool(256, 2)
+    seg = p.acquire()
+    sl = seg.slice(0, 8)
+    with p as same:
+        assert same is p
+    assert p.closed
+    p.close()  # idempotent
+    for use in (seg.tobytes, sl.tobytes, p.acquire, p.try_acquire, p.reset, p.iovecs, p.region,
+                p.raw_views, lambda: p.address, lambda: p.release(seg), lambda: p.index(seg)):
+        with pytest.raises(ArenaClosedError):
+            use()
+    assert p.available == 0
+    assert len(p) == 2 and p.nbytes == 2 * PAGE
+    stats = p.stats()
+    assert stats["closed"] and stats["in_use"] == 0
+    with pytest.raises(ArenaClosedError):
+        with p:
+            pass
+
+
+def test_region_is_traced_by_tracemalloc():
+    import tracemalloc
+
+    domain = tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN)
+    tracemalloc.start()
+    try:
+        p = BufferPool(1000, 4)
+        traced = tracemalloc.take_snapshot().filter_traces([domain]).statistics("lineno")
+        assert sum(s.size for s in traced) == p.nbytes
+        assert any(s.traceback[0].filename == __file__ for s in traced)
+        p.close()
+        assert not tracemalloc.take_snapshot().filter_traces([domain]).traces
+    finally:
+        tracemalloc.stop()
+
+
+def test_unclosed_pool_warns():
+    p = BufferPool(64, 2)
+    p.acquire()
+    with pytest.warns(ResourceWarning, match="unclosed.*BufferPool"):
+        del p
+        gc.collect()
+
+
+def test_threads_never_share_a_buffer():
+    nthreads, rounds = 4, 2000
+    with BufferPool(64, 6) as p:
+        errors: list[BaseException] = []
+        served = [0] * nthreads
+
+        def worker(k: int) -> None:
+            try:
+                mine = bytes([k + 1]) * 64
+                for _ in range(rounds):
+                    seg = p.try_acquire()
+                    if seg is None:
+                        continue
+                    seg[:] = mine
+                    os.sched_yield()
+                    # another thread given the same buffer would have overwritten it
+                    assert seg.tobytes() == mine
+                    p.release(seg)
+                    served[k] += 1
+            except BaseException as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        sys_interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            threads = [threading.Thread(target=worker, args=(k,)) for k in range(nthreads)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(sys_interval)
+        assert not errors, errors[0]
+        stats = p.stats()
+        assert stats["in_use"] == 0 and p.available == 6
+        assert stats["acquisitions"] == sum(served)
+        assert stats["high_water"] <= 6
+
+
+# -- real clients: os, files, sockets, numpy -------------------------------------------------------
+
+
+@pytest.fixture
+def data_file():
+    data = os.urandom(8 * 65536 + 123)
+    fd, path = tempfile.mkstemp(dir=DIRECT_DIR, prefix="arenalib-pool-")
+    os.write(fd, data)
+    os.close(fd)
+    yield path, data
+    os.unlink(path)
+
+
+def test_preadv_pwritev(data_file):
+    path, data = data_file
+    with BufferPool(65536, 4) as p:
+        segs = [p.acquire() for _ in range(4)]
+        fd = os.open(path, os.O_RDWR)
+        try:
+            assert os.preadv(fd, segs, 65536) == 4 * 65536
+            for i, seg in enumerate(segs):
+                assert seg.tobytes() == data[(i + 1) * 65536:(i + 2) * 65536]
+            assert all(s.exports == 0 for s in segs)  # os.preadv released its buffer views
+            segs[0].fill(0x5A)
+            assert os.pwritev(fd, segs[:1], 0) == 65536
+            assert os.pread(fd, 65536, 0) == b"\x5a" * 65536
+        finally:
+            os.close(fd)
+        for s in segs:
+            p.release(s)
+
+
+def test_readinto_and_numpy(data_file):
+    path, data = data_file
+    with BufferPool(65536, 2) as p:
+        with open(path, "rb", buffering=0) as f:
+            out = b""
+            while True:
+                seg = p.acquire()
+                n = f.readinto(seg)
+                out += seg[:n]
+                arr = np.frombuffer(seg, dtype=np.uint8, count=n)
+                assert bytes(arr) == seg[:n]
+                del arr
+                p.release(seg)
+                if n < 65536:
+                    break
+        assert out == data
+        assert p.stats()["high_water"] == 1
+
+
+def test_socketpair_recv_into():
+    with BufferPool(4096, 2) as p:
+        a, b = socket.socketpair()
+        with a, b:
+            payload = pattern(3000, 9)
+            a.sendall(payload)
+            seg = p.acquire()
+            got = 0
+            while got < len(payload):
+                with memoryview(seg) as view:
+                    got += b.recv_into(view[got:])
+            assert seg[:got] == payload
+            b.sendall(seg.slice(0, 3000))
+            assert a.recv(4096) == payload
+            p.release(seg)
+
+
+def test_iovecs_are_struct_iovec(data_file):
+    """iovecs() pairs are struct iovec's fields: libc's preadv takes them as they are."""
+    path, data = data_file
+
+    class Iovec(ctypes.Structure):
+        _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.preadv.argtypes = [ctypes.c_int, ctypes.POINTER(Iovec), ctypes.c_int, ctypes.c_long]
+    libc.preadv.restype = ctypes.c_ssize_t
+    with BufferPool(5000, 3) as p:
+        segs = [p.acquire() for _ in range(3)]
+        iov = (Iovec * 3)(*(Iovec(a, n) for a, n in p.iovecs()))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert libc.preadv(fd, iov, 3, 0) == 15000
+        finally:
+            os.close(fd)
+        assert b"".join(s.tobytes() for s in segs) == data[:15000]
+        for s in segs:
+            p.release(s)
+
+
+def test_raw_views(pool):
+    views = pool.raw_views()
+    assert [(ctypes.addressof(ctypes.c_char.from_buffer(v)), v.nbytes) for v in views] == pool.iovecs()
+    seg = pool.acquire()
+    views[pool.index(seg)][:3] = b"abc"
+    assert seg[:3] == b"abc"
+    assert seg.exports == 0 and pool.stats()["exports"] == 0  # not counted: unchecked by design
+    pool.release(seg)
+    for v in views:
+        v.release()
+
+
+# -- O_DIRECT --------------------------------------------------------------------------------------
+
+
+def test_o_direct(data_file):
+    path, data = data_file
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("os.O_DIRECT is not available on this platform")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError as e:
+        pytest.skip(f"the filesystem of {DIRECT_DIR} refuses O_DIRECT: {e}")
+    try:
+        raw = bytearray(65536 + 1)
+        with memoryview(raw) as whole, whole[1:] as unaligned:
+            try:
+                os.preadv(fd, [unaligned], 0)
+            except OSError as e:
+                assert e.errno == errno.EINVAL
+            else:
+                pytest.skip(f"the filesystem of {DIRECT_DIR} accepts unaligned O_DIRECT buffers")
+        with BufferPool(65536, 4, align=4096) as p:
+            segs = [p.acquire() for _ in range(4)]
+            assert os.preadv(fd, segs, 65536) == 4 * 65536
+            for i, seg in enumerate(segs):
+                assert seg.tobytes() == data[(i + 1) * 65536:(i + 2) * 65536]
+            # block by block, recycling one buffer
+            for s in segs:
+                p.release(s)
+            for block in range(8):
+                seg = p.acquire()
+                assert os.preadv(fd, [seg], block * 65536) == 65536
+                assert seg.tobytes() == data[block * 65536:(block + 1) * 65536]
+                p.release(seg)
+    finally:
+        os.close(fd)
+
+
+# -- io_uring (liburing from PyPI) -----------------------------------------------------------------
+
+@pytest.fixture
+def ring():
+    if liburing is None:
+        pytest.skip("the liburing package is not installed (requirements/test.txt)")
+    r = liburing.Ring()
+    try:
+        rc = liburing.io_uring_queue_init(32, r)
+    except OSError as e:
+        pytest.skip(f"io_uring_setup failed: {e}")
+    if rc is not None and rc < 0:
+        pytest.skip(f"io_uring_setup failed: {os.strerror(-rc)}")
+    yield r
+    liburing.io_uring_queue_exit(r)
+
+
+def completions(r, n: int) -> dict[int, int]:
+    """Wait for ``n`` completions: {user_data: result}, the result -errno on failure."""
+    cqe = liburing.Cqe()
+    done = {}
+    for _ in range(n):
+        liburing.io_uring_wait_cqe(r, cqe)
+        entry = cqe[0]
+        key = entry.user_data
+        try:
+            done[key] = entry.res
+        except OSError as e:  # the package raises for a negative res
+            done[key] = -e.errno
+        liburing.io_uring_cqe_seen(r, entry)
+    return done
+
+
+def test_io_uring_client_quirks(ring):
+    """What the package accepts: Iovec takes bytes, bytearray and memoryview only, and never lets go of a
+    memoryview; io_uring_prep_read(_fixed) takes only a bytearray."""
+    with BufferPool(4096, 1) as p:
+        seg = p.acquire()
+        with pytest.raises(TypeError):
+            liburing.Iovec([seg])
+        sqe = liburing.io_uring_get_sqe(ring)
+        with pytest.raises(TypeError):
+            liburing.io_uring_prep_read(sqe, 0, seg, 0)
+        with pytest.raises(TypeError):
+            liburing.io_uring_prep_read(sqe, 0, p.raw_views()[0], 0)
+        liburing.io_uring_prep_nop(sqe)
+        liburing.io_uring_submit(ring)
+        completions(ring, 1)
+        p.release(seg)
+
+
+def test_io_uring_memoryview_of_segment_is_pinned_for_good(ring):
+    """Iovec([memoryview(seg)]) keeps the export alive for good: the segment can never be released nor
+    the pool closed (run in a child process, as the export never goes away)."""
+    code = textwrap.dedent("""
+        import gc, liburing, arenalib
+        p = arenalib.BufferPool(4096, 1)
+        seg = p.acquire()
+        iov = liburing.Iovec([memoryview(seg)])
+        del iov; gc.collect()
+        print(seg.exports)
+        for op in (lambda: p.release(seg), p.close):
+            try:
+                op()
+            except BufferError:
+                print("BufferError")
+    """)
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["1", "BufferError", "BufferError"]
+
+
+def test_io_uring_readv(ring, data_file):
+    """The pattern: one Iovec per buffer index, built once from raw_views(); each request acquires a
+    segment, reads with readv into iovs[pool.index(seg)], and uses the data through the segment."""
+    path, data = data_file
+    with BufferPool(65536, 4) as p:
+        iovs = [liburing.Iovec([v]) for v in p.raw_views()]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            out = {}
+            offset = 0
+            while offset < len(data):
+                inflight = {}
+                while offset < len(data) and (seg := p.try_acquire()) is not None:
+                    i = p.index(seg)
+                    sqe = liburing.io_uring_get_sqe(ring)
+                    liburing.io_uring_prep_readv(sqe, fd, iovs[i], offset)
+                    sqe.user_data = i
+                    inflight[i] = (seg, offset)
+                    offset += 65536
+                assert liburing.io_uring_submit(ring) == len(inflight)
+                for i, res in completions(ring, len(inflight)).items():
+                    seg, off = inflight.pop(i)
+                    assert res > 0, os.strerror(-res)
+                    out[off] = seg[:res]
+                    p.release(seg)
+            assert b"".join(out[k] for k in sorted(out)) == data
+            assert p.stats()["high_water"] == 4
+            assert p.stats()["exports"] == 0
+        finally:
+            os.close(fd)
+
+
+def test_io_uring_registered_buffers(ring, data_file):
+    """Fixed buffers: register Iovec(pool.raw_views()) so buffer i is fixed index i, then
+    io_uring_prep_readv_fixed with the buffer's own Iovec.  io_uring_prep_read_fixed takes only a
+    bytearray, which never lies in the registered region: the kernel refuses it (EFAULT)."""
+    path, data = data_file
+    with BufferPool(65536, 4) as p:
+        views = p.raw_views()
+        registered = liburing.Iovec(views)
+        assert liburing.io_uring_register_buffers(ring, registered) in (0, None)
+        iovs = [liburing.Iovec([v]) for v in views]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            segs = [p.acquire() for _ in range(4)]
+            for seg in segs:
+                i = p.index(seg)
+                sqe = liburing.io_uring_get_sqe(ring)
+                liburing.io_uring_prep_readv_fixed(sqe, fd, iovs[i], i, (3 - i) * 65536)
+                sqe.user_data = i
+            liburing.io_uring_submit(ring)
+            results = completions(ring, 4)
+            if any(r == -errno.EINVAL for r in results.values()):
+                pytest.skip("this kernel lacks IORING_OP_READV_FIXED (Linux 6.15+)")
+            for seg in segs:
+                i = p.index(seg)
+                assert results[i] == 65536
+                assert seg.tobytes() == data[(3 - i) * 65536:(4 - i) * 65536]
+
+            sqe = liburing.io_uring_get_sqe(ring)
+            liburing.io_uring_prep_read_fixed(sqe, fd, bytearray(4096), 0, 0)
+            sqe.user_data = 99
+            liburing.io_uring_submit(ring)
+            assert completions(ring, 1) == {99: -errno.EFAULT}
+            for seg in segs:
+                p.release(seg)
+        finally:
+            liburing.io_uring_unregister_buffers(ring)  # before the pool closes
+            os.close(fd)
+
+
+@pytest.mark.parametrize("mode", [[], ["--fixed"]], ids=["readv", "readv_fixed"])
+def test_io_uring_example_runs(data_file, mode):
+    path, data = data_file
+    example = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "io_uring_read.py")
+    result = subprocess.run([sys.executable, example, path, *mode], capture_output=True, text=True)
+    if result.returncode == 77:
+        pytest.skip(result.stdout.strip())
+    assert result.returncode == 0, result.stderr
+    assert f"read {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}" in result.stdout
+
+
+# -- state machine ---------------------------------------------------------------------------------
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Acquire / write / release / reset / stale access against a model: live segments never overlap,
+    each keeps what was written to it, stale handles always raise, the counts add up."""
+
+    live = Bundle("live")
+
+    def __init__(self):
+        super().__init__()
+        self.pool = BufferPool(40, 4, align=16)
+        self.model: dict[int, tuple[Segment, bytes]] = {}  # id(seg) -> (seg, expected content)
+        self.dead_segments: list[Segment] = []
+        self.stamp = 0
+
+    @precondition(lambda self: len(self.model) < 4)
+    @rule(target=live)
+    def acquire(self):
+        seg = self.pool.acquire()
+        self.model[id(seg)] = (seg, seg.tobytes())
+        return seg
+
+    @precondition(lambda self: len(self.model) == 4)
+    @rule()
+    def acquire_exhausted(self):
+        assert self.pool.try_acquire() is None
+        with pytest.raises(PoolExhaustedError):
+            self.pool.acquire()
+
+    @rule(seg=live, offset=st.integers(0, 39), size=st.integers(0, 40))
+    def write(self, seg, offset, size):
+        if id(seg) not in self.model:  # killed by a reset
+            with pytest.raises(ArenaClosedError):
+                seg[offset:offset + 1] = b"x"
+            return
+        size = min(size, 40 - offset)
+        self.stamp += 1
+        data = bytes([self.stamp & 0xFF]) * size
+        seg[offset:offset + size] = data
+        old = self.model[id(seg)][1]
+        self.model[id(seg)] = (seg, old[:offset] + data + old[offset + size:])
+
+    @rule(seg=consumes(live), via_free=st.booleans())
+    def release(self, seg, via_free):
+        if id(seg) not in self.model:  # killed by a reset
+            with pytest.raises(ArenaClosedError):
+                seg.free() if via_free else self.pool.release(seg)
+            return
+        if via_free:
+            seg.free()
+        else:
+            self.pool.release(seg)
+        del self.model[id(seg)]
+        self.dead_segments.append(seg)
+
+    @rule()
+    def reset(self):
+        self.dead_segments.extend(seg for seg, _ in self.model.values())
+        self.model.clear()
+        self.pool.reset()
+
+    @precondition(lambda self: self.dead_segments)
+    @rule(data=st.data())
+    def stale_access(self, data):
+        seg = data.draw(st.sampled_from(self.dead_segments))
+        op = data.draw(st.sampled_from(["read", "write", "view", "release", "free", "index", "address"]))
+        with pytest.raises(ArenaClosedError):
+            if op == "read":
+                seg.tobytes()
+            elif op == "write":
+                seg[0] = 1
+            elif op == "view":
+                memoryview(seg)
+            elif op == "release":
+                self.pool.release(seg)
+            elif op == "free":
+                seg.free()
+            elif op == "index":
+                self.pool.index(seg)
+            else:
+                _ = seg.address
+
+    @invariant()
+    def consistent(self):
+        spans = sorted((seg.address, seg.address + len(seg)) for seg, _ in self.model.values())
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert end <= start, "two live segments overlap"
+        for seg, expected in self.model.values():
+            assert seg.alive and seg.tobytes() == expected
+        assert all(not seg.alive for seg in self.dead_segments)
+        assert self.pool.available == 4 - len(self.model)
+        assert self.pool.stats()["in_use"] == len(self.model)
+
+    def teardown(self):
+        self.pool.close()
+
+
+TestPoolMachine = PoolMachine.TestCase
