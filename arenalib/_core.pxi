@@ -368,10 +368,11 @@ cdef void _slicing_free_chunks(ArenaCore* core, Py_ssize_t keep) noexcept nogil:
 
 cdef inline int _region_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
                                  void** out) noexcept nogil:
-    """One plain block of the slot's arena (a pool allocates its region once, holding the GIL)."""
+    """A pool's region: one block outside the slot's arena, so that no bulk reset can take it while
+    raw views handed to the kernel may still point into it; region_free() gives it back."""
     if core.max_bytes >= 0 and <Py_ssize_t>size > core.max_bytes - core.live_bytes:
         return ARENA_ELIMIT
-    cdef void* ptr = _jemalloc_allocate(core.mallocx_flags, size if size else 1, align, zero)
+    cdef void* ptr = _jemalloc_allocate(MALLOCX_TCACHE_NONE, size if size else 1, align, zero)
     if ptr == NULL:
         return ARENA_ENOMEM
     core.live_bytes += size
@@ -381,6 +382,11 @@ cdef inline int _region_allocate(ArenaCore* core, size_t size, size_t align, bin
         core.peak_bytes = core.live_bytes
     out[0] = ptr
     return ARENA_OK
+
+
+cdef void region_free(void* ptr) noexcept nogil:
+    """Give back a block from a pool kind's arena_allocate()."""
+    je_dallocx(ptr, MALLOCX_TCACHE_NONE)
 
 
 # -- the C-level API -------------------------------------------------------------------------------
@@ -491,6 +497,9 @@ cdef void _core_close(ArenaCore* core) noexcept:
         if core.slot.thread_count > MAX_THREAD_CACHES:
             # Threads come and go: do not let a slot collect caches of threads long gone.
             stale += <Py_ssize_t>_slot_flush_threads(core.slot, False, True)
+    elif core.kind == ARENA_KIND_POOL:
+        stale = 0  # the region is not in the slot's arena: its owner frees it (region_free)
+        churn = 0
     elif core.kind == ARENA_KIND_SLICING:
         churn = core.chunk_bytes
         if core.nchunks <= RECENT_MAX:

@@ -4,8 +4,13 @@
 from arenalib._arena cimport ArenaBase, Segment
 
 
+cdef class _Region:
+    cdef void* ptr                  # freed when the last holder (pool or raw view) lets go
+
+
 cdef class BufferPool(ArenaBase):
     cdef:
+        _Region _region
         char* _base                 # the region: one jemalloc block of _stride * _count bytes
         size_t _stride              # distance between buffers: _buffer_size rounded up to _align
         size_t _align

@@ -15,15 +15,14 @@ free-threaded CPython keeps the GIL enabled for it.)
 """
 
 cimport cython
-from cpython.buffer cimport PyBUF_WRITE
+from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.string cimport memset
 
 from arenalib._arena cimport (
     ARENA_EEXPORTED, ARENA_KIND_POOL, ARENA_OK, TRACE_DOMAIN, ArenaBase, PyTraceMalloc_Track, Segment,
-    arena_allocate, make_segment,
+    arena_allocate, make_segment, region_free,
 )
 
 from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, UnsupportedOperation
@@ -107,11 +106,18 @@ cdef class BufferPool(ArenaBase):
         if err != ARENA_OK:
             self._release_memory()  # closed again: no ResourceWarning for a pool that never was
             self._raise(err, f"cannot allocate a pool region of {total} bytes")
+        self._region = _Region()
+        self._region.ptr = ptr
         self._base = <char*>ptr
         self._reset_buffers(True)
         # The region is the allocation tracemalloc sees (untracked by close(), as arenas' blocks are).
         if PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, total) == 0:
             self._traced = {<size_t>ptr}
+
+    cdef void _release_memory(self) noexcept:
+        ArenaBase._release_memory(self)
+        # Every segment is dead now; the region itself goes when no raw view holds it either.
+        self._region = None
 
     def __dealloc__(self):
         PyMem_Free(self._free_stack)
@@ -281,15 +287,16 @@ cdef class BufferPool(ArenaBase):
         """One writable memoryview per buffer (``buffer_size`` bytes, index order), for clients that
         accept only memoryviews and keep them for good, such as liburing's ``Iovec``.
 
-        UNCHECKED: these views are not Segments.  They are not counted as exports (close() and
-        release() do not wait for them), and nothing stops their use after release() or close():
-        use them only to hand addresses to the kernel (registration, readv iovecs) while the pool is
-        open and the buffer is acquired, and read the data through the acquired Segment."""
+        The views are not Segments: they do not check which buffers are acquired, so use them only to
+        hand addresses to the kernel (registration, readv iovecs) and read the data through the
+        acquired Segment.  They do not block release() or close() (liburing never lets go of them),
+        but they keep the region's memory itself allocated, unused by anything else, for as long as
+        they live: a late write through one is harmless, never a write into freed memory."""
         self._check_open()
         cdef Py_ssize_t i
-        return [PyMemoryView_FromMemory(self._base + <size_t>i * self._stride, self._buffer_size,
-                                        PyBUF_WRITE)
+        return [memoryview(_PoolBufferView._make(self, self._base + <size_t>i * self._stride))
                 for i in range(self._count)]
+
 
     # -- figures ---------------------------------------------------------------------------------
 
@@ -340,3 +347,38 @@ cdef class BufferPool(ArenaBase):
             return "<arenalib.BufferPool closed>"
         return (f"<arenalib.BufferPool {self._in_use}/{self._count} buffers of {self._buffer_size} "
                 f"bytes in use, at {<size_t>self._base:#x}>")
+
+
+@cython.final
+cdef class _PoolBufferView:
+    """The exporter behind raw_views(): one buffer of a pool's region, keeping the region alive."""
+
+    cdef _Region _region
+    cdef char* _ptr
+    cdef Py_ssize_t _size
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use BufferPool.raw_views()")
+
+    @staticmethod
+    cdef _PoolBufferView _make(BufferPool pool, char* ptr):
+        cdef _PoolBufferView exporter = _PoolBufferView.__new__(_PoolBufferView)
+        exporter._region = pool._region
+        exporter._ptr = ptr
+        exporter._size = pool._buffer_size
+        return exporter
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        if self._region is None:
+            raise TypeError("use BufferPool.raw_views()")
+        PyBuffer_FillInfo(view, self, self._ptr, self._size, 0, flags)
+
+
+@cython.final
+@cython.no_gc
+cdef class _Region:
+    """Owns a pool's region; the pool and every raw view hold it, the last one frees it."""
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            region_free(self.ptr)

@@ -19,8 +19,9 @@ The pattern, given how liburing 2026.3.30 takes buffers:
   buffer ``i``; read with ``io_uring_prep_readv_fixed(sqe, fd, iovs[i], i, offset)`` (Linux 6.15+).
   Unregister (or exit the ring) before the pool closes.
 
-The raw views are unchecked by design (they only hand addresses to the kernel); everything the program
-reads goes through the acquired segments.  Exits with status 77 when io_uring is unavailable.
+The raw views do not track which buffers are acquired (they only hand addresses to the kernel), so
+everything the program reads goes through the acquired segments; they keep the region's memory
+allocated while they live, so even a late write through one never lands in freed memory.  Exits with status 77 when io_uring is unavailable.
 """
 
 from __future__ import annotations
