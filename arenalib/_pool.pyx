@@ -297,7 +297,6 @@ cdef class BufferPool(ArenaBase):
         return [memoryview(_PoolBufferView._make(self, self._base + <size_t>i * self._stride))
                 for i in range(self._count)]
 
-
     # -- figures ---------------------------------------------------------------------------------
 
     def __len__(self):

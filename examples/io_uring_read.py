@@ -21,7 +21,8 @@ The pattern, given how liburing 2026.3.30 takes buffers:
 
 The raw views do not track which buffers are acquired (they only hand addresses to the kernel), so
 everything the program reads goes through the acquired segments; they keep the region's memory
-allocated while they live, so even a late write through one never lands in freed memory.  Exits with status 77 when io_uring is unavailable.
+allocated while they live, so even a late write through one never lands in freed memory.
+Exits with status 77 when io_uring is unavailable.
 """
 
 from __future__ import annotations
