@@ -5,6 +5,7 @@
     python3 dev.py test             # the whole test suite (extra arguments go to pytest)
     python3 dev.py test --python 3.13
     python3 dev.py lint             # ruff, cython-lint, stub check
+    python3 dev.py sanitize         # the whole suite on an ASan + UBSan build (jemalloc --enable-debug)
 
 Each command is idempotent: it fetches the jemalloc tarball into subprojects/packagecache/ (from the
 wrap's URL, else from Debian's source package), makes a venv per interpreter in .venv/, installs the
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 import fetch_jemalloc  # noqa: E402
+import sanitize  # noqa: E402
 
 REQUIREMENTS = {
     "build": ROOT / "requirements" / "build.txt",
@@ -34,7 +36,12 @@ REQUIREMENTS = {
     "bench": ROOT / "requirements" / "bench.txt",
     "lint": ROOT / "requirements" / "lint.txt",
 }
-BUILD_INPUTS = ["pyproject.toml", "meson.build", "meson.options", "arenalib/meson.build"]
+BUILD_INPUTS = ["pyproject.toml", "meson.build", "meson.options", "arenalib/meson.build",
+                "subprojects/packagefiles/jemalloc/meson.build",
+                "subprojects/packagefiles/jemalloc/meson.options",
+                "subprojects/packagefiles/jemalloc/build_jemalloc.py"]
+# Build variants: a tag suffix for the venv and build folders, and meson setup arguments.
+VARIANTS = {None: ("", []), "asan": ("-asan", ["-Csetup-args=-Dsanitize=true"])}
 
 
 def say(message: str) -> None:
@@ -99,44 +106,58 @@ def ensure_requirements(venv: Path, groups: list[str]) -> None:
         stamp.write_text(value)
 
 
-def ensure_build(venv: Path, tag: str) -> None:
+def ensure_build(venv: Path, tag: str, setup_args: list[str]) -> Path:
     """Install arenalib in editable mode; later source edits are rebuilt on import."""
     fetch_jemalloc.ensure_tarball()
     stamp = venv / ".arenalib-editable"
-    value = digest([ROOT / p for p in BUILD_INPUTS]) + str(ROOT)
+    value = digest([ROOT / p for p in BUILD_INPUTS]) + str(ROOT) + " ".join(setup_args)
     build_dir = ROOT / "build" / tag
-    if up_to_date(stamp, value) and build_dir.exists():
-        return
+    if up_to_date(stamp, value) and (build_dir / "build.ninja").exists():
+        return build_dir
     say(f"building arenalib (jemalloc included) in {build_dir.relative_to(ROOT)}")
     run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         "--no-build-isolation", "--no-deps", f"-Cbuild-dir={build_dir}", "-e", str(ROOT)])
+         "--no-build-isolation", "--no-deps", f"-Cbuild-dir={build_dir}", *setup_args,
+         "-e", str(ROOT)])
     stamp.write_text(value)
+    return build_dir
 
 
-def prepare(python_spec: str | None, groups: list[str]) -> Path:
+def prepare(python_spec: str | None, groups: list[str], variant: str | None = None) -> tuple[Path, Path]:
+    """The venv (made and filled if needed) and the build folder of arenalib for this interpreter."""
+    suffix, setup_args = VARIANTS[variant]
     python = find_interpreter(python_spec)
-    tag = interpreter_tag(python)
+    tag = interpreter_tag(python) + suffix
     venv = ensure_venv(python, tag)
     ensure_requirements(venv, ["build", *groups])
-    ensure_build(venv, tag)
-    return venv
+    return venv, ensure_build(venv, tag, setup_args)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["test", "bench", "lint", "setup"])
+    parser.add_argument("command", choices=["test", "bench", "lint", "sanitize", "setup"])
     parser.add_argument("--python", help="interpreter: a version (3.13) or a path; default: this one")
     parser.add_argument("--full", action="store_true", help="bench: the careful, longer run")
+    # (arguments dev.py does not know go on to pytest or the benchmark)
     args, rest = parser.parse_known_args()
 
-    groups = {"test": ["test"], "bench": ["bench"], "lint": ["lint", "test"], "setup": ["test"]}
-    venv = prepare(args.python, groups[args.command])
+    groups = {"test": ["test"], "bench": ["bench"], "lint": ["lint", "test"], "setup": ["test"],
+              "sanitize": ["test"]}
+    variant = "asan" if args.command == "sanitize" else None
+    venv, build_dir = prepare(args.python, groups[args.command], variant)
     vpython = str(venv / "bin" / "python")
     os.chdir(ROOT)
     if args.command == "setup":
         return 0
     if args.command == "test":
         return subprocess.run([vpython, "-m", "pytest", *rest]).returncode
+    if args.command == "sanitize":
+        # Rebuild what changed now, not under the preloaded sanitizer runtime at first import.
+        run([str(venv / "bin" / "ninja"), "-C", str(build_dir)], stdout=subprocess.DEVNULL)
+        # A sanitizer report goes to file descriptor 2 of a process it kills: pytest must not
+        # capture that descriptor, or the report is lost.
+        capture = [] if any(a == "-s" or a.startswith("--capture") for a in rest) else ["--capture=sys"]
+        return subprocess.run([vpython, "-m", "pytest", *capture, *rest],
+                              env=sanitize.sanitizer_env(build_dir)).returncode
     if args.command == "bench":
         return subprocess.run([vpython, "bench/run.py", *(["--full"] if args.full else []), *rest]).returncode
     return subprocess.run([vpython, "tools/lint.py", *rest]).returncode

@@ -81,7 +81,6 @@ cdef struct ArenaCore:
     bint open
     int busy                  # SlicingArena: a thread is carving right now
     ArenaSlot* slot
-    int mallocx_flags         # MALLOCX_ARENA | MALLOCX_TCACHE of the slot
     unsigned long owner       # owning thread ident; 0 when any thread may use the arena
     uint64_t generation       # bumped by reset and close: every older segment is dead
     uint64_t serial           # unique per arena object, never reused (keys the per-thread caches)

@@ -299,8 +299,12 @@ cdef class ArenaBase:
         name = type(self).__name__
         if not self._core.open:
             return f"<arenalib.{name} closed>"
-        stats = self.stats()
-        return f"<arenalib.{name} {stats['live_segments']} segments, {stats['live_bytes']} bytes>"
+        # The arena's own counters: jemalloc's statistics cost milliseconds once arenas are many.
+        cdef Py_ssize_t live = self._core.live_bytes, segments = self._core.live_segments
+        cdef size_t total
+        if self._core.kind == ARENA_KIND_SHARED:
+            _shared_totals(&self._core, &live, &segments, &total)
+        return f"<arenalib.{name} {segments} segments, {live} bytes>"
 
     def __reduce__(self):
         raise TypeError(f"{type(self).__name__} owns native memory and cannot be pickled")

@@ -153,7 +153,7 @@ cdef inline int _confined_allocate(ArenaCore* core, size_t size, size_t align, b
         return ARENA_EWRONGTHREAD
     if core.max_bytes >= 0 and <Py_ssize_t>size > core.max_bytes - core.live_bytes:
         return ARENA_ELIMIT
-    cdef void* ptr = _cached_allocate(&core.slot.cache, core.mallocx_flags, size, align, zero)
+    cdef void* ptr = _cached_allocate(&core.slot.cache, _slot_flags(core.slot), size, align, zero)
     if ptr == NULL:
         return ARENA_ENOMEM
     if core.recent_count < RECENT_MAX:
@@ -180,7 +180,7 @@ cdef inline int _confined_free(ArenaCore* core, void* ptr, size_t size) noexcept
             if core.recent[i] == ptr:
                 core.recent[i] = NULL
                 break
-    _cached_free(&core.slot.cache, core.mallocx_flags, ptr, size)
+    _cached_free(&core.slot.cache, _slot_flags(core.slot), ptr, size)
     core.live_bytes -= size
     core.live_segments -= 1
     return ARENA_OK
@@ -202,14 +202,11 @@ cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
     if tc == NULL:
         tc = <ThreadCache*>PyMem_RawCalloc(1, sizeof(ThreadCache))
         if tc != NULL:
-            if _tcache_take(&tc.tcache_index) != 0:
-                PyMem_RawFree(tc)
-                tc = NULL
-            else:
-                tc.thread = me
-                tc.next = slot.threads
-                slot.threads = tc
-                slot.thread_count += 1
+            _tcache_take(&tc.tcache_index)  # NO_TCACHE when none can be had: slower, still right
+            tc.thread = me
+            tc.next = slot.threads
+            slot.threads = tc
+            slot.thread_count += 1
     PyThread_release_lock(<PyThread_type_lock>slot.threads_lock)
     if tc != NULL:
         arenalib_tls_set(core.serial, tc)
@@ -217,7 +214,7 @@ cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
 
 
 cdef inline int _shared_flags(ArenaCore* core, ThreadCache* tc) noexcept nogil:
-    return MALLOCX_ARENA(core.slot.arena_index) | MALLOCX_TCACHE(tc.tcache_index)
+    return MALLOCX_ARENA(core.slot.arena_index) | _tcache_flag(tc.tcache_index)
 
 
 cdef inline int _shared_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
@@ -314,7 +311,7 @@ cdef int _slicing_next_chunk(ArenaCore* core, size_t size, size_t align) noexcep
     # Not zeroed: a chunk is mostly reused dirty memory, and zeroing all of it would cost more than
     # zeroing the zero=True segments carved from it.
     cdef char* chunk = <char*>_jemalloc_allocate(
-        core.mallocx_flags, chunk_size, align if align > PAGE else PAGE, False)
+        _slot_flags(core.slot), chunk_size, align if align > PAGE else PAGE, False)
     if chunk == NULL:
         return ARENA_ENOMEM
     core.chunks[core.nchunks] = chunk
@@ -367,7 +364,7 @@ cdef void _slicing_free_chunks(ArenaCore* core, Py_ssize_t keep) noexcept nogil:
     """Give back the chunks from index ``keep`` on (they hold no live segment)."""
     cdef Py_ssize_t i
     for i in range(keep, core.nchunks):
-        je_dallocx(core.chunks[i], core.mallocx_flags)
+        je_dallocx(core.chunks[i], _slot_flags(core.slot))
         core.chunk_bytes -= core.chunk_sizes[i]
     if keep < core.nchunks:
         core.nchunks = keep
@@ -482,7 +479,6 @@ cdef int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes, size_t chun
     core.generation = 1
     core.serial = _next_serial
     _next_serial += 1
-    core.mallocx_flags = _slot_flags(core.slot)
     if kind == ARENA_KIND_CONFINED:
         core.owner = _thread_ident()
     core.open = True
@@ -529,7 +525,7 @@ cdef void _core_close(ArenaCore* core) noexcept:
         # scope, and no reset is ever needed for them.
         for i in range(core.recent_count):
             if core.recent[i] != NULL:
-                _cached_free(&core.slot.cache, core.mallocx_flags, core.recent[i],
+                _cached_free(&core.slot.cache, _slot_flags(core.slot), core.recent[i],
                              core.recent_sizes[i])
         stale = 0
     # Otherwise the live segments are not freed one by one: their bytes become the slot's stale

@@ -10,6 +10,8 @@ from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memmove, memset
 
+from numbers import Integral
+
 cdef Py_ssize_t _ITEMSIZE_ONE = 1
 cdef Py_ssize_t _live_segment_objects = 0
 cdef Py_ssize_t _live_exports = 0
@@ -184,8 +186,9 @@ cdef class Segment:
                     view[key] = value
                 return
             length = max(stop - start, 0)
-            if isinstance(value, int):
-                raise TypeError("a slice of a segment is assigned a bytes-like object, not int")
+            if isinstance(value, Integral):  # int, bool, NumPy integer scalars: as bytearray does
+                raise TypeError("a slice of a segment is assigned a bytes-like object, not "
+                                f"{type(value).__name__}")
             with memoryview(value) as source:
                 if source.nbytes != length:
                     raise ValueError(

@@ -22,10 +22,27 @@ from cpython.pythread cimport (
 )
 from libc.string cimport memcpy, memset
 
-from arenalib._jemalloc cimport (
-    je_mallctl, je_mallctlbymib, je_mallctlnametomib, MALLOCX_ARENA, MALLOCX_TCACHE,
-)
+import os
 
+from arenalib._jemalloc cimport MALLOCX_TCACHE_NONE, je_mallctl, je_mallctlbymib, je_mallctlnametomib
+
+cdef extern from *:
+    """
+    /* jemalloc's MALLOCX_ARENA(a) is ((int)(a) + 1) << 20: from arena 2047 on that shifts into the
+       sign bit, undefined behaviour.  The same flags, computed unsigned. */
+    #define ARENALIB_MALLOCX_ARENA(a) ((int)(((unsigned)(a) + 1u) << 20))
+    #define ARENALIB_MALLOCX_TCACHE(tc) ((int)(((unsigned)(tc) + 2u) << 8))
+    """
+    int MALLOCX_ARENA "ARENALIB_MALLOCX_ARENA"(unsigned a) noexcept nogil
+    int MALLOCX_TCACHE "ARENALIB_MALLOCX_TCACHE"(unsigned tc) noexcept nogil
+
+# A slot or thread without an explicit tcache (none could be had: jemalloc allows ~4094, and after a
+# fork the parent's are unusable) allocates with MALLOCX_TCACHE_NONE: slower, never wrong.
+cdef unsigned NO_TCACHE = <unsigned>-1
+
+# jemalloc 5.3.0 allows ~4094 arenas, but arenas.create reads out of bounds near that limit (seen
+# under AddressSanitizer: a crash in ctl_arena_init): arenalib stops short of it.
+cdef Py_ssize_t MAX_SLOTS = 4000
 cdef size_t STALE_LIMIT = 1 << 20
 cdef size_t PURGE_LIMIT = 4 << 20
 cdef Py_ssize_t WARM_SLOTS = 4
@@ -77,6 +94,8 @@ cdef void _arena_ctl(size_t* mib_template, size_t mib_len, unsigned arena_index)
 
 
 cdef void _flush_tcache(unsigned tcache_index) noexcept nogil:
+    if tcache_index == NO_TCACHE:
+        return
     je_mallctlbymib(_mib_tcache_flush, _mib_tcache_flush_len, NULL, NULL,
                     &tcache_index, sizeof(unsigned))
 
@@ -88,18 +107,22 @@ cdef ArenaSlot* _slot_acquire() except NULL:
         _free_count -= 1
         return _free_slots[_free_count]
     cdef unsigned arena_index, tcache_index
+    if _slots_created >= MAX_SLOTS:
+        raise MemoryError(
+            f"{_slots_created} arenas are open, the most arenalib opens at once; "
+            "close arenas that are no longer needed")
     cdef int err = _mallctl_read_unsigned(b"arenas.create", &arena_index)
     if err:
         raise MemoryError(
             f"jemalloc cannot create another arena (error {err}): {_slots_created} are in use; "
             "close arenas that are no longer needed")
-    err = _mallctl_read_unsigned(b"tcache.create", &tcache_index)
-    if err:
+    if _tcache_take(&tcache_index) != 0:
+        tcache_index = NO_TCACHE
+    cdef ArenaSlot* slot = <ArenaSlot*>PyMem_RawCalloc(1, sizeof(ArenaSlot))
+    if slot == NULL or not _remember_slot(slot):
         # The new arena stays unused: destroying it would leak metadata and free an index that a
         # stale reference could alias.
-        raise MemoryError(f"jemalloc cannot create another thread cache (error {err})")
-    cdef ArenaSlot* slot = <ArenaSlot*>PyMem_RawCalloc(1, sizeof(ArenaSlot))
-    if slot == NULL:
+        PyMem_RawFree(slot)
         raise MemoryError("cannot allocate an arena slot")
     slot.threads_lock = PyThread_allocate_lock()
     if slot.threads_lock == NULL:
@@ -111,8 +134,58 @@ cdef ArenaSlot* _slot_acquire() except NULL:
     return slot
 
 
+cdef inline int _tcache_flag(unsigned tcache_index) noexcept nogil:
+    return MALLOCX_TCACHE_NONE if tcache_index == NO_TCACHE else MALLOCX_TCACHE(tcache_index)
+
+
 cdef inline int _slot_flags(ArenaSlot* slot) noexcept nogil:
-    return MALLOCX_ARENA(slot.arena_index) | MALLOCX_TCACHE(slot.tcache_index)
+    return MALLOCX_ARENA(slot.arena_index) | _tcache_flag(slot.tcache_index)
+
+
+cdef ArenaSlot** _all_slots = NULL   # every slot ever made, idle or in use (for fork)
+cdef Py_ssize_t _all_slots_count = 0
+
+
+cdef bint _remember_slot(ArenaSlot* slot) noexcept:
+    global _all_slots, _all_slots_count
+    cdef ArenaSlot** grown = <ArenaSlot**>PyMem_RawRealloc(
+        _all_slots, <size_t>(_all_slots_count + 1) * sizeof(ArenaSlot*))
+    if grown == NULL:
+        return False
+    _all_slots = grown
+    _all_slots[_all_slots_count] = slot
+    _all_slots_count += 1
+    return True
+
+
+cdef unsigned _fresh_tcache() noexcept nogil:
+    cdef unsigned tcache_index
+    if _mallctl_read_unsigned(b"tcache.create", &tcache_index) != 0:
+        return NO_TCACHE
+    return tcache_index
+
+
+def _after_fork_in_child():
+    """jemalloc's child forgets the explicit tcaches made before the fork (flushing one would
+    corrupt it): give every slot and thread cache a new one, never touch the old ones again, and
+    replace locks another thread of the parent may have held."""
+    global _spare_tcache_count, _spare_tcache_lock
+    cdef Py_ssize_t i
+    cdef ArenaSlot* slot
+    cdef ThreadCache* tc
+    _spare_tcache_count = 0
+    _spare_tcache_lock = PyThread_allocate_lock()
+    for i in range(_all_slots_count):
+        slot = _all_slots[i]
+        slot.tcache_index = _fresh_tcache()
+        slot.threads_lock = PyThread_allocate_lock()
+        tc = slot.threads
+        while tc != NULL:
+            tc.tcache_index = _fresh_tcache()
+            tc = tc.next
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 cdef void _cache_forget(FreeBlocks* cache) noexcept nogil:
@@ -215,13 +288,16 @@ cdef int _tcache_take(unsigned* out) noexcept nogil:
         PyThread_release_lock(_spare_tcache_lock)
         return 0
     PyThread_release_lock(_spare_tcache_lock)
-    return _mallctl_read_unsigned(b"tcache.create", out)
+    out[0] = _fresh_tcache()
+    return 0 if out[0] != NO_TCACHE else -1
 
 
 cdef void _tcache_give_back(unsigned tcache_index) noexcept nogil:
     """Keep a flushed tcache for the next shared arena's thread (tcaches are never destroyed)."""
     global _spare_tcaches, _spare_tcache_count, _spare_tcache_capacity
     cdef unsigned* grown
+    if tcache_index == NO_TCACHE:
+        return
     PyThread_acquire_lock(_spare_tcache_lock, WAIT_LOCK)
     if _spare_tcache_count == _spare_tcache_capacity:
         grown = <unsigned*>PyMem_RawRealloc(

@@ -1,0 +1,60 @@
+"""The environment that runs arenalib's test suite on its AddressSanitizer + UBSan build.
+
+Used by ``python3 dev.py sanitize`` (which builds arenalib with the meson option -Dsanitize=true, and
+jemalloc with --enable-debug, into .venv/<python>-asan and build/<python>-asan, then runs pytest in
+the environment below).  Standard library only, Python 3.10+.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+
+def runtime_library(name: str) -> str:
+    """Full path of a gcc sanitizer runtime (gcc answers with the bare name when it has none)."""
+    cc = os.environ.get("CC", "gcc")
+    path = subprocess.run([cc, "-print-file-name=" + name], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    if not os.path.isabs(path) or not os.path.exists(path):
+        raise SystemExit(f"{cc} has no {name}: install the sanitizer runtime (Debian: libasan8, libubsan1)")
+    return os.path.realpath(path)
+
+
+# UBSan findings inside jemalloc 5.3.0 itself, not arenalib's: its MALLOCX_ARENA_MASK is
+# (((1 << 12) - 1) << 20), a left shift into the sign bit of an int ("left shift of 4095 by 20 places
+# cannot be represented in type 'int'" at every mallocx).  jemalloc is compiled with recoverable UBSan
+# checks, so these can be suppressed by source file; arenalib's own code stays under
+# -fno-sanitize-recover and is never suppressed.
+UBSAN_SUPPRESSIONS = """\
+shift-base:*/jemalloc-5.3.0/*
+"""
+
+
+def sanitizer_env(build_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    # The interpreter is not built with ASan: its runtime must be the first library loaded.  The
+    # extension links libubsan too; preloading it as well keeps both runtimes' init order fixed.
+    preload = [runtime_library("libasan.so"), runtime_library("libubsan.so")]
+    if env.get("LD_PRELOAD"):
+        preload.append(env["LD_PRELOAD"])
+    suppressions = build_dir / "ubsan-suppressions.txt"
+    suppressions.write_text(UBSAN_SUPPRESSIONS)
+    env.update({
+        "LD_PRELOAD": " ".join(preload),
+        # Every Python allocation goes through malloc, where ASan sees it (pymalloc would hide
+        # use-after-free and overflows of small objects inside its own pools).
+        "PYTHONMALLOC": "malloc",
+        # detect_leaks=0: CPython itself never frees much of what it allocates (interned strings,
+        # static types, module state kept until exit), so LeakSanitizer would report thousands of
+        # leaks that are not arenalib's.  arenalib's own leaks are checked by the test suite instead
+        # (pool slots and live objects per test, RSS in the soak tests).  abort_on_error=1: a finding
+        # kills the process with SIGABRT, so it cannot pass unnoticed.
+        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+        "UBSAN_OPTIONS": f"print_stacktrace=1:halt_on_error=1:suppressions={suppressions}",
+        # Tests that cannot run under ASan (RLIMIT_AS: ASan reserves terabytes of shadow address
+        # space) skip themselves when they see this.
+        "ARENALIB_SANITIZE": "1",
+    })
+    return env
