@@ -58,13 +58,13 @@ def find_interpreter(spec: str | None) -> str:
         return sys.executable
     if os.sep in spec:
         return spec
-    found = shutil.which(f"python{spec}")
-    if found:
-        return found
     pyenv_root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    for candidate in sorted(glob.glob(f"{pyenv_root}/versions/{spec}*/bin/python{spec}"), reverse=True):
-        return candidate
-    raise SystemExit(f"no Python {spec} found (neither python{spec} on PATH nor under {pyenv_root})")
+    candidates = sorted(glob.glob(f"{pyenv_root}/versions/{spec}*/bin/python{spec}"), reverse=True)
+    candidates.append(shutil.which(f"python{spec}"))  # may be a pyenv shim for an inactive version
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    raise SystemExit(f"no Python {spec} found (neither under {pyenv_root} nor python{spec} on PATH)")
 
 
 def interpreter_tag(python: str) -> str:
