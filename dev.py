@@ -90,6 +90,8 @@ def ensure_venv(python: str, tag: str) -> Path:
     if not vpython.exists():
         say(f"creating {venv.relative_to(ROOT)} with {python}")
         run([python, "-m", "venv", str(venv)])
+        # An old interpreter's bundled pip lacks -C (config settings for meson-python).
+        run([str(vpython), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--upgrade", "pip"])
     return venv
 
 
