@@ -1,0 +1,485 @@
+"""arenalib's benchmark comparison against the peers a user would pick instead (issue 6).
+
+Arenalib and its peers run side by side in one run, with ratios, a target checklist, a JSON of
+every figure and PNG plots.
+
+    python3 dev.py bench                      # quick mode (under 3 minutes on 2 cores)
+    python3 dev.py bench --full               # the careful run
+    .venv/py3.11/bin/python bench/run.py [--full] [--out DIR] [--only roundtrip,memory,threads,pool,native]
+
+Experiments (each module's docstring says what it measures and how):
+    roundtrip.py   allocate + fill(3) + free per op, 8 B to 1 MiB: ns/op, ops/ms, ratio to bytearray
+    memory.py      RSS through a fragmenting ~1.5 GB workload, a fresh process per candidate
+    threads.py     1 and 2 Python threads allocating: ops/s and scaling
+Output goes to bench/out/ (gitignored) unless --out says otherwise: results.json, results.md and
+the PNG plots.  bench/results/ holds the reference run (a --full run; its results.md says where and
+when).  --from-json FILE redoes the tables, plots and markdown of a results.json without measuring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import (  # noqa: E402
+    BASELINE,
+    SIZES,
+    Config,
+    CpuShare,
+    Progress,
+    fmt_num,
+    fmt_size,
+    loadavg,
+    machine_info,
+    table,
+)
+
+EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native")
+# Run order: the memory experiment last, so the kernel's reclaiming of its 1.5 GB children does not
+# disturb the timings of the others.
+RUN_ORDER = ("roundtrip", "threads", "memory", "pool", "native")
+CHEAPEST = "bytearray_repeat"
+
+
+# -- targets --------------------------------------------------------------------------------------
+
+def targets(res: dict) -> list[dict]:
+    """The issue's targets, each checked on ratios measured in this one run."""
+    import roundtrip
+
+    checks: list[dict] = []
+    rt = res.get("roundtrip")
+    labels = rt["candidates"] if rt else {}
+
+    def check(title: str, key: str, n: int, other: str, limit: float) -> None:
+        r = roundtrip.ratio(rt, key, other, n)
+        item = {"target": title, "candidate": key, "label": labels.get(key, {}).get("label", key),
+                "size": n, "versus": other, "versus_label": labels.get(other, {}).get("label", other),
+                "limit": limit}
+        if r is None:
+            item.update(status="n/a", ratio=None)
+        else:
+            item.update(ratio=r["median"], ratio_q1=r["q1"], ratio_q3=r["q3"],
+                        status="MET" if r["median"] <= limit else "MISSED",
+                        borderline=r["q1"] <= limit <= r["q3"])
+        if other == BASELINE:
+            strict = roundtrip.ratio(rt, key, CHEAPEST, n)
+            if strict is not None:
+                item["ratio_vs_cheapest_bytearray"] = strict["median"]
+                item["status_vs_cheapest_bytearray"] = "MET" if strict["median"] <= limit else "MISSED"
+        checks.append(item)
+
+    if rt:
+        t1 = "ConfinedArena/Arena zero=False+fill+free"
+        both = ("ConfinedArena_nz", "Arena_nz")
+        for key in both:
+            for n, limit in ((8, 1.0), (512, 1.0), (1024, 1.0), (4096, 0.7), (65536, 0.5), (1 << 20, 0.5)):
+                check(f"{t1} vs bytearray", key, n, BASELINE, limit)
+        for key in both:
+            for n in (8, 512, 1024, 4096):
+                check(f"{t1} vs numpy.empty+fill", key, n, "numpy_empty", 0.4)
+        for key in both:
+            for n in (8, 512, 1024, 4096):
+                check(f"{t1} vs pyarrow jemalloc", key, n, "pa_jemalloc", 0.2)
+        for key in both:
+            check(f"{t1} vs numpy.empty+fill at 1 MiB", key, 1 << 20, "numpy_empty", 1.0)
+        for n in SIZES:
+            check("SlicingArena allocate+fill (reset per batch) vs bytearray", "SlicingArena", n,
+                  BASELINE, 0.8)
+        check("per-scope `with ConfinedArena() as a: a.allocate(512, zero=False).fill(3)` vs bytearray",
+              "scope", 512, BASELINE, 2.0)
+    mem = res.get("memory")
+    if mem:
+        import memory
+        for key in memory.ARENALIB:
+            entry = mem["candidates"].get(key, {})
+            retained = entry.get("retained_of_peak", {}).get("survivors")
+            item = {"target": "memory: RSS above baseline right after the arenas close <= 3% of peak growth",
+                    "candidate": key, "label": entry.get("label", key), "limit": 0.03, "ratio": retained,
+                    "status": "n/a" if retained is None else ("MET" if retained <= 0.03 else "MISSED")}
+            checks.append(item)
+    return checks
+
+
+# -- reports --------------------------------------------------------------------------------------
+
+def roundtrip_tables(rt: dict, markdown: bool = False) -> str:
+    sizes = rt["sizes"]
+    keys = [k for k, c in rt["candidates"].items() if not c["skipped"] and k in rt["cells"]]
+    heads = ["candidate", *[fmt_size(n) for n in sizes]]
+    out = []
+    for title, fn in (
+        ("ns/op (median)", lambda cell: f"{cell['ns_per_op']['median']:.0f}"),
+        ("ops/ms (median)", lambda cell: fmt_num(cell["ops_per_ms"])),
+        ("ratio to bytearray(n)+fill (median of same-round ratios; lower is faster)",
+         lambda cell: f"{cell['ratio_to_baseline']['median']:.2f}"),
+    ):
+        rows = [[rt["candidates"][k]["label"], *[fn(rt["cells"][k][str(n)]) for n in sizes]] for k in keys]
+        out.append(("### " if markdown else "") + f"Round trip: {title}")
+        out.append(table(heads, rows, markdown))
+        out.append("")
+    noise = [rt["cells"][k][str(n)]["ratio_to_baseline"]["rel_iqr"] for k in keys for n in sizes
+             if k != BASELINE]
+    if noise:
+        noise.sort()
+        out.append(f"Noise: relative IQR of the same-round ratios, median {noise[len(noise) // 2]:.1%}, "
+                   f"worst {noise[-1]:.1%}.")
+    return "\n".join(out)
+
+
+def memory_table(mem: dict, markdown: bool = False) -> str:
+    import memory
+    phases = memory.PHASES
+    rows = []
+    for _key, e in mem["candidates"].items():
+        if "rss" not in e:
+            why = e.get("skipped") or e.get("error", "")[:60]
+            rows.append([e["label"], *(["-"] * (len(phases) + 3)), why])
+            continue
+        mb = e["mb_above_baseline"]
+        ret = e["retained_of_peak"]
+        rows.append([e["label"], f"{e['rss']['baseline'] / 1e6:.0f}",
+                     *[f"{mb[p]:.0f}" for p in phases[1:]],
+                     *[f"{ret[p]:.1%}" for p in ("survivors", "idle_1s", "trimmed")], e["trim"]])
+    heads = ["candidate", "baseline MB", *[f"{p} +MB" for p in phases[1:]],
+             "kept@survivors", "kept@idle", "kept@trim", "trim"]
+    gb = mem["method"]["memory_bytes"] / 1e9
+    title = (("### " if markdown else "") + f"Memory: RSS above baseline per phase ({gb:.2f} GB kept, "
+             f"sizes 16 B-64 KiB); kept = (RSS - baseline) / (peak - baseline)")
+    return title + "\n" + table(heads, rows, markdown)
+
+
+def threads_table(th: dict, markdown: bool = False) -> str:
+    rows = []
+    for key, c in th["candidates"].items():
+        for n in th["method"]["sizes"]:
+            cell = th["cells"][key][str(n)]
+            rows.append([c["label"], fmt_size(n),
+                         f"{cell['1']['ops_per_s']['median'] / 1e6:.2f}",
+                         f"{cell['2']['ops_per_s']['median'] / 1e6:.2f}",
+                         f"{cell['scaling']['median']:.2f}"])
+    title = (("### " if markdown else "") + "Threads: total Mops/s with 1 and 2 Python threads; "
+             "scaling = 2 threads / 1 thread (GIL-bound: at most ~1.0 at Python level)")
+    return title + "\n" + table(["candidate", "size", "1 thread", "2 threads", "scaling"], rows, markdown)
+
+
+def targets_text(checks: list[dict], markdown: bool = False) -> str:
+    out = [] if markdown else ["Targets (issue 6), from ratios measured in this run"]
+    met = sum(c["status"] == "MET" for c in checks)
+    out.append(f"{met} of {len(checks)} met.  The bytearray peer is bytearray(n)+fill (the issue's); "
+               "[cheapest: ...] gives the ratio to bytearray(b'\\x03')*n, malloc+memset, the strict reading.")
+    last = None
+    for c in checks:
+        if c["target"] != last:
+            out.extend(["", f"**{c['target']}**", ""] if markdown else ["  " + c["target"]])
+            last = c["target"]
+        size = f" at {fmt_size(c['size'])}" if c.get("size") else ""
+        if c["ratio"] is None:
+            line = f"{c['status']:6s} {c['label']}{size}: not measured"
+        elif "versus" in c:
+            line = (f"{c['status']:6s} {c['label']}{size}: {c['ratio']:.2f}x "
+                    f"(limit {c['limit']:.1f}x{', within noise' if c.get('borderline') else ''})")
+            if "ratio_vs_cheapest_bytearray" in c:
+                line += (f"  [cheapest: {c['ratio_vs_cheapest_bytearray']:.2f}x "
+                         f"{c['status_vs_cheapest_bytearray']}]")
+        else:
+            line = f"{c['status']:6s} {c['label']}: {c['ratio']:.1%} (limit {c['limit']:.0%})"
+        out.append(("- " if markdown else "    ") + line)
+    return "\n".join(out)
+
+
+def disturbance(res: dict) -> str | None:
+    """A warning when other processes took a noticeable share of the CPUs during the run."""
+    share = res.get("cpu_share", {}).get("others_share")
+    if share is None or share < 0.1:
+        return None
+    parts = [f"{name} {res[name]['cpu_share'].get('others_share', 0):.0%}" for name in RUN_ORDER
+             if name in res and res[name].get("cpu_share")]
+    detail = f"; per experiment: {', '.join(parts)}" if parts else ""
+    return (f"WARNING: other processes used {share:.0%} of the machine's CPU time during this run "
+            f"({res['cpu_share']['cpu_seconds_others']} CPU s{detail}): "
+            "the figures may be disturbed; rerun on an idle machine before trusting the ratios.")
+
+
+def machine_line(info: dict) -> str:
+    m = info["machine"]
+    return (f"{m['cpu_model']}, {m['cpus_usable']} of {m['cpu_count']} CPUs, {m['mem_total_gib']} GiB, "
+            f"Linux {m['kernel']}, {m['libc']}, Python {m['python']}, numpy {m['numpy']}, "
+            f"pyarrow {m['pyarrow']}, arenalib {m['arenalib']} (jemalloc "
+            f"{m['jemalloc_of_arenalib'].split('-')[0]}); load average {info['loadavg_before']} before, "
+            f"{info['loadavg_after']} after")
+
+
+def plots(res: dict, out: Path) -> list[str]:
+    """PNG plots; returns the file names written."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plots (python3 dev.py bench installs it)", file=sys.stderr)
+        return []
+    written = []
+    rt = res.get("roundtrip")
+    if rt:
+        for fname, field, ylabel, title in (
+            ("roundtrip_ns.png", "ns_per_op", "ns per allocate+fill+free (median)",
+             "Allocation round trip: time per op"),
+            ("roundtrip_ratio.png", "ratio_to_baseline", "ratio to bytearray(n)+fill (same round)",
+             "Allocation round trip: ratio to bytearray (lower is faster)"),
+        ):
+            fig, ax = plt.subplots(figsize=(9, 5.5))
+            # peers dashed with squares, arenalib solid with circles; each family its own colour cycle
+            palette = plt.get_cmap("tab10").colors
+            seen = {"peer": 0, "arenalib": 0, "reference": 0}
+            for key, c in rt["candidates"].items():
+                if c["skipped"] or key not in rt["cells"] or (key == "loop" and field != "ns_per_op"):
+                    continue
+                ys = [rt["cells"][key][str(n)][field]["median"] for n in rt["sizes"]]
+                style = {"arenalib": "-", "peer": "--", "reference": ":"}[c["family"]]
+                marker = "o" if c["family"] == "arenalib" else ("s" if c["family"] == "peer" else ".")
+                color = "gray" if key == "loop" else palette[seen[c["family"]] % len(palette)]
+                seen[c["family"]] += 1
+                ax.plot(rt["sizes"], ys, style, marker=marker, label=c["label"], linewidth=1.4,
+                        markersize=4, color=color)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(rt["sizes"], [fmt_size(n) for n in rt["sizes"]])
+            ax.set_xlabel("size")
+            ax.set_ylabel(ylabel)
+            ax.set_title(title)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7, ncol=2)
+            fig.tight_layout()
+            fig.savefig(out / fname, dpi=90)
+            plt.close(fig)
+            written.append(fname)
+    mem = res.get("memory")
+    if mem:
+        import memory
+        phases = memory.PHASES
+        fig, axes = plt.subplots(1, 2, figsize=(11, 5.4))
+        for key, e in mem["candidates"].items():
+            if "rss" not in e:
+                continue
+            ys = [e["rss"][p] / 1e6 for p in phases]
+            style = "-" if key in memory.ARENALIB else "--"
+            for ax in axes:
+                ax.plot(phases, ys, style, marker="o", markersize=4, label=e["label"])
+        axes[0].set_ylabel("RSS (MB)")
+        axes[0].set_title("RSS per phase")
+        axes[1].set_yscale("log")
+        axes[1].set_title("RSS per phase (log scale)")
+        for ax in axes:
+            ax.grid(True, alpha=0.3)
+            ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        handles, names = axes[0].get_legend_handles_labels()
+        fig.legend(handles, names, loc="lower center", ncol=4, fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.1, 1, 1))
+        fig.savefig(out / "memory_rss.png", dpi=90)
+        plt.close(fig)
+        written.append("memory_rss.png")
+    return written
+
+
+def markdown_report(res: dict, checks: list[dict], pngs: list[str]) -> str:
+    cmd = "python3 dev.py bench" + (" --full" if res["config"]["mode"] == "full" else "")
+    parts = [
+        "# arenalib benchmark results",
+        "",
+        f"Machine: {machine_line(res)}.",
+        f"Run: {res['started']}, {res['config']['mode']} mode, {res['wall_seconds']:.0f} s; "
+        f"other processes took {res.get('cpu_share', {}).get('others_share', 0) or 0:.0%} of the CPU "
+        f"time meanwhile.  Reproduce: `{cmd}` (writes bench/out/; `--out DIR` to choose).",
+        "",
+    ]
+    if disturbance(res):
+        parts += [f"**{disturbance(res)}**", ""]
+    if "roundtrip" in res:
+        parts += ["## 1. Allocation round trip (allocate, fill with byte 3, free)", "",
+                  "Timed statements (one per op, callables bound as locals):", ""]
+        for c in res["roundtrip"]["candidates"].values():
+            if c["skipped"]:
+                parts.append(f"- {c['label']}: skipped ({c['skipped']})")
+            else:
+                batch = f" + `{c['batch']}` per batch" if c["batch"] != "pass" else ""
+                note = f" — {c['note']}" if c["note"] else ""
+                parts.append(f"- {c['label']}: `{c['op']}`{batch}{note}")
+        parts += ["", roundtrip_tables(res["roundtrip"], markdown=True), ""]
+    if "memory" in res:
+        parts += ["## 2. Memory handed back", "", memory_table(res["memory"], markdown=True), ""]
+    if "threads" in res:
+        parts += ["## 3. Threads", "", threads_table(res["threads"], markdown=True), ""]
+    if checks:
+        parts += ["## Targets (issue 6), from ratios measured in this run", "",
+                  targets_text(checks, markdown=True), ""]
+    extra = extra_reports(res)
+    if extra:
+        parts += ["## 4. BufferPool and the C level (issues 4 and 5)", "", "```", extra, "```", ""]
+    for png in pngs:
+        parts.append(f"![{png}]({png})")
+    return "\n".join(parts) + "\n"
+
+
+def _rounded(obj):
+    if isinstance(obj, float):
+        return float(f"{obj:.5g}")
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rounded(v) for v in obj]
+    return obj
+
+
+def compact_json(obj) -> str:
+    """Indented JSON, floats to 5 significant digits, lists of numbers and flat objects of numbers
+    each on one line."""
+    text = json.dumps(_rounded(obj), indent=1)
+    text = re.sub(r"\[\s+([-0-9.e,\s]+?)\s+\]",
+                  lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
+    number = r'"[^"\n]+": (?:-?[0-9.e+-]+|null|true|false)'
+    return re.sub(r"\{\s+((?:" + number + r",\s+)*" + number + r")\s+\}",
+                  lambda m: "{" + ", ".join(x.strip() for x in m.group(1).split(",\n")) + "}", text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="the careful run (longer)")
+    parser.add_argument("--out", default=str(HERE / "out"), help="output directory (default bench/out)")
+    parser.add_argument("--only", default=",".join(EXPERIMENTS),
+                        help="comma-separated experiments: " + ",".join(EXPERIMENTS))
+    parser.add_argument("--memory-bytes", type=float, default=None,
+                        help="bytes the memory workload keeps (default 1.5e9)")
+    parser.add_argument("--from-json", metavar="FILE",
+                        help="measure nothing: redo tables, targets, plots and markdown of a results.json")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.from_json:
+        res = json.loads(Path(args.from_json).read_text())
+        res["targets"] = targets(res)
+        report(res, out)
+        return 0
+    only = [x.strip() for x in args.only.split(",") if x.strip()]
+    unknown = set(only) - set(EXPERIMENTS)
+    if unknown:
+        parser.error(f"unknown experiment(s): {', '.join(sorted(unknown))}")
+    cfg = Config.full() if args.full else Config.quick()
+    if args.memory_bytes:
+        cfg.memory_bytes = int(args.memory_bytes)
+
+    import memory
+    import native
+    import pool
+    import roundtrip
+    import threads
+    modules = {"roundtrip": roundtrip, "memory": memory, "threads": threads,
+               "pool": QuickOrFull(pool), "native": QuickOrFull(native)}
+
+    res: dict = {
+        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "config": cfg.asdict(),
+        "loadavg_before": loadavg(),
+        "machine": machine_info(),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "ARENALIB_", "MALLOC_"))},
+    }
+    print(f"arenalib benchmark, {cfg.mode} mode: {', '.join(only)} -> {out}", file=sys.stderr)
+    busy = loadavg()[:1]
+    if busy and busy[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {busy[0]} before the run: other processes compete for the CPUs "
+              "and will make the figures noisy", file=sys.stderr)
+    cpu = CpuShare()
+    planned = {name: modules[name].plan_units(cfg) for name in only}
+    progress = Progress(sum(planned.values()))
+    t0 = time.perf_counter()
+    for name in RUN_ORDER:
+        if name in only:
+            t = time.perf_counter()
+            start = progress.done
+            share = CpuShare()
+            res[name] = modules[name].run(cfg, progress)
+            res[name]["wall_seconds"] = round(time.perf_counter() - t, 1)
+            res[name]["cpu_share"] = share.result()
+            progress.sync(start + planned[name])
+    progress.close()
+    res["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    res["loadavg_after"] = loadavg()
+    res["cpu_share"] = cpu.result()
+    res["targets"] = targets(res)
+    report(res, out)
+    return 0
+
+
+class QuickOrFull:
+    """pool.py and native.py (issues 4 and 5) take run(quick=...): seen here as run.py's modules."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def plan_units(self, cfg: Config) -> float:
+        return 1
+
+    def run(self, cfg: Config, progress: Progress) -> dict:
+        progress.set_label(self.module.__name__)
+        return self.module.run(quick=cfg.mode != "full")
+
+
+def extra_reports(res: dict) -> str:
+    """The BufferPool and C-level sections, as their own modules print them."""
+    import contextlib
+    import io
+
+    import native
+    import pool
+
+    parts = []
+    if "pool" in res:
+        parts += ["BufferPool (issue 4)", pool.tables(res["pool"])]
+    if "native" in res:
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            native.print_report(res["native"])
+        parts += ["C level through `cimport arenalib` (issue 5)", text.getvalue().strip("\n")]
+    return "\n\n".join(parts)
+
+
+def report(res: dict, out: Path) -> None:
+    """Print the tables and the checklist; write results.json, the plots and results.md."""
+    checks = res["targets"]
+    print(f"\nMachine: {machine_line(res)}\n")
+    disturbed = disturbance(res)
+    if disturbed:
+        print(disturbed + "\n")
+    if "roundtrip" in res:
+        print(roundtrip_tables(res["roundtrip"]) + "\n")
+    if "memory" in res:
+        print(memory_table(res["memory"]) + "\n")
+    if "threads" in res:
+        print(threads_table(res["threads"]))
+        print("  " + res["threads"]["method"]["note"] + "\n")
+    if checks:
+        print(targets_text(checks) + "\n")
+    extra = extra_reports(res)
+    if extra:
+        print(extra + "\n")
+
+    (out / "results.json").write_text(compact_json(res) + "\n")
+    pngs = plots(res, out)
+    (out / "results.md").write_text(markdown_report(res, checks, pngs))
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}"
+          + "".join(f", {out / p}" for p in pngs))
+    print(f"wall time {res['wall_seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
