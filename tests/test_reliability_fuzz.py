@@ -59,6 +59,12 @@ junk = st.one_of(
 )
 
 
+# NumPy < 2.3 warns when an np.bool_ is used as an index (as Python's own int conversion asks it to);
+# that is NumPy's word about its scalar, not arenalib's.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:In future, it will be an error for 'np.bool' scalars:DeprecationWarning")
+
+
 def attempt(what: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` -> (result, None) or (None, the documented exception it raised)."""
     try:
