@@ -160,4 +160,6 @@ cdef int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil
 cdef int arena_reset(ArenaCore* core) noexcept nogil
 cdef int arena_raise(int code) except -1
 cdef Segment make_segment(ArenaBase arena, char* ptr, Py_ssize_t size)
+cdef Py_ssize_t parse_size(object size, str name) except -1
+cdef size_t parse_align(object align) except 0
 cdef void region_free(void* ptr) noexcept nogil

@@ -86,7 +86,13 @@ cdef Py_ssize_t _parse_size_slow(object size, str name) except -1:
     return n
 
 
-cdef size_t _parse_align(object align) except 0:
+cdef Py_ssize_t parse_size(object size, str name) except -1:
+    """A size argument as Py_ssize_t: ValueError when negative, MemoryError beyond any address space,
+    TypeError when not an integer (for arenalib's other modules)."""
+    return _parse_size(size, name)
+
+
+cdef size_t parse_align(object align) except 0:
     """``align`` as a power of two; 1 when it is None (no constraint beyond malloc's)."""
     if align is None:
         return 1
@@ -141,7 +147,7 @@ cdef class ArenaBase:
         False for memory with whatever it held.  align: a power of two the address is a multiple
         of (up to 1 GiB).  Raises MemoryError when the memory cannot be had or max_bytes would be
         exceeded."""
-        return self._allocate(_parse_size(size, "size"), zero, _parse_align(align))
+        return self._allocate(_parse_size(size, "size"), zero, parse_align(align))
 
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align):
         cdef void* ptr

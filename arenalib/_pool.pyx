@@ -22,12 +22,11 @@ from libc.string cimport memset
 
 from arenalib._arena cimport (
     ARENA_EEXPORTED, ARENA_KIND_POOL, ARENA_OK, TRACE_DOMAIN, ArenaBase, PyTraceMalloc_Track, Segment,
-    arena_allocate, make_segment, region_free,
+    arena_allocate, make_segment, parse_align, parse_size, region_free,
 )
 
 from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, UnsupportedOperation
 
-cdef size_t MAX_ALIGN = 1 << 30
 cdef size_t REGION_ALIGN = 4096
 
 # Buffer states.  Free buffers that were never handed out since the region was zeroed need no memset
@@ -39,14 +38,7 @@ cdef enum:
 
 
 cdef Py_ssize_t _positive(object value, str name) except -1:
-    cdef Py_ssize_t n
-    try:
-        n = value
-    except OverflowError:
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, not {value!r}") from None
-        raise MemoryError(f"cannot allocate a pool with {name}={value!r}: larger than any address "
-                          "space") from None
+    cdef Py_ssize_t n = parse_size(value, name)
     if n < 1:
         raise ValueError(f"{name} must be >= 1, not {value!r}")
     return n
@@ -77,13 +69,7 @@ cdef class BufferPool(ArenaBase):
     def __cinit__(self, buffer_size, count, *, align=4096, bint zero=False):
         cdef Py_ssize_t size = _positive(buffer_size, "buffer_size")
         cdef Py_ssize_t n = _positive(count, "count")
-        cdef Py_ssize_t a
-        try:
-            a = align
-        except OverflowError:
-            a = -1
-        if a <= 0 or a & (a - 1) or <size_t>a > MAX_ALIGN:
-            raise ValueError(f"align must be a power of two from 1 to {MAX_ALIGN}, not {align!r}")
+        cdef Py_ssize_t a = <Py_ssize_t>parse_align(align)
         if <size_t>size > <size_t>PY_SSIZE_T_MAX - <size_t>a:
             raise MemoryError(f"cannot allocate buffers of {size} bytes: larger than any address space")
         cdef size_t stride = (<size_t>size + <size_t>a - 1) & ~(<size_t>a - 1)
