@@ -139,25 +139,30 @@ def _make_file() -> str:
     return path
 
 
+def _read_through_pool(pool, path: str, flags: int) -> int:
+    """Read the whole file with preadv into pool buffers, one block per acquire; bytes read."""
+    fd = os.open(path, flags)
+    acquire, release, preadv = pool.acquire, pool.release, os.preadv
+    total = 0
+    try:
+        while True:
+            seg = acquire()
+            n = preadv(fd, (seg,), total)
+            release(seg)
+            total += n
+            if n < BLOCK:
+                return total
+    finally:
+        os.close(fd)
+
+
 def _read_candidates(path: str) -> dict[str, tuple[str, Callable[[], int], Callable[[], None]]]:
     """key -> (label, read the whole file -> bytes read, cleanup)."""
     pool = arenalib.BufferPool(BLOCK, 8)
     cands: dict[str, tuple[str, Callable[[], int], Callable[[], None]]] = {}
 
     def pool_preadv() -> int:
-        fd = os.open(path, os.O_RDONLY)
-        acquire, release, preadv = pool.acquire, pool.release, os.preadv
-        total = 0
-        try:
-            while True:
-                seg = acquire()
-                n = preadv(fd, (seg,), total)
-                release(seg)
-                total += n
-                if n < BLOCK:
-                    return total
-        finally:
-            os.close(fd)
+        return _read_through_pool(pool, path, os.O_RDONLY)
 
     def pool_readinto() -> int:
         acquire, release = pool.acquire, pool.release
@@ -241,19 +246,7 @@ def _o_direct_candidate(path: str, pool: arenalib.BufferPool):
         return None
 
     def pool_o_direct() -> int:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        acquire, release, preadv = pool.acquire, pool.release, os.preadv
-        total = 0
-        try:
-            while True:
-                seg = acquire()
-                n = preadv(fd, (seg,), total)
-                release(seg)
-                total += n
-                if n < BLOCK:
-                    return total
-        finally:
-            os.close(fd)
+        return _read_through_pool(pool, path, os.O_RDONLY | os.O_DIRECT)
 
     return ("BufferPool + O_DIRECT preadv (disk, no page cache)", pool_o_direct, lambda: None)
 
