@@ -4,6 +4,7 @@
 # appears here: consumers need no jemalloc header and link nothing.
 
 from libc.stdint cimport uint64_t
+from libc.string cimport memset
 
 
 # Result codes of the nogil functions; arena_raise() turns one into the matching Python exception.
@@ -38,6 +39,11 @@ cdef enum:
     # classes per doubling up to 64 KiB.
     CACHE_BINS = 89
     CACHE_MAX_SIZE = 65536
+    CACHE_MAX_BYTES = 1 << 20     # free blocks one cache keeps for reuse
+    CACHE_MAX_PER_BIN = 64
+    # An arena that allocated more than this hands its pages back to the OS at close.
+    PURGE_LIMIT = 4 << 20
+    SLICE_DEFAULT_ALIGN = 16      # malloc's guarantee on x86-64 (max_align_t)
     # A confined arena remembers its first few allocations: when those are all it holds at close,
     # they go back to the slot's free-block cache instead of waiting for a bulk reset.
     RECENT_MAX = 4
@@ -76,7 +82,18 @@ cdef struct ThreadCache:
     FreeBlocks cache
 
 
+cdef struct ScopeState:
+    # What arenalib and the inline arena_open()/arena_close() below share (both run with the GIL):
+    # the slot given back last, which the next arena takes without touching the pool, and the
+    # count of open arenas.
+    ArenaSlot* parked
+    Py_ssize_t open_arenas
+
+
 cdef struct ArenaCore:
+    # The thread allowed on the inline fast path below: a ConfinedArena's owner, 0 when the arena is
+    # closed, limited by max_bytes or of another kind.
+    unsigned long fast_owner
     int kind
     bint open
     int busy                  # SlicingArena: a thread is carving right now
@@ -100,7 +117,8 @@ cdef struct ArenaCore:
     Py_ssize_t nchunks
     Py_ssize_t chunks_capacity
     Py_ssize_t current        # chunk being carved
-    size_t offset             # next free byte in the current chunk
+    size_t cursor             # address of the next free byte in the current chunk (0: no chunk)
+    size_t cursor_end         # address of the current chunk's end
     size_t chunk_bytes
 
 
@@ -151,15 +169,263 @@ cdef class SlicingArena(ArenaBase):
 
 # -- C-level API (re-exported by arenalib/__init__.pxd) -------------------------------------------
 
-cdef int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes, size_t chunk_size) except -1
-cdef int arena_close(ArenaCore* core) except -1
+cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
+                         size_t chunk_size) except -1
+cdef int arena_close_slow(ArenaCore* core) except -1
+cdef ScopeState* arena_scope_state() noexcept nogil
+cdef void arena_slot_free(ArenaSlot* slot, void* ptr) noexcept nogil
 cdef ArenaCore* arena_core(object arena) except NULL
-cdef int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
-                        void** out) noexcept nogil
-cdef int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil
+cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint zero,
+                             void** out) noexcept nogil
+cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil
 cdef int arena_reset(ArenaCore* core) noexcept nogil
 cdef int arena_raise(int code) except -1
 cdef Segment make_segment(ArenaBase arena, char* ptr, Py_ssize_t size)
 cdef Py_ssize_t parse_size(object size, str name) except -1
 cdef size_t parse_align(object align) except 0
 cdef void region_free(void* ptr) noexcept nogil
+
+
+# -- the inline fast paths ---------------------------------------------------------------------------
+# Compiled into every module that cimports them, arenalib's own included: the common case of a
+# ConfinedArena (a block from its own free list) and of a SlicingArena (a carve in the current chunk)
+# costs no call across modules.  Anything else goes to the *_slow functions, which hold every rule.
+
+cdef extern from *:
+    """
+    #include <pthread.h>
+    /* The calling thread's identity, equal to PyThread_get_thread_ident() (pthread_self()); read
+       straight from the thread control block where glibc keeps it, as pthread_self() does. */
+    static inline unsigned long arenalib_thread_ident(void) {
+    #if defined(__x86_64__) && defined(__GLIBC__)
+        unsigned long self;
+        __asm__("movq %%fs:16, %0" : "=r"(self));
+        return self;
+    #else
+        return (unsigned long)pthread_self();
+    #endif
+    }
+    #define arenalib_clz(x) __builtin_clzll(x)
+    #define arenalib_try_lock(p) (__atomic_exchange_n((p), 1, __ATOMIC_ACQUIRE) == 0)
+    #define arenalib_unlock(p) __atomic_store_n((p), 0, __ATOMIC_RELEASE)
+    /* This module's pointer to arenalib's ScopeState, fetched on first use. */
+    static void *arenalib_scope_state_ptr = 0;
+    """
+    unsigned long thread_ident "arenalib_thread_ident"() noexcept nogil
+    int arenalib_clz(unsigned long long x) noexcept nogil
+    bint arenalib_try_lock(int* flag) noexcept nogil
+    void arenalib_unlock(int* flag) noexcept nogil
+    void* arenalib_scope_state_ptr
+
+
+cdef inline int cache_bin(size_t size) noexcept nogil:
+    """The free-block cache's size class of ``size`` (1 .. CACHE_MAX_SIZE; 0 shares bin 0)."""
+    if size <= 1024:
+        return <int>((size + 15) >> 4)
+    cdef int k = 63 - arenalib_clz(size - 1)          # size is in (2**k, 2**(k+1)]
+    return 65 + (k - 10) * 4 + <int>(((size - 1) >> (k - 2)) & 3)
+
+
+cdef inline size_t cache_bin_size(int b) noexcept nogil:
+    """The block size of size class ``b``: what is allocated, so any block of the class fits."""
+    if b <= 64:
+        return 16 if b == 0 else <size_t>b * 16
+    b -= 65
+    return <size_t>(5 + (b & 3)) << (8 + (b >> 2))
+
+
+cdef inline void* cache_pop(FreeBlocks* cache, size_t size) noexcept nogil:
+    """A cached free block for ``size`` bytes (<= CACHE_MAX_SIZE), or NULL."""
+    cdef int b = cache_bin(size)
+    cdef void* ptr = cache.heads[b]
+    if ptr != NULL:
+        cache.heads[b] = (<void**>ptr)[0]
+        cache.counts[b] -= 1
+        cache.cached_bytes -= cache_bin_size(b)
+    return ptr
+
+
+cdef inline bint cache_push(FreeBlocks* cache, void* ptr, size_t size) noexcept nogil:
+    """Keep a freed block of ``size`` bytes (<= CACHE_MAX_SIZE); False when the cache is full."""
+    cdef int b = cache_bin(size)
+    cdef size_t block = cache_bin_size(b)
+    if cache.counts[b] >= CACHE_MAX_PER_BIN or cache.cached_bytes + block > CACHE_MAX_BYTES:
+        return False
+    (<void**>ptr)[0] = cache.heads[b]
+    cache.heads[b] = ptr
+    cache.counts[b] += 1
+    cache.cached_bytes += block
+    return True
+
+
+cdef inline void confined_count_allocation(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    """A ConfinedArena's books for a new block: the first few are remembered for close."""
+    if core.recent_count < RECENT_MAX:
+        core.recent[core.recent_count] = ptr
+        core.recent_sizes[core.recent_count] = size
+        core.recent_count += 1
+    else:
+        core.recent_count = RECENT_MAX + 1
+    core.live_bytes += size
+    core.live_segments += 1
+    core.allocated_total += size
+    if core.live_bytes > core.peak_bytes:
+        core.peak_bytes = core.live_bytes
+
+
+cdef inline void confined_count_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    cdef int i
+    if core.recent_count <= RECENT_MAX:
+        for i in range(core.recent_count):
+            if core.recent[i] == ptr:
+                core.recent[i] = NULL
+                break
+    core.live_bytes -= size
+    core.live_segments -= 1
+
+
+cdef inline void* slicing_carve_current(ArenaCore* core, size_t size, size_t align,
+                                        bint zero) noexcept nogil:
+    """``size`` bytes carved from the current chunk at ``align`` (>= 16), or NULL when they do
+    not fit or there is no chunk.  The caller holds core.busy."""
+    cdef size_t start = (core.cursor + align - 1) & ~(align - 1)
+    if start > core.cursor_end or size > core.cursor_end - start or start == 0:
+        return NULL
+    core.cursor = start + size
+    core.live_bytes += size
+    core.live_segments += 1
+    core.allocated_total += size
+    if core.live_bytes > core.peak_bytes:
+        core.peak_bytes = core.live_bytes
+    if zero:
+        memset(<void*>start, 0, size)
+    return <void*>start
+
+
+cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                               void** out) noexcept nogil:
+    """Allocate ``size`` bytes aligned to ``align`` (0 or a power of two up to 1 GiB), zeroed if
+    ``zero``; the address goes to ``*out``.  Returns ARENA_OK or an error code."""
+    cdef void* ptr
+    if core.fast_owner == thread_ident() and align <= 16 and size <= CACHE_MAX_SIZE:
+        ptr = cache_pop(&core.slot.cache, size)
+        if ptr != NULL:
+            if zero:
+                memset(ptr, 0, size)
+            confined_count_allocation(core, ptr, size)
+            out[0] = ptr
+            return ARENA_OK
+    elif core.kind == ARENA_KIND_SLICING and core.max_bytes < 0 and align <= SLICE_DEFAULT_ALIGN:
+        if arenalib_try_lock(&core.busy):
+            ptr = slicing_carve_current(core, size, SLICE_DEFAULT_ALIGN, zero)
+            arenalib_unlock(&core.busy)
+            if ptr != NULL:
+                out[0] = ptr
+                return ARENA_OK
+    return arena_allocate_slow(core, size, align, zero, out)
+
+
+cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    """Give back one allocation of Arena or ConfinedArena; ``size`` must be the size allocated."""
+    if (core.fast_owner == thread_ident() and size <= CACHE_MAX_SIZE
+            and cache_push(&core.slot.cache, ptr, size)):
+        confined_count_free(core, ptr, size)
+        return ARENA_OK
+    return arena_free_slow(core, ptr, size)
+
+
+cdef inline ScopeState* scope_state() noexcept nogil:
+    global arenalib_scope_state_ptr
+    if arenalib_scope_state_ptr == NULL:
+        arenalib_scope_state_ptr = arena_scope_state()
+    return <ScopeState*>arenalib_scope_state_ptr
+
+
+cdef inline void core_init(ArenaCore* core, ArenaSlot* slot, int kind, Py_ssize_t max_bytes,
+                           size_t chunk_size, uint64_t serial) noexcept nogil:
+    """Open ``core`` on ``slot``.  Field by field, not memset: a scope's whole budget is a few ns,
+    and a memset of the struct (rep stos) took most of it.  recent[] needs no clearing."""
+    core.slot = slot
+    core.kind = kind
+    core.busy = 0
+    core.max_bytes = max_bytes if max_bytes >= 0 else -1
+    core.owner = thread_ident() if kind == ARENA_KIND_CONFINED else 0
+    core.fast_owner = core.owner if max_bytes < 0 else 0
+    core.generation = 1
+    core.serial = serial
+    core.live_bytes = 0
+    core.peak_bytes = 0
+    core.live_segments = 0
+    core.exports = 0
+    core.allocated_total = 0
+    core.recent_count = 0
+    core.chunk_size = chunk_size
+    core.cursor = 0           # also keeps other kinds off the inline slicing path
+    core.cursor_end = 0
+    if kind == ARENA_KIND_SLICING:  # the other chunk fields are read for a SlicingArena only
+        core.chunks = NULL
+        core.chunk_sizes = NULL
+        core.nchunks = 0
+        core.chunks_capacity = 0
+        core.current = 0
+        core.chunk_bytes = 0
+    core.open = True
+
+
+cdef inline void recent_blocks_to_cache(ArenaCore* core) noexcept nogil:
+    """Give a confined arena's remembered live blocks (all it holds) back to its slot's cache."""
+    cdef ArenaSlot* slot = core.slot
+    cdef void* ptr
+    cdef size_t size
+    cdef int i
+    for i in range(core.recent_count):
+        ptr = core.recent[i]
+        size = core.recent_sizes[i]
+        if ptr != NULL and not (size <= CACHE_MAX_SIZE and cache_push(&slot.cache, ptr, size)):
+            arena_slot_free(slot, ptr)
+
+
+cdef inline bint close_small_scope(ArenaCore* core) noexcept nogil:
+    """Close a ConfinedArena of the calling thread that holds at most RECENT_MAX blocks, when the
+    parked slot is free: its blocks go to the slot's cache and the slot is parked, warm for the
+    next arena.  False (nothing done) in any other case.  The caller holds the GIL."""
+    cdef ScopeState* state = scope_state()
+    cdef ArenaSlot* slot = core.slot
+    if (core.fast_owner != thread_ident() or core.recent_count > RECENT_MAX or core.exports
+            or core.allocated_total > PURGE_LIMIT or state.parked != NULL):
+        return False
+    recent_blocks_to_cache(core)
+    slot.churn_bytes += core.allocated_total
+    state.parked = slot
+    state.open_arenas -= 1
+    core.fast_owner = 0
+    core.open = False
+    core.generation += 1
+    core.slot = NULL
+    core.live_bytes = 0
+    core.live_segments = 0
+    return True
+
+
+cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
+                           size_t chunk_size) except -1:
+    """Open an arena in an ArenaCore the caller owns (an arena object's, or a C struct on the
+    stack for a nogil scope).  kind: ARENA_KIND_*; max_bytes: -1 for no limit; chunk_size: the
+    SlicingArena chunk size (0 for the default).  Needs the GIL; arena_close() undoes it."""
+    cdef ScopeState* state
+    if kind == ARENA_KIND_CONFINED and max_bytes < 0 and not core.open:
+        state = scope_state()
+        if state.parked != NULL:
+            core_init(core, state.parked, kind, -1, 0, 0)
+            state.parked = NULL
+            state.open_arenas += 1
+            return 0
+    return arena_open_slow(core, kind, max_bytes, chunk_size)
+
+
+cdef inline int arena_close(ArenaCore* core) except -1:
+    """Free every allocation at once and give the memory back (GIL held); idempotent.  Raises
+    WrongThreadError for a confined arena of another thread, BufferError while exports live."""
+    if close_small_scope(core):
+        return 0
+    return arena_close_slow(core)

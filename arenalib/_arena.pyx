@@ -52,7 +52,7 @@ def jemalloc_version():
 
 def live_objects():
     """Counts of open arenas, Segment objects and buffer exports alive now (for leak checks)."""
-    return {"open_arenas": _open_arenas, "segments": _live_segment_objects,
+    return {"open_arenas": _scope_state.open_arenas, "segments": _live_segment_objects,
             "exports": _live_exports}
 
 
@@ -245,7 +245,7 @@ cdef class ArenaBase:
     cdef int _check_usable(self) except -1:
         if not self._core.open:
             raise ArenaClosedError(f"{type(self).__name__} is closed")
-        if self._core.owner and self._core.owner != _thread_ident():
+        if self._core.owner and self._core.owner != thread_ident():
             raise _wrong_thread_error(self)
         return 0
 

@@ -32,62 +32,23 @@ cdef extern from *:
         e->serial = serial;
         e->cache = cache;
     }
-    #define arenalib_try_lock(p) (__atomic_exchange_n((p), 1, __ATOMIC_ACQUIRE) == 0)
-    #define arenalib_unlock(p) __atomic_store_n((p), 0, __ATOMIC_RELEASE)
     #define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
-    #include <pthread.h>
-    /* The calling thread's identity, equal to PyThread_get_thread_ident() (pthread_self()); read
-       straight from the thread control block where glibc keeps it, as pthread_self() does. */
-    static inline unsigned long arenalib_thread_ident(void) {
-    #if defined(__x86_64__) && defined(__GLIBC__)
-        unsigned long self;
-        __asm__("movq %%fs:16, %0" : "=r"(self));
-        return self;
-    #else
-        return (unsigned long)pthread_self();
-    #endif
-    }
-    #define arenalib_clz(x) __builtin_clzll(x)
     #define arenalib_ctz(x) __builtin_ctzll(x)
     """
     void* arenalib_tls_get(uint64_t serial) noexcept nogil
     void arenalib_tls_set(uint64_t serial, void* cache) noexcept nogil
-    bint arenalib_try_lock(int* flag) noexcept nogil
-    void arenalib_unlock(int* flag) noexcept nogil
     Py_ssize_t arenalib_atomic_add(Py_ssize_t* counter, Py_ssize_t value) noexcept nogil
-    unsigned long _thread_ident "arenalib_thread_ident"() noexcept nogil
-    int arenalib_clz(unsigned long long x) noexcept nogil
     int arenalib_ctz(unsigned long long x) noexcept nogil
 
 # Largest alignment accepted: huge pages (2 MiB) and well beyond, far below what would make
 # jemalloc's size arithmetic overflow.
 cdef size_t MAX_ALIGN = 1 << 30
 cdef size_t MAX_SIZE = <size_t>PY_SSIZE_T_MAX
-cdef size_t SLICE_DEFAULT_ALIGN = 16   # malloc's guarantee on x86-64 (max_align_t)
 cdef size_t PAGE = 4096
-cdef size_t CACHE_MAX_BYTES = 1 << 20  # free blocks a slot keeps for reuse
 cdef size_t EAGER_ZERO_LIMIT = 4 << 20  # zero=True blocks up to this size are zeroed by memset
-cdef unsigned char CACHE_MAX_PER_BIN = 64
 cdef int MAX_THREAD_CACHES = 8         # per slot, kept warm across shared arenas
 cdef size_t DEFAULT_CHUNK_SIZE = 256 * 1024
 cdef uint64_t _next_serial = 1
-cdef Py_ssize_t _open_arenas = 0     # live-object counter, checked by the tests after every test
-
-
-# -- size classes of the free-block cache ------------------------------------------------------------
-
-cdef inline int _bin_of(size_t size) noexcept nogil:
-    if size <= 1024:
-        return <int>((size + 15) >> 4)
-    cdef int k = 63 - arenalib_clz(size - 1)          # size is in (2**k, 2**(k+1)]
-    return 65 + (k - 10) * 4 + <int>(((size - 1) >> (k - 2)) & 3)
-
-
-cdef inline size_t _bin_size(int b) noexcept nogil:
-    if b <= 64:
-        return 16 if b == 0 else <size_t>b * 16
-    b -= 65
-    return <size_t>(5 + (b & 3)) << (8 + (b >> 2))
 
 
 cdef inline void* _jemalloc_allocate(int flags, size_t size, size_t align, bint zero) noexcept nogil:
@@ -113,76 +74,45 @@ cdef inline void* _cached_allocate(FreeBlocks* cache, int flags, size_t size, si
     """A block from ``cache`` when one of the size class is there (and no special alignment is
     asked), else a new one from jemalloc; NULL when memory cannot be had."""
     cdef void* ptr
-    cdef int b
     if size > CACHE_MAX_SIZE:
         return _jemalloc_allocate(flags, size, align, zero)
-    b = _bin_of(size)
-    ptr = cache.heads[b]
-    if ptr != NULL and align <= 16:
-        cache.heads[b] = (<void**>ptr)[0]
-        cache.counts[b] -= 1
-        cache.cached_bytes -= _bin_size(b)
-        if zero:
-            memset(ptr, 0, size)
-        return ptr
+    if align <= 16:
+        ptr = cache_pop(cache, size)
+        if ptr != NULL:
+            if zero:
+                memset(ptr, 0, size)
+            return ptr
     # A whole size class, so the block can go to its bin when freed.
-    return _jemalloc_allocate(flags, _bin_size(b), align, zero)
+    return _jemalloc_allocate(flags, cache_bin_size(cache_bin(size)), align, zero)
 
 
 cdef inline void _cached_free(FreeBlocks* cache, int flags, void* ptr, size_t size) noexcept nogil:
     """Keep a freed block for reuse, or give it to jemalloc when the cache is full."""
-    cdef int b
-    cdef size_t block
-    if size <= CACHE_MAX_SIZE:
-        b = _bin_of(size)
-        block = _bin_size(b)
-        if cache.counts[b] < CACHE_MAX_PER_BIN and cache.cached_bytes + block <= CACHE_MAX_BYTES:
-            (<void**>ptr)[0] = cache.heads[b]
-            cache.heads[b] = ptr
-            cache.counts[b] += 1
-            cache.cached_bytes += block
-            return
-    je_dallocx(ptr, flags)
+    if size > CACHE_MAX_SIZE or not cache_push(cache, ptr, size):
+        je_dallocx(ptr, flags)
 
 
 # -- ConfinedArena ---------------------------------------------------------------------------------
 
 cdef inline int _confined_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
                                    void** out) noexcept nogil:
-    if core.owner != _thread_ident():
+    if core.owner != thread_ident():
         return ARENA_EWRONGTHREAD
     if core.max_bytes >= 0 and <Py_ssize_t>size > core.max_bytes - core.live_bytes:
         return ARENA_ELIMIT
     cdef void* ptr = _cached_allocate(&core.slot.cache, _slot_flags(core.slot), size, align, zero)
     if ptr == NULL:
         return ARENA_ENOMEM
-    if core.recent_count < RECENT_MAX:
-        core.recent[core.recent_count] = ptr
-        core.recent_sizes[core.recent_count] = size
-        core.recent_count += 1
-    else:
-        core.recent_count = RECENT_MAX + 1
-    core.live_bytes += size
-    core.live_segments += 1
-    core.allocated_total += size
-    if core.live_bytes > core.peak_bytes:
-        core.peak_bytes = core.live_bytes
+    confined_count_allocation(core, ptr, size)
     out[0] = ptr
     return ARENA_OK
 
 
 cdef inline int _confined_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
-    if core.owner != _thread_ident():
+    if core.owner != thread_ident():
         return ARENA_EWRONGTHREAD
-    cdef int i
-    if core.recent_count <= RECENT_MAX:
-        for i in range(core.recent_count):
-            if core.recent[i] == ptr:
-                core.recent[i] = NULL
-                break
     _cached_free(&core.slot.cache, _slot_flags(core.slot), ptr, size)
-    core.live_bytes -= size
-    core.live_segments -= 1
+    confined_count_free(core, ptr, size)
     return ARENA_OK
 
 
@@ -193,7 +123,7 @@ cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
     cdef ThreadCache* tc = <ThreadCache*>arenalib_tls_get(core.serial)
     if tc != NULL:
         return tc
-    cdef unsigned long me = _thread_ident()
+    cdef unsigned long me = thread_ident()
     cdef ArenaSlot* slot = core.slot
     PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
     tc = slot.threads
@@ -294,8 +224,7 @@ cdef int _slicing_next_chunk(ArenaCore* core, size_t size, size_t align) noexcep
     cdef Py_ssize_t i = core.current + 1 if core.nchunks else 0
     while i < core.nchunks:  # chunks kept warm by reset()
         if (<size_t>core.chunks[i] & (align - 1)) == 0 and core.chunk_sizes[i] >= size:
-            core.current = i
-            core.offset = 0
+            _slicing_use_chunk(core, i)
             return ARENA_OK
         i += 1
     cdef size_t chunk_size = core.chunk_size
@@ -316,11 +245,17 @@ cdef int _slicing_next_chunk(ArenaCore* core, size_t size, size_t align) noexcep
         return ARENA_ENOMEM
     core.chunks[core.nchunks] = chunk
     core.chunk_sizes[core.nchunks] = chunk_size
-    core.current = core.nchunks
     core.nchunks += 1
-    core.offset = 0
     core.chunk_bytes += chunk_size
+    _slicing_use_chunk(core, core.nchunks - 1)
     return ARENA_OK
+
+
+cdef inline void _slicing_use_chunk(ArenaCore* core, Py_ssize_t i) noexcept nogil:
+    """Carve from chunk ``i`` on, from its start (no chunk at all when ``i`` is -1)."""
+    core.current = i if i >= 0 else 0
+    core.cursor = <size_t>core.chunks[i] if i >= 0 else 0
+    core.cursor_end = core.cursor + core.chunk_sizes[i] if i >= 0 else 0
 
 
 cdef inline int _slicing_carve(ArenaCore* core, size_t size, size_t align, bint zero,
@@ -329,26 +264,14 @@ cdef inline int _slicing_carve(ArenaCore* core, size_t size, size_t align, bint 
         return ARENA_ELIMIT
     if align < SLICE_DEFAULT_ALIGN:
         align = SLICE_DEFAULT_ALIGN
-    cdef size_t base = 0, start = 0
+    cdef void* ptr = slicing_carve_current(core, size, align, zero)
     cdef int err
-    if core.nchunks:
-        base = <size_t>core.chunks[core.current]
-        start = (base + core.offset + align - 1) & ~(align - 1)
-    if core.nchunks == 0 or start + size > base + core.chunk_sizes[core.current]:
+    if ptr == NULL:
         err = _slicing_next_chunk(core, size, align)
         if err:
             return err
-        base = <size_t>core.chunks[core.current]
-        start = (base + align - 1) & ~(align - 1)
-    if zero:
-        memset(<char*>start, 0, size)
-    core.offset = start - base + size
-    core.live_bytes += size
-    core.live_segments += 1
-    core.allocated_total += size
-    if core.live_bytes > core.peak_bytes:
-        core.peak_bytes = core.live_bytes
-    out[0] = <void*>start
+        ptr = slicing_carve_current(core, size, align, zero)  # fits the chunk just chosen
+    out[0] = ptr
     return ARENA_OK
 
 
@@ -397,10 +320,9 @@ cdef void region_free(void* ptr) noexcept nogil:
 
 # -- the C-level API -------------------------------------------------------------------------------
 
-cdef int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
-                        void** out) noexcept nogil:
-    """Allocate ``size`` bytes aligned to ``align`` (0 or a power of two up to 1 GiB), zeroed if
-    ``zero``; the address goes to ``*out``.  Returns ARENA_OK or an error code."""
+cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint zero,
+                             void** out) noexcept nogil:
+    """arena_allocate() for every kind and case (the inline fast path in _arena.pxd calls it)."""
     cdef int err
     if not core.open:
         return ARENA_ECLOSED
@@ -423,8 +345,8 @@ cdef int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
     return ARENA_EUNSUPPORTED
 
 
-cdef int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
-    """Give back one allocation of Arena or ConfinedArena; ``size`` must be the size allocated."""
+cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    """arena_free() for every kind and case (the inline fast path in _arena.pxd calls it)."""
     if not core.open:
         return ARENA_ECLOSED
     if core.kind == ARENA_KIND_CONFINED:
@@ -438,15 +360,14 @@ cdef int arena_reset(ArenaCore* core) noexcept nogil:
     """Free every allocation at once and keep the arena open (no other thread may use it now)."""
     if not core.open:
         return ARENA_ECLOSED
-    if core.kind == ARENA_KIND_CONFINED and core.owner != _thread_ident():
+    if core.kind == ARENA_KIND_CONFINED and core.owner != thread_ident():
         return ARENA_EWRONGTHREAD
     if core.exports:
         return ARENA_EEXPORTED
     if core.kind == ARENA_KIND_SLICING:
         if not arenalib_try_lock(&core.busy):
             return ARENA_EBUSY
-        core.current = 0
-        core.offset = 0
+        _slicing_use_chunk(core, 0 if core.nchunks else -1)
     elif core.kind == ARENA_KIND_SHARED:
         _slot_reset(core.slot)
     elif core.kind == ARENA_KIND_CONFINED:
@@ -462,38 +383,30 @@ cdef int arena_reset(ArenaCore* core) noexcept nogil:
     return ARENA_OK
 
 
-cdef int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes, size_t chunk_size) except -1:
-    """Open an arena in an ArenaCore the caller owns (an arena object's, or a C struct on the
-    stack for a nogil scope).  kind: ARENA_KIND_*; max_bytes: -1 for no limit; chunk_size: the
-    SlicingArena chunk size (0 for the default).  Needs the GIL; arena_close() undoes it."""
-    global _next_serial, _open_arenas
+cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
+                         size_t chunk_size) except -1:
+    """arena_open() for every kind and case (the inline fast path in _arena.pxd calls it)."""
+    global _next_serial
     if core.open:
         raise ValueError("this ArenaCore is open already")
-    memset(core, 0, sizeof(ArenaCore))
-    core.slot = _slot_acquire()
+    cdef ArenaSlot* slot = _slot_acquire()
     if kind == ARENA_KIND_SHARED:
-        _shared_start(core.slot)
-    core.kind = kind
-    core.max_bytes = max_bytes if max_bytes >= 0 else -1
-    core.chunk_size = chunk_size if chunk_size else DEFAULT_CHUNK_SIZE
-    core.generation = 1
-    core.serial = _next_serial
+        _shared_start(slot)
+    core_init(core, slot, kind, max_bytes, chunk_size if chunk_size else DEFAULT_CHUNK_SIZE,
+              _next_serial)
     _next_serial += 1
-    if kind == ARENA_KIND_CONFINED:
-        core.owner = _thread_ident()
-    core.open = True
-    _open_arenas += 1
+    _scope_state.open_arenas += 1
     return 0
 
 
 cdef void _core_close(ArenaCore* core) noexcept:
     """Close without checks: every allocation becomes the slot's garbage, dropped in bulk."""
-    global _open_arenas
-    if not core.open:
+    if not core.open or close_small_scope(core):
         return
+    core.fast_owner = 0
     core.open = False
     core.generation += 1
-    _open_arenas -= 1
+    _scope_state.open_arenas -= 1
     cdef Py_ssize_t stale = core.live_bytes, segments
     cdef size_t churn = core.allocated_total
     if core.kind == ARENA_KIND_SHARED:
@@ -513,20 +426,17 @@ cdef void _core_close(ArenaCore* core) noexcept:
         # Otherwise the chunks (holding every segment) are the slot's stale garbage now.
         stale = <Py_ssize_t>core.chunk_bytes
         core.nchunks = 0
+        _slicing_use_chunk(core, -1)
         core.chunks_capacity = 0
         core.chunk_bytes = 0
         PyMem_RawFree(core.chunks)
         PyMem_RawFree(core.chunk_sizes)
         core.chunks = NULL
         core.chunk_sizes = NULL
-    cdef int i
     if core.kind == ARENA_KIND_CONFINED and core.recent_count <= RECENT_MAX:
         # A small scope: its few blocks go straight back to the slot's cache, warm for the next
         # scope, and no reset is ever needed for them.
-        for i in range(core.recent_count):
-            if core.recent[i] != NULL:
-                _cached_free(&core.slot.cache, _slot_flags(core.slot), core.recent[i],
-                             core.recent_sizes[i])
+        recent_blocks_to_cache(core)
         stale = 0
     # Otherwise the live segments are not freed one by one: their bytes become the slot's stale
     # garbage, dropped in bulk by a jemalloc arena reset (see _slots.pxi).
@@ -536,17 +446,21 @@ cdef void _core_close(ArenaCore* core) noexcept:
     core.live_segments = 0
 
 
-cdef int arena_close(ArenaCore* core) except -1:
-    """Free every allocation at once and give the memory back (GIL held); idempotent.  Raises
-    WrongThreadError for a confined arena of another thread, BufferError while exports live."""
+cdef int arena_close_slow(ArenaCore* core) except -1:
+    """arena_close() for every kind and case (the inline fast path in _arena.pxd calls it)."""
     if not core.open:
         return 0
-    if core.kind == ARENA_KIND_CONFINED and core.owner != _thread_ident():
+    if core.kind == ARENA_KIND_CONFINED and core.owner != thread_ident():
         arena_raise(ARENA_EWRONGTHREAD)
     if core.exports:
         arena_raise(ARENA_EEXPORTED)
     _core_close(core)
     return 0
+
+
+cdef void arena_slot_free(ArenaSlot* slot, void* ptr) noexcept nogil:
+    """Give a block of the slot's arena back to jemalloc."""
+    je_dallocx(ptr, _slot_flags(slot))
 
 
 cdef ArenaCore* arena_core(object arena) except NULL:

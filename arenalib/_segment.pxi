@@ -53,7 +53,7 @@ cdef class Segment:
         if arena._core.generation != self._generation or (
                 self._root is not None and self._root._freed) or self._freed:
             raise _dead_segment_error(self)
-        if arena._core.owner and arena._core.owner != _thread_ident():
+        if arena._core.owner and arena._core.owner != thread_ident():
             raise _wrong_thread_error(arena)
         return 0
 
@@ -280,4 +280,4 @@ cdef object _dead_segment_error(Segment seg):
 cdef object _wrong_thread_error(ArenaBase arena):
     return WrongThreadError(
         f"{type(arena).__name__} belongs to thread {arena._core.owner}; "
-        f"thread {_thread_ident()} may not use it or its segments")
+        f"thread {thread_ident()} may not use it or its segments")

@@ -44,7 +44,6 @@ cdef unsigned NO_TCACHE = <unsigned>-1
 # under AddressSanitizer: a crash in ctl_arena_init): arenalib stops short of it.
 cdef Py_ssize_t MAX_SLOTS = 4000
 cdef size_t STALE_LIMIT = 1 << 20
-cdef size_t PURGE_LIMIT = 4 << 20
 cdef Py_ssize_t WARM_SLOTS = 4
 
 cdef ArenaSlot** _free_slots = NULL
@@ -53,6 +52,16 @@ cdef Py_ssize_t _free_capacity = 0
 cdef Py_ssize_t _slots_created = 0
 cdef Py_ssize_t _resets = 0
 cdef Py_ssize_t _purges = 0
+
+# The slot given back last is parked here, outside _free_slots, where the inline arena_open() of any
+# module can take it without a call (see ScopeState in _arena.pxd).
+cdef ScopeState _scope_state
+
+
+cdef ScopeState* arena_scope_state() noexcept nogil:
+    """arenalib's ScopeState, for the inline arena_open()/arena_close() of every module."""
+    return &_scope_state
+
 
 cdef unsigned* _spare_tcaches = NULL
 cdef Py_ssize_t _spare_tcache_count = 0
@@ -103,6 +112,10 @@ cdef void _flush_tcache(unsigned tcache_index) noexcept nogil:
 cdef ArenaSlot* _slot_acquire() except NULL:
     """A warm pooled slot, or a new jemalloc arena with its tcache."""
     global _free_count, _slots_created
+    cdef ArenaSlot* parked = _scope_state.parked
+    if parked != NULL:
+        _scope_state.parked = NULL
+        return parked
     if _free_count:
         _free_count -= 1
         return _free_slots[_free_count]
@@ -263,6 +276,10 @@ cdef void _slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
         _slot_wipe(slot)          # a big arena closed: its memory goes back to the OS now
     elif slot.stale_bytes > STALE_LIMIT:
         _slot_reset(slot)         # garbage of many small scopes: drop it, keep the pages warm
+    # Last in, first out: the slot given back now is parked, the one parked before joins the pool.
+    slot, _scope_state.parked = _scope_state.parked, slot
+    if slot == NULL:
+        return
     if _free_count == _free_capacity:
         grown = <ArenaSlot**>PyMem_RawRealloc(
             _free_slots, <size_t>(_free_capacity * 2 + 16) * sizeof(ArenaSlot*))
@@ -316,6 +333,8 @@ def trim():
     """Reset and purge every idle pooled jemalloc arena: all memory not held by an open arena goes
     back to the OS (open arenas are not touched; see their purge())."""
     cdef Py_ssize_t i
+    if _scope_state.parked != NULL:
+        _slot_wipe(_scope_state.parked)
     for i in range(_free_count):
         _slot_wipe(_free_slots[i])
 
@@ -324,12 +343,16 @@ def pool_stats():
     """Figures of the pool of jemalloc arenas shared by all arena objects (for tests and tuning)."""
     cdef Py_ssize_t i
     cdef size_t stale = 0, cached = 0
+    cdef ArenaSlot* parked = _scope_state.parked
+    if parked != NULL:
+        stale += parked.stale_bytes
+        cached += parked.cache.cached_bytes
     for i in range(_free_count):
         stale += _free_slots[i].stale_bytes
         cached += _free_slots[i].cache.cached_bytes
     return {
         "slots_created": _slots_created,
-        "slots_idle": _free_count,
+        "slots_idle": _free_count + (parked != NULL),
         "stale_bytes": stale,
         "cached_bytes": cached,
         "spare_tcaches": _spare_tcache_count,

@@ -132,12 +132,15 @@ def scope_open_allocate_close(Py_ssize_t n, size_t size):
 
 
 def arena_alloc_free_pairs(arena, Py_ssize_t n, size_t size):
-    """The LWJGL loop: arena_allocate + arena_free with nothing between (GIL released), ns/op."""
+    """The LWJGL loop: arena_allocate + arena_free with nothing between (GIL released).
+
+    Returns (ns per op, start, end) with start and end on CLOCK_MONOTONIC, so that runs on several
+    threads give the interval in which they really overlapped."""
     cdef ArenaCore* core = arena_core(arena)
     cdef Py_ssize_t i
     cdef void* p
     cdef int err = ARENA_OK
-    cdef long long t0
+    cdef long long t0, t1
     with nogil:
         t0 = now_ns()
         for i in range(n):
@@ -146,21 +149,39 @@ def arena_alloc_free_pairs(arena, Py_ssize_t n, size_t size):
                 break
             escape(p)
             arena_free(core, p, size)
-        t0 = now_ns() - t0
+        t1 = now_ns()
     arena_raise(err)
-    return t0 / <double>n
+    return (t1 - t0) / <double>n, t0, t1
 
 
 def malloc_free_pairs(Py_ssize_t n, size_t size):
-    """The LWJGL loop on glibc: malloc + free (GIL released), ns/op."""
+    """The LWJGL loop on glibc: malloc + free (GIL released); returns as arena_alloc_free_pairs."""
     cdef Py_ssize_t i
     cdef void* p
-    cdef long long t0
+    cdef long long t0, t1
     with nogil:
         t0 = now_ns()
         for i in range(n):
             p = malloc(size)
             escape(p)
             free(p)
+        t1 = now_ns()
+    return (t1 - t0) / <double>n, t0, t1
+
+
+def fill_only(Py_ssize_t n, size_t size):
+    """memset(3) of ``size`` bytes into one buffer, ns per op: the floor under every candidate
+    that fills its block (no allocation at all)."""
+    cdef Py_ssize_t i
+    cdef void* p = malloc(size if size else 1)
+    cdef long long t0
+    if p == NULL:
+        raise MemoryError()
+    with nogil:
+        t0 = now_ns()
+        for i in range(n):
+            memset(p, 3, size)
+            escape(p)
         t0 = now_ns() - t0
+    free(p)
     return t0 / <double>n
