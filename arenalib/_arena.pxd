@@ -51,8 +51,13 @@ cdef enum:
 
 cdef struct FreeBlocks:
     # Freed blocks kept for reuse by one thread, per size class: singly linked lists threaded
-    # through the blocks themselves.  A pop or push is a few instructions and no lock.
-    size_t cached_bytes
+    # through the blocks themselves.  A pop or push is a few instructions and no lock.  The block
+    # freed last is held apart (hot, of class hot_bin - 1; 0: none): the next allocation of its
+    # class takes it without reading a next pointer out of the block just written, and without
+    # touching the counters (cache_held_bytes() counts it).
+    size_t cached_bytes       # bytes in the lists
+    void* hot
+    int hot_bin
     void* heads[CACHE_BINS]
     unsigned char counts[CACHE_BINS]
 
@@ -82,12 +87,32 @@ cdef struct ThreadCache:
     FreeBlocks cache
 
 
-cdef struct ScopeState:
-    # What arenalib and the inline arena_open()/arena_close() below share (both run with the GIL):
-    # the slot given back last, which the next arena takes without touching the pool, and the
-    # count of open arenas.
+cdef enum:
+    CARVER_RECORDS = 256
+
+
+cdef struct CarverRecord:
+    # One thread's flag for the biased SlicingArena path: the arena it is carving right now (NULL:
+    # none).  Only its own thread writes ``carving``; a thread taking the arena over reads it.
+    # Keyed by thread ident (a thread that reuses a dead one's ident takes its record over); one
+    # per cache line, so that threads carving at once never share a line.
+    unsigned long thread
+    void* carving
+    char padding[48]
+
+
+cdef struct InlineState:
+    # What arenalib shares with the inline functions below, in every module that cimports them.
+    # The slot given back last (``parked``), which the next arena takes without touching the pool;
+    # an arena that takes it only clears parked_idle (the pointer stays), so the next scope finds
+    # its slot without waiting on a store just made.  Opens and closes are counted apart: one
+    # counter both add to and subtract from would chain every scope to the one before through
+    # memory.  Those fields are used with the GIL held; the carver records without it.
     ArenaSlot* parked
-    Py_ssize_t open_arenas
+    bint parked_idle
+    Py_ssize_t arenas_opened
+    Py_ssize_t arenas_closed
+    CarverRecord carvers[CARVER_RECORDS]
 
 
 cdef struct ArenaCore:
@@ -96,7 +121,10 @@ cdef struct ArenaCore:
     unsigned long fast_owner
     int kind
     bint open
-    int busy                  # SlicingArena: a thread is carving right now
+    int busy                  # SlicingArena: a thread holds the slow path's lock
+    # SlicingArena: the thread allowed to carve without the lock (0: none) and its CarverRecord.
+    unsigned long carve_owner
+    CarverRecord* carve_record
     ArenaSlot* slot
     unsigned long owner       # owning thread ident; 0 when any thread may use the arena
     uint64_t generation       # bumped by reset and close: every older segment is dead
@@ -172,7 +200,7 @@ cdef class SlicingArena(ArenaBase):
 cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
                          size_t chunk_size) except -1
 cdef int arena_close_slow(ArenaCore* core) except -1
-cdef ScopeState* arena_scope_state() noexcept nogil
+cdef InlineState* arena_inline_state() noexcept nogil
 cdef void arena_slot_free(ArenaSlot* slot, void* ptr) noexcept nogil
 cdef ArenaCore* arena_core(object arena) except NULL
 cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint zero,
@@ -208,14 +236,28 @@ cdef extern from *:
     #define arenalib_clz(x) __builtin_clzll(x)
     #define arenalib_try_lock(p) (__atomic_exchange_n((p), 1, __ATOMIC_ACQUIRE) == 0)
     #define arenalib_unlock(p) __atomic_store_n((p), 0, __ATOMIC_RELEASE)
-    /* This module's pointer to arenalib's ScopeState, fetched on first use. */
-    static void *arenalib_scope_state_ptr = 0;
+    #define arenalib_load_owner(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+    #define arenalib_store_owner(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+    #define arenalib_load_carving(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+    #define arenalib_set_carving(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+    #define arenalib_clear_carving(p) __atomic_store_n((p), (void *)0, __ATOMIC_RELEASE)
+    /* Orders this thread's own accesses for the compiler only: the thread that revokes a biased
+       arena issues membarrier(), which makes that enough (asymmetric fences). */
+    #define arenalib_compiler_fence() __atomic_signal_fence(__ATOMIC_SEQ_CST)
+    /* This module's pointer to arenalib's InlineState, fetched on first use. */
+    static void *arenalib_inline_state_ptr = 0;
     """
     unsigned long thread_ident "arenalib_thread_ident"() noexcept nogil
     int arenalib_clz(unsigned long long x) noexcept nogil
     bint arenalib_try_lock(int* flag) noexcept nogil
     void arenalib_unlock(int* flag) noexcept nogil
-    void* arenalib_scope_state_ptr
+    void* arenalib_inline_state_ptr
+    unsigned long arenalib_load_owner(unsigned long* owner) noexcept nogil
+    void arenalib_store_owner(unsigned long* owner, unsigned long value) noexcept nogil
+    void* arenalib_load_carving(void** flag) noexcept nogil
+    void arenalib_set_carving(void** flag, void* arena) noexcept nogil
+    void arenalib_clear_carving(void** flag) noexcept nogil
+    void arenalib_compiler_fence() noexcept nogil
 
 
 cdef inline int cache_bin(size_t size) noexcept nogil:
@@ -237,7 +279,11 @@ cdef inline size_t cache_bin_size(int b) noexcept nogil:
 cdef inline void* cache_pop(FreeBlocks* cache, size_t size) noexcept nogil:
     """A cached free block for ``size`` bytes (<= CACHE_MAX_SIZE), or NULL."""
     cdef int b = cache_bin(size)
-    cdef void* ptr = cache.heads[b]
+    cdef void* ptr
+    if cache.hot_bin == b + 1:
+        cache.hot_bin = 0
+        return cache.hot
+    ptr = cache.heads[b]
     if ptr != NULL:
         cache.heads[b] = (<void**>ptr)[0]
         cache.counts[b] -= 1
@@ -248,14 +294,29 @@ cdef inline void* cache_pop(FreeBlocks* cache, size_t size) noexcept nogil:
 cdef inline bint cache_push(FreeBlocks* cache, void* ptr, size_t size) noexcept nogil:
     """Keep a freed block of ``size`` bytes (<= CACHE_MAX_SIZE); False when the cache is full."""
     cdef int b = cache_bin(size)
-    cdef size_t block = cache_bin_size(b)
-    if cache.counts[b] >= CACHE_MAX_PER_BIN or cache.cached_bytes + block > CACHE_MAX_BYTES:
-        return False
-    (<void**>ptr)[0] = cache.heads[b]
-    cache.heads[b] = ptr
-    cache.counts[b] += 1
-    cache.cached_bytes += block
+    cdef int old_bin = cache.hot_bin - 1
+    cdef void* old = cache.hot
+    cdef size_t block
+    if old_bin >= 0:
+        # The hot block moves to its list, if the list has room; else the new block is refused.
+        block = cache_bin_size(old_bin)
+        if (cache.counts[old_bin] >= CACHE_MAX_PER_BIN
+                or cache.cached_bytes + block > CACHE_MAX_BYTES):
+            return False
+        (<void**>old)[0] = cache.heads[old_bin]
+        cache.heads[old_bin] = old
+        cache.counts[old_bin] += 1
+        cache.cached_bytes += block
+    cache.hot = ptr
+    cache.hot_bin = b + 1
     return True
+
+
+cdef inline size_t cache_held_bytes(FreeBlocks* cache) noexcept nogil:
+    """Bytes of all the blocks the cache holds."""
+    if cache.hot_bin:
+        return cache.cached_bytes + cache_bin_size(cache.hot_bin - 1)
+    return cache.cached_bytes
 
 
 cdef inline void confined_count_allocation(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
@@ -287,7 +348,7 @@ cdef inline void confined_count_free(ArenaCore* core, void* ptr, size_t size) no
 cdef inline void* slicing_carve_current(ArenaCore* core, size_t size, size_t align,
                                         bint zero) noexcept nogil:
     """``size`` bytes carved from the current chunk at ``align`` (>= 16), or NULL when they do
-    not fit or there is no chunk.  The caller holds core.busy."""
+    not fit or there is no chunk.  The caller holds core.busy or the arena's bias."""
     cdef size_t start = (core.cursor + align - 1) & ~(align - 1)
     if start > core.cursor_end or size > core.cursor_end - start or start == 0:
         return NULL
@@ -307,7 +368,9 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
     """Allocate ``size`` bytes aligned to ``align`` (0 or a power of two up to 1 GiB), zeroed if
     ``zero``; the address goes to ``*out``.  Returns ARENA_OK or an error code."""
     cdef void* ptr
-    if core.fast_owner == thread_ident() and align <= 16 and size <= CACHE_MAX_SIZE:
+    cdef unsigned long me = thread_ident()
+    cdef CarverRecord* record
+    if core.fast_owner == me and align <= 16 and size <= CACHE_MAX_SIZE:
         ptr = cache_pop(&core.slot.cache, size)
         if ptr != NULL:
             if zero:
@@ -315,13 +378,21 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
             confined_count_allocation(core, ptr, size)
             out[0] = ptr
             return ARENA_OK
-    elif core.kind == ARENA_KIND_SLICING and core.max_bytes < 0 and align <= SLICE_DEFAULT_ALIGN:
-        if arenalib_try_lock(&core.busy):
+    elif arenalib_load_owner(&core.carve_owner) == me and align <= SLICE_DEFAULT_ALIGN:
+        # The SlicingArena is biased to this thread: announce the carve in this thread's own
+        # record, then check that the arena was not taken over meanwhile (a thread taking it over
+        # clears carve_owner, runs membarrier(), then reads the record: one of the two sees the
+        # other).  No atomic read-modify-write, no fence instruction.
+        record = core.carve_record
+        arenalib_set_carving(&record.carving, core)
+        arenalib_compiler_fence()
+        ptr = NULL
+        if arenalib_load_owner(&core.carve_owner) == me:
             ptr = slicing_carve_current(core, size, SLICE_DEFAULT_ALIGN, zero)
-            arenalib_unlock(&core.busy)
-            if ptr != NULL:
-                out[0] = ptr
-                return ARENA_OK
+        arenalib_clear_carving(&record.carving)
+        if ptr != NULL:
+            out[0] = ptr
+            return ARENA_OK
     return arena_allocate_slow(core, size, align, zero, out)
 
 
@@ -334,11 +405,11 @@ cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nog
     return arena_free_slow(core, ptr, size)
 
 
-cdef inline ScopeState* scope_state() noexcept nogil:
-    global arenalib_scope_state_ptr
-    if arenalib_scope_state_ptr == NULL:
-        arenalib_scope_state_ptr = arena_scope_state()
-    return <ScopeState*>arenalib_scope_state_ptr
+cdef inline InlineState* inline_state() noexcept nogil:
+    global arenalib_inline_state_ptr
+    if arenalib_inline_state_ptr == NULL:
+        arenalib_inline_state_ptr = arena_inline_state()
+    return <InlineState*>arenalib_inline_state_ptr
 
 
 cdef inline void core_init(ArenaCore* core, ArenaSlot* slot, int kind, Py_ssize_t max_bytes,
@@ -348,6 +419,8 @@ cdef inline void core_init(ArenaCore* core, ArenaSlot* slot, int kind, Py_ssize_
     core.slot = slot
     core.kind = kind
     core.busy = 0
+    core.carve_owner = 0
+    core.carve_record = NULL
     core.max_bytes = max_bytes if max_bytes >= 0 else -1
     core.owner = thread_ident() if kind == ARENA_KIND_CONFINED else 0
     core.fast_owner = core.owner if max_bytes < 0 else 0
@@ -386,24 +459,22 @@ cdef inline void recent_blocks_to_cache(ArenaCore* core) noexcept nogil:
 
 
 cdef inline bint close_small_scope(ArenaCore* core) noexcept nogil:
-    """Close a ConfinedArena of the calling thread that holds at most RECENT_MAX blocks, when the
-    parked slot is free: its blocks go to the slot's cache and the slot is parked, warm for the
-    next arena.  False (nothing done) in any other case.  The caller holds the GIL."""
-    cdef ScopeState* state = scope_state()
+    """Close a ConfinedArena of the calling thread that holds at most RECENT_MAX blocks and was
+    opened on the parked slot: its blocks go to the slot's cache and the slot is idle again, warm
+    for the next arena.  False (nothing done) in any other case.  The caller holds the GIL."""
+    cdef InlineState* state = inline_state()
     cdef ArenaSlot* slot = core.slot
     if (core.fast_owner != thread_ident() or core.recent_count > RECENT_MAX or core.exports
-            or core.allocated_total > PURGE_LIMIT or state.parked != NULL):
+            or core.allocated_total > PURGE_LIMIT or state.parked != slot):
         return False
     recent_blocks_to_cache(core)
     slot.churn_bytes += core.allocated_total
-    state.parked = slot
-    state.open_arenas -= 1
+    state.parked_idle = True
+    state.arenas_closed += 1
     core.fast_owner = 0
     core.open = False
     core.generation += 1
     core.slot = NULL
-    core.live_bytes = 0
-    core.live_segments = 0
     return True
 
 
@@ -412,13 +483,13 @@ cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
     """Open an arena in an ArenaCore the caller owns (an arena object's, or a C struct on the
     stack for a nogil scope).  kind: ARENA_KIND_*; max_bytes: -1 for no limit; chunk_size: the
     SlicingArena chunk size (0 for the default).  Needs the GIL; arena_close() undoes it."""
-    cdef ScopeState* state
+    cdef InlineState* state
     if kind == ARENA_KIND_CONFINED and max_bytes < 0 and not core.open:
-        state = scope_state()
-        if state.parked != NULL:
+        state = inline_state()
+        if state.parked_idle:
+            state.parked_idle = False
             core_init(core, state.parked, kind, -1, 0, 0)
-            state.parked = NULL
-            state.open_arenas += 1
+            state.arenas_opened += 1
             return 0
     return arena_open_slow(core, kind, max_bytes, chunk_size)
 

@@ -52,7 +52,7 @@ def jemalloc_version():
 
 def live_objects():
     """Counts of open arenas, Segment objects and buffer exports alive now (for leak checks)."""
-    return {"open_arenas": _scope_state.open_arenas, "segments": _live_segment_objects,
+    return {"open_arenas": _inline_state.arenas_opened - _inline_state.arenas_closed, "segments": _live_segment_objects,
             "exports": _live_exports}
 
 
@@ -285,10 +285,13 @@ cdef class ArenaBase:
         live_bytes/live_segments/peak_bytes count the sizes asked for; resident, mapped, active and
         dirty are jemalloc's byte counts for the underlying jemalloc arena (0 once closed)."""
         cdef ArenaCore* core = &self._core
-        cdef Py_ssize_t live = core.live_bytes, segments = core.live_segments
+        cdef Py_ssize_t live = 0, segments = 0
         cdef size_t total = core.allocated_total
         if core.kind == ARENA_KIND_SHARED and core.open:
             _shared_totals(core, &live, &segments, &total)
+        elif core.open:  # a closed core's live counts are stale (a scope's close skips them)
+            live = core.live_bytes
+            segments = core.live_segments
         result = {
             "live_bytes": live,
             "live_segments": segments,
@@ -399,10 +402,10 @@ cdef class SlicingArena(ArenaBase):
     def purge(self):
         """Give back the chunks not in use (those past the current one) and purge dirty pages."""
         self._check_usable()
-        if not arenalib_try_lock(&self._core.busy):
+        if _slicing_lock(&self._core):
             self._raise(ARENA_EBUSY, "cannot purge")
         _slicing_free_chunks(&self._core, self._core.current + 1 if self._core.nchunks else 0)
-        arenalib_unlock(&self._core.busy)
+        _slicing_unlock(&self._core, True)
         _slot_purge(self._core.slot)
 
     def stats(self):

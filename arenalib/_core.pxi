@@ -6,7 +6,9 @@
 #   Arena          any thread; each thread gets its own explicit tcache and counters (ThreadCache),
 #                  found through a small thread-local table, so two threads never share a lock or a
 #                  cache line on the common path.
-#   SlicingArena   bump-pointer carving of chunks; a busy flag refuses concurrent use (ARENA_EBUSY).
+#   SlicingArena   bump-pointer carving of chunks.  The thread that carved last keeps the arena
+#                  (biased ownership) and carves without any atomic instruction; any other thread
+#                  takes the busy lock and the arena over, or gets ARENA_EBUSY while it is in use.
 
 from cpython.pythread cimport PyThread_free_lock
 from cpython.pyport cimport PY_SSIZE_T_MAX
@@ -199,7 +201,7 @@ cdef void _shared_totals(ArenaCore* core, Py_ssize_t* live, Py_ssize_t* segments
         segments[0] += tc.live_segments
         total[0] += tc.allocated_total
         if cached != NULL:
-            cached[0] += tc.cache.cached_bytes
+            cached[0] += cache_held_bytes(&tc.cache)
         tc = tc.next
     PyThread_release_lock(<PyThread_type_lock>core.slot.threads_lock)
 
@@ -275,6 +277,108 @@ cdef inline int _slicing_carve(ArenaCore* core, size_t size, size_t align, bint 
     return ARENA_OK
 
 
+cdef extern from *:
+    """
+    #include <unistd.h>
+    #include <sys/syscall.h>
+    #if defined(__linux__) && defined(SYS_membarrier)
+    #include <linux/membarrier.h>
+    static int arenalib_membarrier_register(void) {
+        return (int)syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0);
+    }
+    /* A full memory barrier on every running thread of this process. */
+    static int arenalib_membarrier(void) {
+        if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
+            return 0;
+        return (int)syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0);
+    }
+    #else
+    static int arenalib_membarrier_register(void) { return -1; }
+    static int arenalib_membarrier(void) { return -1; }
+    #endif
+    #define arenalib_claim_record(p, me) \
+        __atomic_compare_exchange_n((p), &(unsigned long){0}, (me), 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)
+    """
+    int arenalib_membarrier_register() noexcept nogil
+    int arenalib_membarrier() noexcept nogil
+    bint arenalib_claim_record(unsigned long* thread, unsigned long me) noexcept nogil
+
+# Biased carving needs membarrier(); without it (not Linux, or refused by a sandbox) every carve
+# takes the busy lock.
+cdef bint _biased_carving = arenalib_membarrier_register() == 0
+
+
+cdef void _carvers_after_fork() noexcept nogil:
+    """In a fork's child only this thread is left: no other thread is carving, and the records
+    of the others are free for the child's new threads."""
+    global _biased_carving
+    cdef unsigned long me = thread_ident()
+    cdef int i
+    for i in range(CARVER_RECORDS):
+        _inline_state.carvers[i].carving = NULL
+        if _inline_state.carvers[i].thread != me:
+            _inline_state.carvers[i].thread = 0
+    _biased_carving = _biased_carving and arenalib_membarrier_register() == 0
+
+
+cdef CarverRecord* _carver_record(unsigned long me) noexcept nogil:
+    """The calling thread's CarverRecord, or NULL when its place in the table is another live
+    thread's (that thread then carves through the lock: slower, never wrong)."""
+    cdef CarverRecord* record = &_inline_state.carvers[
+        ((me >> 12) * <unsigned long>0x9E3779B97F4A7C15) >> 56]
+    if record.thread == me or arenalib_claim_record(&record.thread, me):
+        return record
+    return NULL
+
+
+cdef int _slicing_lock(ArenaCore* core) noexcept nogil:
+    """Take a SlicingArena's busy lock and its bias (from whichever thread holds it), for a carve
+    that needs the slow path, a reset or a purge.  ARENA_EBUSY: another thread is using it."""
+    cdef unsigned long me = thread_ident()
+    cdef unsigned long owner
+    if not arenalib_try_lock(&core.busy):
+        return ARENA_EBUSY
+    owner = arenalib_load_owner(&core.carve_owner)
+    if owner == me or core.carve_record == NULL:
+        return ARENA_OK   # no other thread may be carving without the lock
+    if owner != 0:
+        arenalib_store_owner(&core.carve_owner, 0)
+        # After this, the owner either sees carve_owner == 0 before carving, or its record shows
+        # the carve it started.
+        if arenalib_membarrier() != 0:
+            arenalib_store_owner(&core.carve_owner, owner)
+            arenalib_unlock(&core.busy)
+            return ARENA_EBUSY
+    if arenalib_load_carving(&core.carve_record.carving) == <void*>core:
+        arenalib_unlock(&core.busy)
+        return ARENA_EBUSY   # the former owner is in the middle of a carve
+    core.carve_record = NULL
+    return ARENA_OK
+
+
+cdef void _slicing_drop_bias(ArenaCore* core) noexcept nogil:
+    """At close: no thread may carve without the lock any more (a carve racing with close is the
+    caller's error, as the C API says; this only makes sure later carves see the arena closed)."""
+    if arenalib_load_owner(&core.carve_owner) not in (0, thread_ident()):
+        arenalib_store_owner(&core.carve_owner, 0)
+        arenalib_membarrier()
+    arenalib_store_owner(&core.carve_owner, 0)
+    core.carve_record = NULL
+
+
+cdef void _slicing_unlock(ArenaCore* core, bint bias) noexcept nogil:
+    """Release the busy lock; with ``bias``, leave the arena biased to the calling thread."""
+    cdef unsigned long me = thread_ident()
+    cdef CarverRecord* record
+    if (bias and _biased_carving and core.max_bytes < 0 and core.open
+            and arenalib_load_owner(&core.carve_owner) != me):
+        record = _carver_record(me)
+        if record != NULL:
+            core.carve_record = record
+            arenalib_store_owner(&core.carve_owner, me)
+    arenalib_unlock(&core.busy)
+
+
 cdef bint _grow(void** array, size_t nbytes) noexcept nogil:
     cdef void* grown = PyMem_RawRealloc(array[0], nbytes)
     if grown == NULL:
@@ -335,10 +439,11 @@ cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint ze
     if core.kind == ARENA_KIND_SHARED:
         return _shared_allocate(core, size, align, zero, out)
     if core.kind == ARENA_KIND_SLICING:
-        if not arenalib_try_lock(&core.busy):
-            return ARENA_EBUSY
+        err = _slicing_lock(core)
+        if err:
+            return err
         err = _slicing_carve(core, size, align, zero, out)
-        arenalib_unlock(&core.busy)
+        _slicing_unlock(core, err == ARENA_OK)
         return err
     if core.kind == ARENA_KIND_POOL:
         return _region_allocate(core, size, align, zero, out)
@@ -364,9 +469,11 @@ cdef int arena_reset(ArenaCore* core) noexcept nogil:
         return ARENA_EWRONGTHREAD
     if core.exports:
         return ARENA_EEXPORTED
+    cdef int err
     if core.kind == ARENA_KIND_SLICING:
-        if not arenalib_try_lock(&core.busy):
-            return ARENA_EBUSY
+        err = _slicing_lock(core)
+        if err:
+            return err
         _slicing_use_chunk(core, 0 if core.nchunks else -1)
     elif core.kind == ARENA_KIND_SHARED:
         _slot_reset(core.slot)
@@ -379,7 +486,7 @@ cdef int arena_reset(ArenaCore* core) noexcept nogil:
     core.live_segments = 0
     core.recent_count = 0
     if core.kind == ARENA_KIND_SLICING:
-        arenalib_unlock(&core.busy)
+        _slicing_unlock(core, True)
     return ARENA_OK
 
 
@@ -395,7 +502,7 @@ cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
     core_init(core, slot, kind, max_bytes, chunk_size if chunk_size else DEFAULT_CHUNK_SIZE,
               _next_serial)
     _next_serial += 1
-    _scope_state.open_arenas += 1
+    _inline_state.arenas_opened += 1
     return 0
 
 
@@ -406,7 +513,7 @@ cdef void _core_close(ArenaCore* core) noexcept:
     core.fast_owner = 0
     core.open = False
     core.generation += 1
-    _scope_state.open_arenas -= 1
+    _inline_state.arenas_closed += 1
     cdef Py_ssize_t stale = core.live_bytes, segments
     cdef size_t churn = core.allocated_total
     if core.kind == ARENA_KIND_SHARED:
@@ -419,6 +526,7 @@ cdef void _core_close(ArenaCore* core) noexcept:
         stale = 0  # the region is not in the slot's arena: its owner frees it (region_free)
         churn = 0
     elif core.kind == ARENA_KIND_SLICING:
+        _slicing_drop_bias(core)
         churn = core.chunk_bytes
         if core.nchunks <= RECENT_MAX:
             # A few chunks go straight back to jemalloc, warm for the next arena's chunks.

@@ -54,13 +54,13 @@ cdef Py_ssize_t _resets = 0
 cdef Py_ssize_t _purges = 0
 
 # The slot given back last is parked here, outside _free_slots, where the inline arena_open() of any
-# module can take it without a call (see ScopeState in _arena.pxd).
-cdef ScopeState _scope_state
+# module can take it without a call (see InlineState in _arena.pxd).
+cdef InlineState _inline_state
 
 
-cdef ScopeState* arena_scope_state() noexcept nogil:
-    """arenalib's ScopeState, for the inline arena_open()/arena_close() of every module."""
-    return &_scope_state
+cdef InlineState* arena_inline_state() noexcept nogil:
+    """arenalib's InlineState, for the inline arena_open()/arena_close() of every module."""
+    return &_inline_state
 
 
 cdef unsigned* _spare_tcaches = NULL
@@ -112,10 +112,9 @@ cdef void _flush_tcache(unsigned tcache_index) noexcept nogil:
 cdef ArenaSlot* _slot_acquire() except NULL:
     """A warm pooled slot, or a new jemalloc arena with its tcache."""
     global _free_count, _slots_created
-    cdef ArenaSlot* parked = _scope_state.parked
-    if parked != NULL:
-        _scope_state.parked = NULL
-        return parked
+    if _inline_state.parked_idle:
+        _inline_state.parked_idle = False
+        return _inline_state.parked
     if _free_count:
         _free_count -= 1
         return _free_slots[_free_count]
@@ -188,6 +187,7 @@ def _after_fork_in_child():
     cdef ThreadCache* tc
     _spare_tcache_count = 0
     _spare_tcache_lock = PyThread_allocate_lock()
+    _carvers_after_fork()
     for i in range(_all_slots_count):
         slot = _all_slots[i]
         slot.tcache_index = _fresh_tcache()
@@ -224,7 +224,7 @@ cdef size_t _slot_flush_threads(ArenaSlot* slot, bint forget, bint give_back) no
             tc.live_segments = 0
             _cache_forget(&tc.cache)
         if give_back:
-            dropped += tc.cache.cached_bytes
+            dropped += cache_held_bytes(&tc.cache)
             _tcache_give_back(tc.tcache_index)
             PyMem_RawFree(tc)
         tc = next_tc
@@ -259,7 +259,7 @@ cdef void _slot_purge(ArenaSlot* slot) noexcept nogil:
 
 cdef void _slot_wipe(ArenaSlot* slot) noexcept nogil:
     """Drop the slot's garbage and cached blocks and hand its pages back to the OS."""
-    if slot.stale_bytes or slot.cache.cached_bytes:
+    if slot.stale_bytes or cache_held_bytes(&slot.cache):
         _slot_reset(slot)
     if slot.churn_bytes:
         _slot_purge(slot)
@@ -276,9 +276,12 @@ cdef void _slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
         _slot_wipe(slot)          # a big arena closed: its memory goes back to the OS now
     elif slot.stale_bytes > STALE_LIMIT:
         _slot_reset(slot)         # garbage of many small scopes: drop it, keep the pages warm
-    # Last in, first out: the slot given back now is parked, the one parked before joins the pool.
-    slot, _scope_state.parked = _scope_state.parked, slot
-    if slot == NULL:
+    # Last in, first out: the slot given back now is parked, an idle one parked before joins the
+    # pool (one in use stops being the parked slot: it comes back through here).
+    cdef bint displaced = _inline_state.parked_idle and _inline_state.parked != slot
+    slot, _inline_state.parked = _inline_state.parked, slot
+    _inline_state.parked_idle = True
+    if not displaced:
         return
     if _free_count == _free_capacity:
         grown = <ArenaSlot**>PyMem_RawRealloc(
@@ -333,8 +336,8 @@ def trim():
     """Reset and purge every idle pooled jemalloc arena: all memory not held by an open arena goes
     back to the OS (open arenas are not touched; see their purge())."""
     cdef Py_ssize_t i
-    if _scope_state.parked != NULL:
-        _slot_wipe(_scope_state.parked)
+    if _inline_state.parked_idle:
+        _slot_wipe(_inline_state.parked)
     for i in range(_free_count):
         _slot_wipe(_free_slots[i])
 
@@ -343,13 +346,13 @@ def pool_stats():
     """Figures of the pool of jemalloc arenas shared by all arena objects (for tests and tuning)."""
     cdef Py_ssize_t i
     cdef size_t stale = 0, cached = 0
-    cdef ArenaSlot* parked = _scope_state.parked
+    cdef ArenaSlot* parked = _inline_state.parked if _inline_state.parked_idle else NULL
     if parked != NULL:
         stale += parked.stale_bytes
-        cached += parked.cache.cached_bytes
+        cached += cache_held_bytes(&parked.cache)
     for i in range(_free_count):
         stale += _free_slots[i].stale_bytes
-        cached += _free_slots[i].cache.cached_bytes
+        cached += cache_held_bytes(&_free_slots[i].cache)
     return {
         "slots_created": _slots_created,
         "slots_idle": _free_count + (parked != NULL),
