@@ -123,6 +123,8 @@ def child():
             for _ in range(100):
                 a.allocate(1000).fill(9).free()
         shared.allocate(10).free()
+        # taken over from the child's main thread (membarrier() in the child)
+        shared_slicing.allocate(100).fill(9)
     t = threading.Thread(target=worker)
     t.start()
     t.join(30)

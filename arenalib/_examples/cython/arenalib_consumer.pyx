@@ -2,11 +2,12 @@
 """An example consumer of arenalib's C-level API: nogil allocation loops with content checks."""
 
 from libc.stdint cimport uint64_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 from arenalib cimport (
-    ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, arena_allocate, arena_close, arena_core, arena_free,
-    arena_open, arena_raise,
+    ARENA_EBUSY, ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, arena_allocate, arena_close, arena_core,
+    arena_free, arena_open, arena_raise,
 )
 
 cdef enum:
@@ -96,6 +97,35 @@ def keep_allocations(arena, Py_ssize_t count, size_t size):
             if err != ARENA_OK:
                 break
     arena_raise(err)
+
+
+def carve_blocks(arena, Py_ssize_t count, size_t size, unsigned char pattern):
+    """Without the GIL: carve ``count`` blocks of ``size`` bytes (a SlicingArena's, typically),
+    each filled with ``pattern``; a carve refused as busy is retried.  Returns the addresses and
+    the number of refusals."""
+    cdef ArenaCore* core = arena_core(arena)
+    cdef size_t* addresses = <size_t*>malloc(max(count, 1) * sizeof(size_t))
+    cdef void* ptr
+    cdef int err = ARENA_OK
+    cdef Py_ssize_t i = 0, refused = 0
+    if addresses == NULL:
+        raise MemoryError()
+    with nogil:
+        while i < count:
+            err = arena_allocate(core, size, 0, False, &ptr)
+            if err == ARENA_EBUSY:
+                refused += 1
+                continue
+            if err != ARENA_OK:
+                break
+            memset(ptr, pattern, size)
+            addresses[i] = <size_t>ptr
+            i += 1
+    try:
+        arena_raise(err)
+        return [addresses[j] for j in range(i)], refused
+    finally:
+        free(addresses)
 
 
 def scoped_loop(Py_ssize_t iterations, size_t size):
