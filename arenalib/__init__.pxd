@@ -12,14 +12,21 @@
 #
 # The nogil functions never raise: they return ARENA_OK or an error code.  A ConfinedArena's core
 # fails with ARENA_EWRONGTHREAD on any thread but its owner; a SlicingArena's with ARENA_EBUSY when
-# two threads carve at once; an Arena's is free for all threads (each gets its own thread cache).
-# arena_free() takes the size given to arena_allocate().  Close and reset must not race with
-# allocations on other threads.  For a nogil scope without any Python object, put an ArenaCore on
-# the stack and use arena_open() / arena_close() (both need the GIL).
-# Consumers need no jemalloc header and link nothing: the functions come through Cython's C-API
-# import of arenalib._arena.  See arenalib/_examples/cython/ for a complete consumer.
+# another thread is carving from it at that moment; an Arena's is free for all threads (each gets
+# its own thread cache).  arena_free() takes the size given to arena_allocate().  Close and reset
+# must not race with allocations on other threads.  For a scope without any Python object, put an
+# ArenaCore on the stack and use arena_open() / arena_close() (both need the GIL).
+#
+# The common cases are inline functions, compiled into your module: a ConfinedArena's allocate
+# and free from its free list, a SlicingArena's carve (no atomic instruction while one thread
+# keeps carving), a confined scope's open and close.  They read arenalib's structs, so a module
+# must be rebuilt against the arenalib it runs with: one built against another C API version
+# (ARENA_ABI_VERSION) gets ImportError from arena_core() or arena_open(), never a wrong layout.
+# Consumers need no jemalloc header and link nothing: the rest comes through Cython's C-API import
+# of arenalib._arena.  See arenalib/_examples/cython/ for a complete consumer.
 
 from arenalib._arena cimport (
+    ARENA_ABI_VERSION,
     ARENA_EBUSY,
     ARENA_ECLOSED,
     ARENA_EEXPORTED,

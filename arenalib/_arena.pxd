@@ -88,6 +88,10 @@ cdef struct ThreadCache:
 
 
 cdef enum:
+    # The inline functions below are compiled into the modules that cimport them, with the layout
+    # of the structs they read: bump this whenever such a layout or rule changes, and consumers
+    # built against another version are refused (ImportError) instead of corrupting memory.
+    ARENA_ABI_VERSION = 2
     CARVER_RECORDS = 256
 
 
@@ -202,7 +206,8 @@ cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
 cdef int arena_close_slow(ArenaCore* core) except -1
 cdef InlineState* arena_inline_state() noexcept nogil
 cdef void arena_slot_free(ArenaSlot* slot, void* ptr) noexcept nogil
-cdef ArenaCore* arena_core(object arena) except NULL
+cdef ArenaCore* arena_core_checked(object arena) except NULL
+cdef int arena_abi_check(size_t core_size, size_t state_size, int version) except -1
 cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint zero,
                              void** out) noexcept nogil
 cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil
@@ -244,14 +249,17 @@ cdef extern from *:
     /* Orders this thread's own accesses for the compiler only: the thread that revokes a biased
        arena issues membarrier(), which makes that enough (asymmetric fences). */
     #define arenalib_compiler_fence() __atomic_signal_fence(__ATOMIC_SEQ_CST)
-    /* This module's pointer to arenalib's InlineState, fetched on first use. */
+    /* This module's pointer to arenalib's InlineState, fetched on first use, and whether arenalib
+       accepted the layouts this module was compiled with. */
     static void *arenalib_inline_state_ptr = 0;
+    static int arenalib_abi_accepted = 0;
     """
     unsigned long thread_ident "arenalib_thread_ident"() noexcept nogil
     int arenalib_clz(unsigned long long x) noexcept nogil
     bint arenalib_try_lock(int* flag) noexcept nogil
     void arenalib_unlock(int* flag) noexcept nogil
     void* arenalib_inline_state_ptr
+    bint arenalib_abi_accepted
     unsigned long arenalib_load_owner(unsigned long* owner) noexcept nogil
     void arenalib_store_owner(unsigned long* owner, unsigned long value) noexcept nogil
     void* arenalib_load_carving(void** flag) noexcept nogil
@@ -478,12 +486,28 @@ cdef inline bint close_small_scope(ArenaCore* core) noexcept nogil:
     return True
 
 
+cdef inline int abi_check() except -1:
+    """Once per module: ImportError if it was compiled against another arenalib's layouts."""
+    global arenalib_abi_accepted
+    if not arenalib_abi_accepted:
+        arena_abi_check(sizeof(ArenaCore), sizeof(InlineState), ARENA_ABI_VERSION)
+        arenalib_abi_accepted = True
+    return 0
+
+
+cdef inline ArenaCore* arena_core(object arena) except NULL:
+    """The C handle of an open Arena, ConfinedArena or SlicingArena (keep a reference to it)."""
+    abi_check()
+    return arena_core_checked(arena)
+
+
 cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
                            size_t chunk_size) except -1:
     """Open an arena in an ArenaCore the caller owns (an arena object's, or a C struct on the
     stack for a nogil scope).  kind: ARENA_KIND_*; max_bytes: -1 for no limit; chunk_size: the
     SlicingArena chunk size (0 for the default).  Needs the GIL; arena_close() undoes it."""
     cdef InlineState* state
+    abi_check()
     if kind == ARENA_KIND_CONFINED and max_bytes < 0 and not core.open:
         state = inline_state()
         if state.parked_idle:

@@ -52,8 +52,8 @@ def jemalloc_version():
 
 def live_objects():
     """Counts of open arenas, Segment objects and buffer exports alive now (for leak checks)."""
-    return {"open_arenas": _inline_state.arenas_opened - _inline_state.arenas_closed, "segments": _live_segment_objects,
-            "exports": _live_exports}
+    return {"open_arenas": _inline_state.arenas_opened - _inline_state.arenas_closed,
+            "segments": _live_segment_objects, "exports": _live_exports}
 
 
 cdef extern from "Python.h":

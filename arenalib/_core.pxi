@@ -571,8 +571,19 @@ cdef void arena_slot_free(ArenaSlot* slot, void* ptr) noexcept nogil:
     je_dallocx(ptr, _slot_flags(slot))
 
 
-cdef ArenaCore* arena_core(object arena) except NULL:
-    """The C handle of an open Arena, ConfinedArena or SlicingArena (keep a reference to it)."""
+cdef int arena_abi_check(size_t core_size, size_t state_size, int version) except -1:
+    """Refuse a module compiled against other layouts of the structs the inline functions read."""
+    if (core_size, state_size, version) != (sizeof(ArenaCore), sizeof(InlineState),
+                                            ARENA_ABI_VERSION):
+        raise ImportError(
+            f"a Cython extension was compiled against arenalib's C API version {version} "
+            f"(ArenaCore of {core_size} bytes); this arenalib has version {ARENA_ABI_VERSION} "
+            f"(ArenaCore of {sizeof(ArenaCore)} bytes): rebuild the extension against it")
+    return 0
+
+
+cdef ArenaCore* arena_core_checked(object arena) except NULL:
+    """arena_core() once the caller's layouts are accepted (see abi_check() in _arena.pxd)."""
     if not isinstance(arena, ArenaBase) or (<ArenaBase>arena)._core.kind == ARENA_KIND_POOL:
         raise TypeError(f"expected Arena, ConfinedArena or SlicingArena, not {type(arena).__name__}")
     cdef ArenaBase base = arena

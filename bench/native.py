@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 from functools import partial
 from pathlib import Path
 

@@ -5,6 +5,7 @@ temporary directory, with meson, as a downstream project would build it."""
 
 import ctypes
 import importlib.util
+import itertools
 import os
 import shutil
 import subprocess
@@ -19,11 +20,17 @@ import arenalib
 EXAMPLE = Path(arenalib.__file__).parent / "_examples" / "cython"
 
 
-@pytest.fixture(scope="module")
-def consumer(tmp_path_factory):
-    source = tmp_path_factory.mktemp("consumer")
+def build_consumer(source: Path, pxd_dir: Path | None = None):
+    """Build the example consumer in ``source`` with meson and import it; against the installed
+    arenalib's .pxd files, or those in ``pxd_dir``."""
     for name in ("meson.build", "arenalib_consumer.pyx"):
         shutil.copy(EXAMPLE / name, source / name)
+    if pxd_dir is not None:
+        meson_build = source / "meson.build"
+        text = meson_build.read_text()
+        start = text.index("run_command(")
+        end = text.index(".stdout().strip()") + len(".stdout().strip()")
+        meson_build.write_text(text[:start] + repr(str(pxd_dir)) + text[end:])
     build = source / "build"
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
@@ -38,6 +45,11 @@ def consumer(tmp_path_factory):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def consumer(tmp_path_factory):
+    return build_consumer(tmp_path_factory.mktemp("consumer"))
 
 
 def _native_file(directory: Path) -> Path:
@@ -188,7 +200,7 @@ def _assert_blocks_intact(blocks, size):
     """blocks: (address, pattern) pairs of live blocks: none overlaps another, each holds its
     pattern."""
     blocks = sorted(blocks)
-    for (address, _), (next_address, _) in zip(blocks, blocks[1:]):
+    for (address, _), (next_address, _) in itertools.pairwise(blocks):
         assert address + size <= next_address, "two live blocks overlap"
     for address, pattern in blocks:
         assert ctypes.string_at(address, size) == bytes([pattern]) * size
@@ -240,7 +252,28 @@ def test_slicing_arena_handed_between_threads_is_never_busy(consumer):
         _assert_blocks_intact(blocks, size)
         # Python-level use between threads takes the arena over the same way.
         seg = arena.allocate(size, zero=False).fill(9)
-        _assert_blocks_intact(blocks + [(seg.address, 9)], size)
+        _assert_blocks_intact([*blocks, (seg.address, 9)], size)
+
+
+def test_consumer_built_against_other_layouts_is_refused(tmp_path):
+    # The fast paths are inline, compiled with the struct layouts of the arenalib built against:
+    # a consumer built against another C API version must fail cleanly, not touch memory.
+    pxd_dir = tmp_path / "include"
+    (pxd_dir / "arenalib").mkdir(parents=True)
+    for pxd in Path(arenalib.get_include(), "arenalib").glob("*.pxd"):
+        shutil.copy(pxd, pxd_dir / "arenalib" / pxd.name)
+    arena_pxd = pxd_dir / "arenalib" / "_arena.pxd"
+    text = arena_pxd.read_text()
+    assert "    ARENA_ABI_VERSION = " in text
+    arena_pxd.write_text(text.replace("    ARENA_ABI_VERSION = ", "    ARENA_ABI_VERSION = 1000 + "))
+    (tmp_path / "consumer").mkdir()
+    stale = build_consumer(tmp_path / "consumer", pxd_dir)
+    with arenalib.ConfinedArena() as arena:
+        with pytest.raises(ImportError, match="rebuild the extension"):
+            stale.fill_free_loop(arena, 10, 64)
+        assert arena.stats()["live_segments"] == 0
+    with pytest.raises(ImportError, match="C API version 10"):
+        stale.scoped_loop(10, 64)
 
 
 def test_buffer_pool_has_no_c_level_arena_handle(consumer):
