@@ -16,6 +16,13 @@ from arenalib._errors import ArenaClosedError, ArenaError, UnsupportedOperation,
 
 from arenalib._jemalloc cimport JEMALLOC_VERSION, je_mallctl
 
+cdef extern from "Python.h":
+    int PyType_HasFeature(type t, unsigned long feature)
+    unsigned long Py_TPFLAGS_HEAPTYPE
+    # Declared without an exception value: the fast paths inspect the result itself.
+    Py_ssize_t _long_as_ssize "PyLong_AsSsize_t"(object value) noexcept
+
+
 include "_slots.pxi"
 include "_core.pxi"
 include "_segment.pxi"
@@ -54,13 +61,6 @@ def live_objects():
     """Counts of open arenas, Segment objects and buffer exports alive now (for leak checks)."""
     return {"open_arenas": _inline_state.arenas_opened - _inline_state.arenas_closed,
             "segments": _live_segment_objects, "exports": _live_exports}
-
-
-cdef extern from "Python.h":
-    int PyType_HasFeature(type t, unsigned long feature)
-    unsigned long Py_TPFLAGS_HEAPTYPE
-    # Declared without an exception value: the fast path below inspects the result itself.
-    Py_ssize_t _long_as_ssize "PyLong_AsSsize_t"(object value) noexcept
 
 
 cdef inline Py_ssize_t _parse_size(object size, str name) except -1:

@@ -21,6 +21,11 @@ cdef char* _FORMAT_BYTE = b"B"
 cdef inline Py_ssize_t _as_byte(object value) except -1:
     """The int ``value`` as a byte, or ValueError/TypeError as bytearray does."""
     cdef Py_ssize_t byte
+    if type(value) is int:  # the common case, without the cost of a try block
+        byte = _long_as_ssize(value)
+        if 0 <= byte <= 255:
+            return byte
+        PyErr_Clear()  # out of range, or too large: the general path says which
     try:
         byte = value
     except OverflowError:
