@@ -361,14 +361,20 @@ cdef inline void* slicing_carve_current(ArenaCore* core, size_t size, size_t ali
     if start > core.cursor_end or size > core.cursor_end - start or start == 0:
         return NULL
     core.cursor = start + size
+    # Nothing is freed between resets, so peak_bytes and allocated_total are brought up to date
+    # from live_bytes at reset and close (slicing_settle) instead of on every carve.
     core.live_bytes += size
     core.live_segments += 1
-    core.allocated_total += size
-    if core.live_bytes > core.peak_bytes:
-        core.peak_bytes = core.live_bytes
     if zero:
         memset(<void*>start, 0, size)
     return <void*>start
+
+
+cdef inline void slicing_settle(ArenaCore* core) noexcept nogil:
+    """Fold a SlicingArena's live bytes into peak_bytes and allocated_total, before they go."""
+    if core.live_bytes > core.peak_bytes:
+        core.peak_bytes = core.live_bytes
+    core.allocated_total += <size_t>core.live_bytes
 
 
 cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
@@ -426,9 +432,7 @@ cdef inline void core_init(ArenaCore* core, ArenaSlot* slot, int kind, Py_ssize_
     and a memset of the struct (rep stos) took most of it.  recent[] needs no clearing."""
     core.slot = slot
     core.kind = kind
-    core.busy = 0
-    core.carve_owner = 0
-    core.carve_record = NULL
+    core.carve_owner = 0      # every kind stays off the inline slicing path until a carve
     core.max_bytes = max_bytes if max_bytes >= 0 else -1
     core.owner = thread_ident() if kind == ARENA_KIND_CONFINED else 0
     core.fast_owner = core.owner if max_bytes < 0 else 0
@@ -440,10 +444,12 @@ cdef inline void core_init(ArenaCore* core, ArenaSlot* slot, int kind, Py_ssize_
     core.exports = 0
     core.allocated_total = 0
     core.recent_count = 0
-    core.chunk_size = chunk_size
-    core.cursor = 0           # also keeps other kinds off the inline slicing path
-    core.cursor_end = 0
-    if kind == ARENA_KIND_SLICING:  # the other chunk fields are read for a SlicingArena only
+    if kind == ARENA_KIND_SLICING:  # the chunk fields are read for a SlicingArena only
+        core.busy = 0
+        core.carve_record = NULL
+        core.chunk_size = chunk_size
+        core.cursor = 0
+        core.cursor_end = 0
         core.chunks = NULL
         core.chunk_sizes = NULL
         core.nchunks = 0

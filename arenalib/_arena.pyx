@@ -285,17 +285,20 @@ cdef class ArenaBase:
         live_bytes/live_segments/peak_bytes count the sizes asked for; resident, mapped, active and
         dirty are jemalloc's byte counts for the underlying jemalloc arena (0 once closed)."""
         cdef ArenaCore* core = &self._core
-        cdef Py_ssize_t live = 0, segments = 0
+        cdef Py_ssize_t live = 0, segments = 0, peak = core.peak_bytes
         cdef size_t total = core.allocated_total
         if core.kind == ARENA_KIND_SHARED and core.open:
             _shared_totals(core, &live, &segments, &total)
         elif core.open:  # a closed core's live counts are stale (a scope's close skips them)
             live = core.live_bytes
             segments = core.live_segments
+            if core.kind == ARENA_KIND_SLICING:  # not settled yet (see slicing_settle)
+                peak = max(peak, live)
+                total += <size_t>live
         result = {
             "live_bytes": live,
             "live_segments": segments,
-            "peak_bytes": core.peak_bytes,
+            "peak_bytes": peak,
             "allocated_total": total,
             "exports": core.exports,
             "max_bytes": self.max_bytes,

@@ -475,6 +475,7 @@ cdef int arena_reset(ArenaCore* core) noexcept nogil:
         if err:
             return err
         _slicing_use_chunk(core, 0 if core.nchunks else -1)
+        slicing_settle(core)
     elif core.kind == ARENA_KIND_SHARED:
         _slot_reset(core.slot)
     elif core.kind == ARENA_KIND_CONFINED:
@@ -527,6 +528,7 @@ cdef void _core_close(ArenaCore* core) noexcept:
         churn = 0
     elif core.kind == ARENA_KIND_SLICING:
         _slicing_drop_bias(core)
+        slicing_settle(core)
         churn = core.chunk_bytes
         if core.nchunks <= RECENT_MAX:
             # A few chunks go straight back to jemalloc, warm for the next arena's chunks.

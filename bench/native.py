@@ -9,13 +9,16 @@ How: the loops are Cython kernels (bench/native/arenalib_bench_kernels.pyx) that
 and time themselves with CLOCK_MONOTONIC, so no Python call overhead is measured; the kernel module
 is built with meson against the installed arenalib on first use (build/bench-native-<python>/).
 Candidates are interleaved (A B A B ...) over rounds; each round's ratio to glibc is taken in that
-round, and the medians of ns/op and of the same-round ratios are reported.
+round, and the medians of ns/op and of the same-round ratios are reported, pooled over several
+fresh processes (memory layouts; see roundtrip()).  The "fill only" row is the floor under every
+candidate: the memset alone, into one buffer.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shutil
 import statistics
@@ -55,9 +58,42 @@ def build_kernels():
     return module
 
 
-def roundtrip(kernels, quick: bool, progress=None) -> dict:
-    """Panama's experiment at C level: median ns/op and same-round ratios to malloc+fill+free."""
-    rounds = 5 if quick else 15
+def roundtrip(quick: bool, progress=None) -> dict:
+    """Panama's experiment at C level: median ns/op and same-round ratios to malloc+fill+free.
+
+    The rounds are run in several fresh processes and pooled.  In one process, where the stack,
+    the heap and the code happen to lie decides which candidate's stores and loads alias (seen
+    here: the same binary at 512 B measured 6.3 ns in one process and 8.2 ns in the next, glibc's
+    malloc once 16 ns instead of 6.3); a single layout would hand one candidate that luck for
+    the whole run (Mytkowicz et al., "Producing wrong data without doing anything obviously
+    wrong!", ASPLOS 2009).  Each process also gets an environment of a different size, which
+    moves its stack even where ASLR is off."""
+    processes = 3 if quick else 5
+    pooled: dict = {}
+    for index in range(processes):
+        env = {**os.environ, "ARENALIB_BENCH_LAYOUT": "x" * (index * 1000 % 4096)}
+        command = [sys.executable, str(Path(__file__).resolve()), "--roundtrip-process"]
+        output = subprocess.run(command + ([] if quick else ["--full"]), env=env, check=True,
+                                capture_output=True, text=True).stdout
+        for size, row in json.loads(output).items():
+            for name, values in row.items():
+                merged = pooled.setdefault(int(size), {}).setdefault(
+                    name, {"samples": [], "ratios": []})
+                merged["samples"] += values["samples"]
+                merged["ratios"] += values["ratios"]
+        if progress:
+            progress(f"native roundtrip, process {index + 1} of {processes}")
+    return {
+        size: {name: {"ns_per_op": statistics.median(values["samples"]),
+                      "ratio_to_malloc": statistics.median(values["ratios"])}
+               for name, values in row.items()}
+        for size, row in pooled.items()
+    }
+
+
+def roundtrip_samples(kernels, quick: bool) -> dict:
+    """One process's share of roundtrip(): every round's ns/op and ratio to malloc, per size."""
+    rounds = 3 if quick else 5
     confined = arenalib.ConfinedArena()
     shared = arenalib.Arena()
     slicing = arenalib.SlicingArena()
@@ -76,22 +112,15 @@ def roundtrip(kernels, quick: bool, progress=None) -> dict:
                 "SlicingArena (reset/100)": partial(kernels.slicing_fill, slicing, n, size, 100),
                 "scope open+alloc+fill+close": partial(kernels.scope_open_allocate_close, n, size),
             }
-            samples = {name: [] for name in candidates}
-            ratios = {name: [] for name in candidates}
+            row = {name: {"samples": [], "ratios": []} for name in candidates}
             for fn in candidates.values():  # warm-up
                 fn()
             for _ in range(rounds):
                 this_round = {name: fn() for name, fn in candidates.items()}
                 for name, value in this_round.items():
-                    samples[name].append(value)
-                    ratios[name].append(value / this_round["malloc+fill+free"])
-            results[size] = {
-                name: {"ns_per_op": statistics.median(samples[name]),
-                       "ratio_to_malloc": statistics.median(ratios[name])}
-                for name in candidates
-            }
-            if progress:
-                progress(f"native roundtrip {size} B")
+                    row[name]["samples"].append(value)
+                    row[name]["ratios"].append(value / this_round["malloc+fill+free"])
+            results[size] = row
     finally:
         confined.close()
         shared.close()
@@ -200,7 +229,7 @@ def targets(roundtrip_results: dict, thread_results: dict) -> list[dict]:
 
 def run(quick: bool = True, progress=None) -> dict:
     kernels = build_kernels()
-    rt = roundtrip(kernels, quick, progress)
+    rt = roundtrip(quick, progress)
     th = threads(kernels, quick, progress)
     return {"roundtrip": rt, "threads": th, "targets": targets(rt, th)}
 
@@ -226,5 +255,10 @@ def print_report(result: dict) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true")
+    parser.add_argument("--roundtrip-process", action="store_true",
+                        help="(internal) one process's rounds of the roundtrip, as JSON")
     args = parser.parse_args()
-    print_report(run(quick=not args.full, progress=lambda m: print(m, file=sys.stderr)))
+    if args.roundtrip_process:
+        print(json.dumps(roundtrip_samples(build_kernels(), quick=not args.full)))
+    else:
+        print_report(run(quick=not args.full, progress=lambda m: print(m, file=sys.stderr)))
