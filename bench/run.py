@@ -367,6 +367,12 @@ def main() -> int:
     if args.from_json:
         res = json.loads(Path(args.from_json).read_text())
         res["targets"] = targets(res)
+        if "native" in res:
+            import native
+
+            measured = res["native"]
+            measured["roundtrip"] = {int(size): row for size, row in measured["roundtrip"].items()}
+            measured["targets"] = native.targets(measured["roundtrip"], measured["threads"])
         report(res, out)
         return 0
     only = [x.strip() for x in args.only.split(",") if x.strip()]
