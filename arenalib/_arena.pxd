@@ -116,6 +116,7 @@ cdef struct InlineState:
     bint parked_idle
     Py_ssize_t arenas_opened
     Py_ssize_t arenas_closed
+    char padding[32]          # the records start on a cache line of their own (64-byte aligned)
     CarverRecord carvers[CARVER_RECORDS]
 
 

@@ -55,12 +55,28 @@ cdef Py_ssize_t _purges = 0
 
 # The slot given back last is parked here, outside _free_slots, where the inline arena_open() of any
 # module can take it without a call (see InlineState in _arena.pxd).
-cdef InlineState _inline_state
+cdef extern from *:
+    """
+    #include <stdlib.h>
+    #include <string.h>
+    /* Zeroed memory on a cache-line boundary (NULL: none), never freed. */
+    static void *arenalib_cache_aligned(size_t size) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, size) != 0)
+            return NULL;
+        return memset(p, 0, size);
+    }
+    """
+    void* arenalib_cache_aligned(size_t size) noexcept nogil
+
+cdef InlineState* _inline_state = <InlineState*>arenalib_cache_aligned(sizeof(InlineState))
+if _inline_state == NULL:
+    raise ImportError("arenalib: cannot allocate its shared state")
 
 
 cdef InlineState* arena_inline_state() noexcept nogil:
     """arenalib's InlineState, for the inline arena_open()/arena_close() of every module."""
-    return &_inline_state
+    return _inline_state
 
 
 cdef unsigned* _spare_tcaches = NULL

@@ -44,6 +44,11 @@ def malloc_fill_free(Py_ssize_t n, size_t size):
     return t0 / <double>n
 
 
+def malloc_free(Py_ssize_t n, size_t size):
+    """glibc malloc + free with nothing between, ns per op."""
+    return malloc_free_pairs(n, size)[0]
+
+
 def calloc_fill_free(Py_ssize_t n, size_t size):
     """glibc calloc + memset(3) + free, ns per op."""
     cdef Py_ssize_t i
@@ -107,8 +112,9 @@ def slicing_fill(arena, Py_ssize_t n, size_t size, Py_ssize_t batch):
     return t0 / <double>n
 
 
-def scope_open_allocate_close(Py_ssize_t n, size_t size):
-    """Per-scope pattern: arena_open (confined, stack struct) + allocate + memset(3) + arena_close.
+def scope_open_allocate_close(Py_ssize_t n, size_t size, bint fill=True):
+    """Per-scope pattern: arena_open (confined, stack struct) + allocate + memset(3) (when
+    ``fill``) + arena_close, ns per op.
 
     Open and close take the GIL-protected slot pool, so this loop holds the GIL (no Python code
     runs inside it)."""
@@ -123,7 +129,8 @@ def scope_open_allocate_close(Py_ssize_t n, size_t size):
         arena_open(&core, ARENA_KIND_CONFINED, -1, 0)
         err = arena_allocate(&core, size, 0, False, &p)
         if err == ARENA_OK:
-            memset(p, 3, size)
+            if fill:
+                memset(p, 3, size)
             escape(p)
         arena_close(&core)
         if err != ARENA_OK:
