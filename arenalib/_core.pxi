@@ -334,6 +334,7 @@ cdef CarverRecord* _carver_record(unsigned long me) noexcept nogil:
 cdef int _slicing_lock(ArenaCore* core) noexcept nogil:
     """Take a SlicingArena's busy lock and its bias (from whichever thread holds it), for a carve
     that needs the slow path, a reset or a purge.  ARENA_EBUSY: another thread is using it."""
+    global _biased_carving
     cdef unsigned long me = thread_ident()
     cdef unsigned long owner
     if not arenalib_try_lock(&core.busy):
@@ -346,6 +347,8 @@ cdef int _slicing_lock(ArenaCore* core) noexcept nogil:
         # After this, the owner either sees carve_owner == 0 before carving, or its record shows
         # the carve it started.
         if arenalib_membarrier() != 0:
+            # Cannot take it over safely: the owner keeps it, and no arena is biased from now on.
+            _biased_carving = False
             arenalib_store_owner(&core.carve_owner, owner)
             arenalib_unlock(&core.busy)
             return ARENA_EBUSY

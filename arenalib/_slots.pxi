@@ -53,8 +53,6 @@ cdef Py_ssize_t _slots_created = 0
 cdef Py_ssize_t _resets = 0
 cdef Py_ssize_t _purges = 0
 
-# The slot given back last is parked here, outside _free_slots, where the inline arena_open() of any
-# module can take it without a call (see InlineState in _arena.pxd).
 cdef extern from *:
     """
     #include <stdlib.h>
@@ -69,6 +67,9 @@ cdef extern from *:
     """
     void* arenalib_cache_aligned(size_t size) noexcept nogil
 
+# The slot given back last is parked here, outside _free_slots, where the inline arena_open() of any
+# module can take it without a call; the SlicingArena carver records live here too (see InlineState
+# in _arena.pxd).
 cdef InlineState* _inline_state = <InlineState*>arenalib_cache_aligned(sizeof(InlineState))
 if _inline_state == NULL:
     raise ImportError("arenalib: cannot allocate its shared state")

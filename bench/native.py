@@ -136,9 +136,10 @@ def roundtrip_samples(kernels, quick: bool) -> dict:
 def threads(kernels, quick: bool, progress=None) -> dict:
     """LWJGL's experiment: allocate/free pairs per thread, 1 and 2 threads, scaling factor.
 
-    Throughput is counted over the interval the kernels themselves report (first start to last
-    end, on CLOCK_MONOTONIC), so thread start-up is not measured and two threads that did not
-    really overlap show no scaling.  The issue's 10 million pairs per thread in both modes: with
+    The kernels wait at a start line (spinning, without the GIL) until every thread has arrived,
+    then time themselves; throughput is counted over the interval they report (first start to
+    last end, on CLOCK_MONOTONIC), so thread start-up is not measured and two threads that did
+    not really overlap show no scaling.  The issue's 10 million pairs per thread in both modes: with
     fewer, the loops end within a few milliseconds, before the second core has woken up."""
     per_thread = 10_000_000
     rounds = 3 if quick else 5
@@ -146,12 +147,10 @@ def threads(kernels, quick: bool, progress=None) -> dict:
 
     def run(thread_count, make_call):
         outcomes = []
-        barrier = threading.Barrier(thread_count)
+        kernels.set_start_line(thread_count)
 
         def worker():
-            call = make_call()
-            barrier.wait()
-            outcomes.append(call())
+            outcomes.append(make_call()())
 
         workers = [threading.Thread(target=worker) for _ in range(thread_count)]
         for w in workers:

@@ -23,9 +23,27 @@ cdef extern from *:
         clock_gettime(CLOCK_MONOTONIC, &ts);
         return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
     }
+    /* A start line for timed threads: each arrives, then spins until all have, so that none is
+       timed while another is still being woken up (a sleeping vCPU takes up to milliseconds). */
+    static int arenalib_bench_arrived, arenalib_bench_expected = 1;
+    static inline void arenalib_bench_start_line(void) {
+        __atomic_add_fetch(&arenalib_bench_arrived, 1, __ATOMIC_ACQ_REL);
+        while (__atomic_load_n(&arenalib_bench_arrived, __ATOMIC_ACQUIRE) < arenalib_bench_expected)
+            __builtin_ia32_pause();
+    }
     """
     void escape "arenalib_bench_escape"(void* p) noexcept nogil
     long long now_ns "arenalib_bench_now"() noexcept nogil
+    int arrived "arenalib_bench_arrived"
+    int expected "arenalib_bench_expected"
+    void start_line "arenalib_bench_start_line"() noexcept nogil
+
+
+def set_start_line(int threads):
+    """The pair loops below start timing once ``threads`` of them have reached the start line."""
+    global arrived, expected
+    arrived = 0
+    expected = threads
 
 
 def malloc_fill_free(Py_ssize_t n, size_t size):
@@ -45,7 +63,8 @@ def malloc_fill_free(Py_ssize_t n, size_t size):
 
 
 def malloc_free(Py_ssize_t n, size_t size):
-    """glibc malloc + free with nothing between, ns per op."""
+    """glibc malloc + free with nothing between, ns per op (one thread)."""
+    set_start_line(1)
     return malloc_free_pairs(n, size)[0]
 
 
@@ -151,6 +170,7 @@ def arena_alloc_free_pairs(arena, Py_ssize_t n, size_t size):
     cdef int err = ARENA_OK
     cdef long long t0, t1
     with nogil:
+        start_line()
         t0 = now_ns()
         for i in range(n):
             err = arena_allocate(core, size, 0, False, &p)
@@ -169,6 +189,7 @@ def malloc_free_pairs(Py_ssize_t n, size_t size):
     cdef void* p
     cdef long long t0, t1
     with nogil:
+        start_line()
         t0 = now_ns()
         for i in range(n):
             p = malloc(size)
