@@ -15,7 +15,8 @@
 # another thread is carving from it at that moment; an Arena's is free for all threads (each gets
 # its own thread cache).  arena_free() takes the size given to arena_allocate().  Close and reset
 # must not race with allocations on other threads.  For a scope without any Python object, put an
-# ArenaCore on the stack and use arena_open() / arena_close() (both need the GIL).
+# ArenaCore on the stack, prepare it once with arena_core_init(), then use arena_open() /
+# arena_close() (both need the GIL).
 #
 # The common cases are inline functions, compiled into your module: a ConfinedArena's allocate
 # and free from its free list, a SlicingArena's carve (no atomic instruction while one thread
@@ -48,6 +49,7 @@ from arenalib._arena cimport (
     arena_allocate,
     arena_close,
     arena_core,
+    arena_core_init,
     arena_free,
     arena_open,
     arena_raise,

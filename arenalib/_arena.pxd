@@ -91,7 +91,7 @@ cdef enum:
     # The inline functions below are compiled into the modules that cimport them, with the layout
     # of the structs they read: bump this whenever such a layout or rule changes, and consumers
     # built against another version are refused (ImportError) instead of corrupting memory.
-    ARENA_ABI_VERSION = 2
+    ARENA_ABI_VERSION = 3
     CARVER_RECORDS = 256
 
 
@@ -132,7 +132,7 @@ cdef struct ArenaCore:
     CarverRecord* carve_record
     ArenaSlot* slot
     unsigned long owner       # owning thread ident; 0 when any thread may use the arena
-    uint64_t generation       # bumped by reset and close: every older segment is dead
+    uint64_t generation       # bumped by open, reset and close, never lowered: older segments are dead
     uint64_t serial           # unique per arena object, never reused (keys the per-thread caches)
     Py_ssize_t live_bytes     # shared arenas: bytes reserved against max_bytes only
     Py_ssize_t peak_bytes
@@ -162,10 +162,12 @@ cdef class Segment:
         ArenaBase _arena
         Segment _root           # the segment that owns the memory; None when this one does
         uint64_t _generation    # the arena's generation when allocated: stale after a reset/close
-        Py_ssize_t _exports     # live buffer exports; counted on the root only
+        Py_ssize_t _exports     # live buffer exports and pins; counted on the root only
         bint _freed
 
     cdef int _check(self) except -1
+    cdef int _pin(self) except -1
+    cdef void _unpin(self) noexcept
     cdef Segment _owner_segment(self)
 
 
@@ -214,9 +216,11 @@ cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint ze
 cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil
 cdef int arena_reset(ArenaCore* core) noexcept nogil
 cdef int arena_raise(int code) except -1
-cdef Segment make_segment(ArenaBase arena, char* ptr, Py_ssize_t size)
+cdef Segment make_segment(ArenaBase arena, Py_ssize_t size)
 cdef Py_ssize_t parse_size(object size, str name) except -1
 cdef size_t parse_align(object align) except 0
+cdef int region_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                         void** out) noexcept nogil
 cdef void region_free(void* ptr) noexcept nogil
 
 
@@ -328,6 +332,11 @@ cdef inline size_t cache_held_bytes(FreeBlocks* cache) noexcept nogil:
     return cache.cached_bytes
 
 
+cdef inline bint small_align(size_t align) noexcept nogil:
+    """``align`` is 0 or a power of two up to 16, which every block of the fast paths meets."""
+    return align <= 16 and (align & (align - 1)) == 0
+
+
 cdef inline void confined_count_allocation(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
     """A ConfinedArena's books for a new block: the first few are remembered for close."""
     if core.recent_count < RECENT_MAX:
@@ -385,7 +394,7 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
     cdef void* ptr
     cdef unsigned long me = thread_ident()
     cdef CarverRecord* record
-    if core.fast_owner == me and align <= 16 and size <= CACHE_MAX_SIZE:
+    if core.fast_owner == me and small_align(align) and size <= CACHE_MAX_SIZE:
         ptr = cache_pop(&core.slot.cache, size)
         if ptr != NULL:
             if zero:
@@ -393,7 +402,7 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
             confined_count_allocation(core, ptr, size)
             out[0] = ptr
             return ARENA_OK
-    elif arenalib_load_owner(&core.carve_owner) == me and align <= SLICE_DEFAULT_ALIGN:
+    elif arenalib_load_owner(&core.carve_owner) == me and small_align(align):
         # The SlicingArena is biased to this thread: announce the carve in this thread's own
         # record, then check that the arena was not taken over meanwhile (a thread taking it over
         # clears carve_owner, runs membarrier(), then reads the record: one of the two sees the
@@ -437,7 +446,8 @@ cdef inline void core_init(ArenaCore* core, ArenaSlot* slot, int kind, Py_ssize_
     core.max_bytes = max_bytes if max_bytes >= 0 else -1
     core.owner = thread_ident() if kind == ARENA_KIND_CONFINED else 0
     core.fast_owner = core.owner if max_bytes < 0 else 0
-    core.generation = 1
+    # Never back: a segment of this core from before a close must stay dead after a re-open.
+    core.generation += 1
     core.serial = serial
     core.live_bytes = 0
     core.peak_bytes = 0
@@ -458,6 +468,11 @@ cdef inline void core_init(ArenaCore* core, ArenaSlot* slot, int kind, Py_ssize_
         core.current = 0
         core.chunk_bytes = 0
     core.open = True
+
+
+cdef inline void arena_core_init(ArenaCore* core) noexcept nogil:
+    """Prepare an ArenaCore of your own (on the stack, in a struct) for arena_open(): closed."""
+    memset(core, 0, sizeof(ArenaCore))
 
 
 cdef inline void recent_blocks_to_cache(ArenaCore* core) noexcept nogil:

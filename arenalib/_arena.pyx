@@ -150,17 +150,23 @@ cdef class ArenaBase:
         return self._allocate(_parse_size(size, "size"), zero, parse_align(align))
 
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align):
+        # Objects first (each may start a GC, whose finalizers may reset or close this arena),
+        # then the memory, then the segment bound to it with nothing in between that calls back.
+        # Untracking address 0 tells whether tracemalloc is tracing (-2 when it is not).
+        if self._traced is None and PyTraceMalloc_Untrack(TRACE_DOMAIN, 0) == 0:
+            self._traced = set()
+        cdef Segment seg = make_segment(self, size)
         cdef void* ptr
         cdef int err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
         if err:
             self._raise(err, f"cannot allocate {size} bytes (align={align})")
         if self._core.kind == ARENA_KIND_SHARED:
             self._update_shared_peak()
-        if PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, <size_t>size) == 0:
-            if self._traced is None:
-                self._traced = set()
+        if self._traced is not None and PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, <size_t>size) == 0:
             self._traced.add(<size_t>ptr)
-        return make_segment(self, <char*>ptr, size)
+        seg._ptr = <char*>ptr
+        seg._generation = self._core.generation
+        return seg
 
     cdef void _update_shared_peak(self) noexcept:
         # Walked without the lock: nodes are only freed by close(), which needs the GIL we hold,
@@ -200,13 +206,15 @@ cdef class ArenaBase:
         if code == ARENA_EUNSUPPORTED and self._core.kind == ARENA_KIND_SLICING:
             raise UnsupportedOperation(
                 "SlicingArena segments cannot be freed one by one; use reset() or close()")
+        if code == ARENA_EUNSUPPORTED and self._core.kind == ARENA_KIND_POOL:
+            raise UnsupportedOperation(f"{context}: a BufferPool hands out fixed buffers: use acquire()")
         exc_type, message = _ERRORS[code]
         raise exc_type(f"{context}: {message}")
 
     cdef Py_ssize_t _live_bytes(self) noexcept:
         cdef Py_ssize_t live, segments
         cdef size_t total
-        if self._core.kind == ARENA_KIND_SHARED:
+        if self._core.kind == ARENA_KIND_SHARED and self._core.open:
             _shared_totals(&self._core, &live, &segments, &total)
             return live
         return self._core.live_bytes
@@ -353,6 +361,11 @@ cdef dict _jemalloc_arena_stats(long arena_index):
     return figures
 
 
+cdef int _no_positional(ArenaBase arena, str keywords) except -1:
+    name = type(arena).__name__
+    raise TypeError(f"{name}() takes keyword arguments only: {name}({keywords}...)")
+
+
 @cython.final
 cdef class Arena(ArenaBase):
     """An arena any thread may allocate from, free into and close.
@@ -361,7 +374,9 @@ cdef class Arena(ArenaBase):
     with-block); seg.free() gives one segment back early.  Each thread allocates through its own
     jemalloc thread cache, so threads do not contend on a lock."""
 
-    def __cinit__(self, *, max_bytes=None):
+    def __cinit__(self, *args, max_bytes=None):
+        if args:
+            _no_positional(self, "max_bytes=")
         self._open(ARENA_KIND_SHARED, max_bytes)
 
 
@@ -371,7 +386,9 @@ cdef class ConfinedArena(ArenaBase):
 
     ConfinedArena(*, max_bytes=None).  Confinement is what lets it skip all locking."""
 
-    def __cinit__(self, *, max_bytes=None):
+    def __cinit__(self, *args, max_bytes=None):
+        if args:
+            _no_positional(self, "max_bytes=")
         self._open(ARENA_KIND_CONFINED, max_bytes)
 
     @property
@@ -389,7 +406,9 @@ cdef class SlicingArena(ArenaBase):
     get a chunk of their own.  Any thread may use it; the thread that used it last carves without
     atomic instructions, and another thread taking it over pays a few microseconds."""
 
-    def __cinit__(self, *, chunk_size=None, max_bytes=None):
+    def __cinit__(self, *args, chunk_size=None, max_bytes=None):
+        if args:
+            _no_positional(self, "chunk_size=, max_bytes=")
         cdef Py_ssize_t size = <Py_ssize_t>DEFAULT_CHUNK_SIZE
         if chunk_size is not None:
             size = _parse_size(chunk_size, "chunk_size")

@@ -35,11 +35,22 @@ cdef extern from *:
         e->cache = cache;
     }
     #define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
+    /* Add size to *counter unless that would take it past limit; 0 (nothing added) when it would. */
+    static inline int arenalib_reserve(Py_ssize_t *counter, size_t size, Py_ssize_t limit) {
+        Py_ssize_t live = __atomic_load_n(counter, __ATOMIC_RELAXED);
+        do {
+            if (live > limit || size > (size_t)(limit - live))
+                return 0;
+        } while (!__atomic_compare_exchange_n(counter, &live, live + (Py_ssize_t)size, 1,
+                                              __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+        return 1;
+    }
     #define arenalib_ctz(x) __builtin_ctzll(x)
     """
     void* arenalib_tls_get(uint64_t serial) noexcept nogil
     void arenalib_tls_set(uint64_t serial, void* cache) noexcept nogil
     Py_ssize_t arenalib_atomic_add(Py_ssize_t* counter, Py_ssize_t value) noexcept nogil
+    bint arenalib_reserve(Py_ssize_t* counter, size_t size, Py_ssize_t limit) noexcept nogil
     int arenalib_ctz(unsigned long long x) noexcept nogil
 
 # Largest alignment accepted: huge pages (2 MiB) and well beyond, far below what would make
@@ -154,11 +165,10 @@ cdef inline int _shared_allocate(ArenaCore* core, size_t size, size_t align, bin
     cdef ThreadCache* tc = _thread_cache(core)
     if tc == NULL:
         return ARENA_ENOMEM
-    if core.max_bytes >= 0:
-        # Only a limited arena pays for a counter shared by all threads.
-        if arenalib_atomic_add(&core.live_bytes, <Py_ssize_t>size) > core.max_bytes:
-            arenalib_atomic_add(&core.live_bytes, -<Py_ssize_t>size)
-            return ARENA_ELIMIT
+    # Only a limited arena pays for a counter shared by all threads; compare-and-swap, so that
+    # neither a huge size nor threads reserving at once can take it past the limit.
+    if core.max_bytes >= 0 and not arenalib_reserve(&core.live_bytes, size, core.max_bytes):
+        return ARENA_ELIMIT
     cdef void* ptr = _cached_allocate(&tc.cache, _shared_flags(core, tc), size, align, zero)
     if ptr == NULL:
         if core.max_bytes >= 0:
@@ -402,10 +412,11 @@ cdef void _slicing_free_chunks(ArenaCore* core, Py_ssize_t keep) noexcept nogil:
 
 # -- BufferPool's region ------------------------------------------------------------------------
 
-cdef inline int _region_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
-                                 void** out) noexcept nogil:
+cdef int region_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                         void** out) noexcept nogil:
     """A pool's region: one block outside the slot's arena, so that no bulk reset can take it while
-    raw views handed to the kernel may still point into it; region_free() gives it back."""
+    raw views handed to the kernel may still point into it; region_free() gives it back.  Only
+    BufferPool calls it: arena_allocate() refuses a pool's core."""
     if core.max_bytes >= 0 and <Py_ssize_t>size > core.max_bytes - core.live_bytes:
         return ARENA_ELIMIT
     cdef void* ptr = _jemalloc_allocate(MALLOCX_TCACHE_NONE, size if size else 1, align, zero)
@@ -448,9 +459,7 @@ cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint ze
         err = _slicing_carve(core, size, align, zero, out)
         _slicing_unlock(core, err == ARENA_OK)
         return err
-    if core.kind == ARENA_KIND_POOL:
-        return _region_allocate(core, size, align, zero, out)
-    return ARENA_EUNSUPPORTED
+    return ARENA_EUNSUPPORTED  # a BufferPool's core: its buffers come from acquire()
 
 
 cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil:

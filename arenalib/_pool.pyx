@@ -22,7 +22,7 @@ from libc.string cimport memset
 
 from arenalib._arena cimport (
     ARENA_EEXPORTED, ARENA_KIND_POOL, ARENA_OK, TRACE_DOMAIN, ArenaBase, PyTraceMalloc_Track, Segment,
-    arena_allocate, make_segment, parse_align, parse_size, region_free,
+    make_segment, parse_align, parse_size, region_allocate, region_free,
 )
 
 from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, UnsupportedOperation
@@ -88,7 +88,7 @@ cdef class BufferPool(ArenaBase):
         self._zero = zero
         self._open(ARENA_KIND_POOL, None)
         cdef void* ptr = NULL
-        cdef int err = arena_allocate(&self._core, total, max(<size_t>a, REGION_ALIGN), zero, &ptr)
+        cdef int err = region_allocate(&self._core, total, max(<size_t>a, REGION_ALIGN), zero, &ptr)
         if err != ARENA_OK:
             self._release_memory()  # closed again: no ResourceWarning for a pool that never was
             self._raise(err, f"cannot allocate a pool region of {total} bytes")
@@ -139,7 +139,7 @@ cdef class BufferPool(ArenaBase):
             return self._exhaust(raise_exhausted)
         # Made first, with no address: this may run the garbage collector and with it any Python code
         # (another thread included), so the state is read only afterwards, with nothing in between.
-        cdef Segment seg = make_segment(self, NULL, self._buffer_size)
+        cdef Segment seg = make_segment(self, self._buffer_size)
         if not self._core.open:
             raise ArenaClosedError("BufferPool is closed")
         if self._nfree == 0:
@@ -279,8 +279,10 @@ cdef class BufferPool(ArenaBase):
         but they keep the region's memory itself allocated, unused by anything else, for as long as
         they live: a late write through one is harmless, never a write into freed memory."""
         self._check_open()
+        cdef _Region region = self._region  # held here: a GC in the loop below may close the pool
         cdef Py_ssize_t i
-        return [memoryview(_PoolBufferView._make(self, self._base + <size_t>i * self._stride))
+        return [memoryview(_PoolBufferView._make(region, self._base + <size_t>i * self._stride,
+                                                 self._buffer_size))
                 for i in range(self._count)]
 
     # -- figures ---------------------------------------------------------------------------------
@@ -346,11 +348,11 @@ cdef class _PoolBufferView:
         raise TypeError("use BufferPool.raw_views()")
 
     @staticmethod
-    cdef _PoolBufferView _make(BufferPool pool, char* ptr):
+    cdef _PoolBufferView _make(_Region region, char* ptr, Py_ssize_t size):
         cdef _PoolBufferView exporter = _PoolBufferView.__new__(_PoolBufferView)
-        exporter._region = pool._region
+        exporter._region = region
         exporter._ptr = ptr
-        exporter._size = pool._buffer_size
+        exporter._size = size
         return exporter
 
     def __getbuffer__(self, Py_buffer* view, int flags):

@@ -5,12 +5,23 @@
 # arena's, and its root was not freed) and that the calling thread may touch it, so a stale handle
 # raises instead of reading freed memory.  While a buffer export is alive, nothing may free the memory
 # (BufferError, as mmap.close() does).
+#
+# THE RULE of every method that touches the memory: convert, then check, then touch.  All that can
+# run Python code (argument conversion, __index__, slice.indices, buffer acquisition, object creation,
+# which can start a GC) comes first; then _pin() checks liveness and holds the memory as a one-call
+# export; then only C that cannot call back runs until _unpin().
 
-from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
-from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.string cimport memmove, memset
+from cpython.buffer cimport (
+    PyBUF_FORMAT, PyBUF_FULL_RO, PyBUF_ND, PyBUF_STRIDES, PyBuffer_IsContiguous, PyBuffer_Release,
+    PyBuffer_ToContiguous, PyObject_CheckBuffer, PyObject_GetBuffer,
+)
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.slice cimport PySlice_Unpack
+from libc.string cimport memcpy, memmove, memset
 
-from numbers import Integral
+cdef extern from "Python.h":
+    Py_ssize_t PySlice_AdjustIndices(Py_ssize_t length, Py_ssize_t* start, Py_ssize_t* stop,
+                                     Py_ssize_t step) noexcept
 
 cdef Py_ssize_t _ITEMSIZE_ONE = 1
 cdef Py_ssize_t _live_segment_objects = 0
@@ -35,6 +46,54 @@ cdef inline Py_ssize_t _as_byte(object value) except -1:
     return byte
 
 
+cdef inline Py_ssize_t _slice_length(object key, Py_ssize_t size, Py_ssize_t* start,
+                                     Py_ssize_t* step) except -1:
+    """The bytes a slice of a ``size``-byte segment selects; its first index and step go to
+    ``start`` and ``step``.  May run __index__ of the slice's bounds."""
+    cdef Py_ssize_t stop
+    if PySlice_Unpack(key, start, &stop, step) < 0:
+        return -1
+    return PySlice_AdjustIndices(size, start, &stop, step[0])
+
+
+cdef inline void _gather(char* dst, const char* src, Py_ssize_t n, Py_ssize_t step) noexcept nogil:
+    """dst[i] = src[i * step] for i < n."""
+    cdef Py_ssize_t i
+    if step == 1:
+        memcpy(dst, src, <size_t>n)
+    else:
+        for i in range(n):
+            dst[i] = src[i * step]
+
+
+cdef inline void _scatter(char* dst, const char* src, Py_ssize_t n, Py_ssize_t step) noexcept nogil:
+    """dst[i * step] = src[i] for i < n (step 1: the two may overlap)."""
+    cdef Py_ssize_t i
+    if step == 1:
+        memmove(dst, src, <size_t>n)
+    else:
+        for i in range(n):
+            dst[i * step] = src[i]
+
+
+cdef int _acquire_source(object value, Py_buffer* view, Py_ssize_t length) except -1:
+    """The buffer of a value assigned to a slice of ``length`` bytes: any bytes-like object of
+    exactly that many bytes, whatever its shape (a NumPy scalar or 0-d array is refused, as ints
+    are).  The caller releases ``view``."""
+    if not PyObject_CheckBuffer(value):
+        raise TypeError(f"a slice of a segment is assigned a bytes-like object, not {type(value).__name__}")
+    PyObject_GetBuffer(value, view, PyBUF_FULL_RO)
+    if view.ndim == 0:
+        PyBuffer_Release(view)
+        raise TypeError(f"a slice of a segment is assigned a bytes-like object, not {type(value).__name__}")
+    if view.len != length:
+        nbytes = view.len
+        PyBuffer_Release(view)
+        raise ValueError(f"segment slice assignment needs {length} bytes, got {nbytes}; "
+                         "the size of a segment cannot change")
+    return 0
+
+
 @cython.final
 @cython.freelist(64)
 @cython.no_gc  # references only its arena and root segment: never part of a cycle
@@ -50,6 +109,21 @@ cdef class Segment:
 
     cdef Segment _owner_segment(self):
         return self if self._root is None else self._root
+
+    cdef int _pin(self) except -1:
+        """The last step before touching the memory (see THE RULE above): check that it is still
+        there, then count the access as an export of the root and of the arena until _unpin(),
+        which free/release (root exports) and reset/close (arena exports) refuse to break."""
+        self._check()
+        cdef Segment owner = self._owner_segment()
+        owner._exports += 1
+        self._arena._core.exports += 1
+        return 0
+
+    cdef void _unpin(self) noexcept:
+        cdef Segment owner = self._owner_segment()
+        owner._exports -= 1
+        self._arena._core.exports -= 1
 
     cdef int _check(self) except -1:
         cdef ArenaBase arena = self._arena
@@ -129,28 +203,34 @@ cdef class Segment:
 
     def fill(self, value):
         """Set every byte to ``value`` (an int in range(0, 256)); returns the segment."""
-        self._check()
-        memset(self._ptr, <int>_as_byte(value), <size_t>self._size)
+        cdef int byte = <int>_as_byte(value)
+        self._pin()
+        memset(self._ptr, byte, <size_t>self._size)
+        self._unpin()
         return self
 
     def tobytes(self):
         """A bytes copy of the whole segment."""
-        self._check()
-        return PyBytes_FromStringAndSize(self._ptr, self._size)
+        cdef bytes copy = PyBytes_FromStringAndSize(NULL, self._size)
+        self._pin()
+        memcpy(PyBytes_AS_STRING(copy), self._ptr, <size_t>self._size)
+        self._unpin()
+        return copy
 
     def slice(self, offset, size):
         """A segment viewing ``size`` bytes from ``offset``, without copying (Panama's asSlice).
 
         The slice shares this segment's memory and lifetime; an export of it counts as an export
         of the parent.  Negative arguments raise ValueError, out-of-bounds ones IndexError."""
-        self._check()
         cdef Py_ssize_t start = _bounded_index(offset, "offset")
         cdef Py_ssize_t length = _bounded_index(size, "size")
         if start > self._size or length > self._size - start:
             raise IndexError(
                 f"slice(offset={offset}, size={size}) is out of bounds for a segment of "
                 f"{self._size} bytes")
-        cdef Segment child = make_segment(self._arena, self._ptr + start, length)
+        cdef Segment child = make_segment(self._arena, length)
+        self._check()
+        child._ptr = self._ptr + start
         child._root = self._owner_segment()
         child._generation = self._generation
         return child
@@ -171,40 +251,51 @@ cdef class Segment:
         self._arena._free_segment(self)
 
     def __getitem__(self, key):
-        self._check()
+        cdef Py_ssize_t start, step, length, i
+        cdef bytes copy
+        cdef unsigned char byte
         if isinstance(key, slice):
-            start, stop, step = key.indices(self._size)
-            if step == 1:
-                return PyBytes_FromStringAndSize(self._ptr + <Py_ssize_t>start,
-                                                 max(<Py_ssize_t>stop - <Py_ssize_t>start, 0))
-            with memoryview(self) as view:
-                return view[key].tobytes()
-        return <unsigned char>self._ptr[_segment_index(self, key)]
+            length = _slice_length(key, self._size, &start, &step)
+            copy = PyBytes_FromStringAndSize(NULL, length)
+            self._pin()
+            _gather(PyBytes_AS_STRING(copy), self._ptr + start, length, step)
+            self._unpin()
+            return copy
+        i = _segment_index(self, key)
+        self._pin()
+        byte = <unsigned char>self._ptr[i]
+        self._unpin()
+        return byte
 
     def __setitem__(self, key, value):
-        self._check()
-        cdef const unsigned char[::1] data
-        if isinstance(key, slice):
-            start, stop, step = key.indices(self._size)
-            if step != 1:
-                with memoryview(self) as view:
-                    view[key] = value
-                return
-            length = max(stop - start, 0)
-            if isinstance(value, Integral):  # int, bool, NumPy integer scalars: as bytearray does
-                raise TypeError("a slice of a segment is assigned a bytes-like object, not "
-                                f"{type(value).__name__}")
-            with memoryview(value) as source:
-                if source.nbytes != length:
-                    raise ValueError(
-                        f"segment slice assignment needs {length} bytes, got {source.nbytes}; "
-                        "the size of a segment cannot change")
-                data = source.cast("B") if source.c_contiguous else source.tobytes()
-                if length:
-                    # memmove: the source may be this very memory (seg[0:4] = seg.slice(2, 4))
-                    memmove(self._ptr + <Py_ssize_t>start, &data[0], <size_t>length)
+        cdef Py_ssize_t start, step, length, i
+        cdef int byte
+        cdef Py_buffer source
+        cdef const char* data
+        cdef bytes copy
+        if not isinstance(key, slice):
+            i = _segment_index(self, key)
+            byte = <int>_as_byte(value)
+            self._pin()
+            self._ptr[i] = <char>byte
+            self._unpin()
             return
-        self._ptr[_segment_index(self, key)] = <char>_as_byte(value)
+        length = _slice_length(key, self._size, &start, &step)
+        _acquire_source(value, &source, length)
+        try:
+            data = <const char*>source.buf
+            # A strided source, or one overlapping this segment under a strided copy, goes through
+            # a contiguous copy first (as memoryview assignment does).
+            if not PyBuffer_IsContiguous(&source, b"C") or (
+                    step != 1 and data < self._ptr + self._size and self._ptr < data + length):
+                copy = PyBytes_FromStringAndSize(NULL, length)
+                PyBuffer_ToContiguous(PyBytes_AS_STRING(copy), &source, length, b"C")
+                data = PyBytes_AS_STRING(copy)
+            self._pin()
+            _scatter(self._ptr + start, data, length, step)
+            self._unpin()
+        finally:
+            PyBuffer_Release(&source)
 
     def __delitem__(self, key):
         raise TypeError("a segment has a fixed size: its bytes cannot be deleted")
@@ -231,14 +322,15 @@ cdef class Segment:
                         "use tobytes()")
 
 
-cdef Segment make_segment(ArenaBase arena, char* ptr, Py_ssize_t size):
-    """A new root segment over ``size`` bytes at ``ptr`` of ``arena``'s current generation."""
+cdef Segment make_segment(ArenaBase arena, Py_ssize_t size):
+    """A new root segment of ``arena``, dead until its caller sets ``_ptr`` and ``_generation``.
+
+    Made before the memory is taken: creating the object may start a GC, and with it any Python
+    code, which must not run between taking the memory and handing it out."""
     global _live_segment_objects
     cdef Segment seg = Segment.__new__(Segment)
-    seg._ptr = ptr
     seg._size = size
     seg._arena = arena
-    seg._generation = arena._core.generation
     _live_segment_objects += 1
     return seg
 

@@ -10,8 +10,8 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
 from arenalib cimport (
-    ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, arena_allocate, arena_close, arena_core, arena_free,
-    arena_open, arena_raise, arena_reset,
+    ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, arena_allocate, arena_close, arena_core,
+    arena_core_init, arena_free, arena_open, arena_raise, arena_reset,
 )
 
 cdef extern from *:
@@ -142,7 +142,7 @@ def scope_open_allocate_close(Py_ssize_t n, size_t size, bint fill=True):
     cdef void* p
     cdef int err = ARENA_OK
     cdef long long t0
-    core.open = False
+    arena_core_init(&core)
     t0 = now_ns()
     for i in range(n):
         arena_open(&core, ARENA_KIND_CONFINED, -1, 0)

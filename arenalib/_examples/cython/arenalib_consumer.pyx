@@ -7,7 +7,7 @@ from libc.string cimport memset
 
 from arenalib cimport (
     ARENA_EBUSY, ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, arena_allocate, arena_close, arena_core,
-    arena_free, arena_open, arena_raise,
+    arena_core_init, arena_free, arena_open, arena_raise,
 )
 
 cdef enum:
@@ -134,7 +134,7 @@ def scoped_loop(Py_ssize_t iterations, size_t size):
     cdef void* ptr
     cdef int err = ARENA_OK
     cdef Py_ssize_t _i
-    core.open = False
+    arena_core_init(&core)
     for _i in range(iterations):
         arena_open(&core, ARENA_KIND_CONFINED, -1, 0)
         err = arena_allocate(&core, size, 0, False, &ptr)
