@@ -86,14 +86,15 @@ cdef class BufferPool(ArenaBase):
         self._stride = stride
         self._align = <size_t>a
         self._zero = zero
+        cdef _Region region = _Region()  # before the memory: its owner must exist to free it
         self._open(ARENA_KIND_POOL, None)
         cdef void* ptr = NULL
         cdef int err = region_allocate(&self._core, total, max(<size_t>a, REGION_ALIGN), zero, &ptr)
         if err != ARENA_OK:
             self._release_memory()  # closed again: no ResourceWarning for a pool that never was
             self._raise(err, f"cannot allocate a pool region of {total} bytes")
-        self._region = _Region()
-        self._region.ptr = ptr
+        region.ptr = ptr
+        self._region = region
         self._base = <char*>ptr
         self._reset_buffers(True)
         # The region is the allocation tracemalloc sees (untracked by close(), as arenas' blocks are).
