@@ -13,13 +13,17 @@ read costs through pool buffers against bytearray buffers.
    readinto, against a new bytearray per block (os.preadv, readinto), f.read(65536), and one
    bytearray reused for the whole file (the cheapest a Python loop can be).  Where the platform
    allows, also through the pool with O_DIRECT (page cache bypassed: disk speed; a bytearray cannot
-   do this, it is not aligned) and with io_uring readv, 8 reads in flight (liburing package).
+   do this, it is not aligned) and with io_uring, 8 reads in flight: readv and read_fixed into
+   registered buffers through examples/raw_uring.py, and readv through the liburing package from
+   PyPI where a probe in a child interpreter says it works (its 2026.3.30 wheel dies with SIGILL on
+   x86-64 CPUs without AVX-512).
 
 ``run(quick)`` returns every figure as a dict (bench/run.py calls it); quick mode takes ~5 s.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import queue
 import sys
@@ -32,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import fmt_num, fmt_size, same_round_ratio, summarize, table
 
 import arenalib
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import raw_uring  # examples/raw_uring.py: io_uring over raw syscalls, stdlib only
 
 OP_SIZES = (4096, 65536)
 FILE_SIZE = 64 << 20
@@ -156,8 +163,10 @@ def _read_through_pool(pool, path: str, flags: int) -> int:
         os.close(fd)
 
 
-def _read_candidates(path: str) -> dict[str, tuple[str, Callable[[], int], Callable[[], None]]]:
-    """key -> (label, read the whole file -> bytes read, cleanup)."""
+def _read_candidates(path: str, skipped: dict[str, str]) -> dict[str, tuple[str, Callable[[], int],
+                                                                              Callable[[], None]]]:
+    """key -> (label, read the whole file -> bytes read, cleanup); ``skipped`` gets key -> why for the
+    candidates that cannot run here."""
     pool = arenalib.BufferPool(BLOCK, 8)
     cands: dict[str, tuple[str, Callable[[], int], Callable[[], None]]] = {}
 
@@ -231,9 +240,8 @@ def _read_candidates(path: str) -> dict[str, tuple[str, Callable[[], int], Calla
     direct = _o_direct_candidate(path, pool)
     if direct is not None:
         cands["pool_o_direct"] = direct
-    uring = _io_uring_candidate(path, pool)
-    if uring is not None:
-        cands["pool_io_uring"] = uring
+    _io_uring_candidates(path, pool, cands, skipped)
+    _liburing_candidate(path, pool, cands, skipped)
     return cands
 
 
@@ -251,21 +259,71 @@ def _o_direct_candidate(path: str, pool: arenalib.BufferPool):
     return ("BufferPool + O_DIRECT preadv (disk, no page cache)", pool_o_direct, lambda: None)
 
 
-def _io_uring_candidate(path: str, pool: arenalib.BufferPool):
+def _io_uring_candidates(path: str, pool: arenalib.BufferPool, cands: dict, skipped: dict) -> None:
+    """io_uring through examples/raw_uring.py (raw syscalls): readv into the buffer's iovec, and
+    read_fixed into registered buffers; 8 reads in flight, the pattern of examples/io_uring_read.py."""
     try:
-        import liburing
-    except ImportError:
-        return None
+        ring = raw_uring.Ring(len(pool))
+    except raw_uring.Unavailable as e:
+        skipped["pool_io_uring"] = f"io_uring unavailable: {e}"
+        return
+    iovs = [raw_uring.iovec_array([pair]) for pair in pool.iovecs()]
+    ring.register_buffers(pool.iovecs())  # buffer i is fixed buffer i; unregistered before the pool closes
+
+    def read_loop(fixed: bool) -> int:
+        fd = os.open(path, os.O_RDONLY)
+        size = os.fstat(fd).st_size
+        inflight: dict[int, arenalib.Segment] = {}
+        offset = total = 0
+        try_acquire, index, release, check = pool.try_acquire, pool.index, pool.release, raw_uring.check
+        try:
+            while total < size:
+                while offset < size and (seg := try_acquire()) is not None:
+                    i = index(seg)
+                    if fixed:
+                        ring.prep_read_fixed(fd, seg.address, BLOCK, offset, i, i)
+                    else:
+                        ring.prep_readv(fd, iovs[i], offset, i)
+                    inflight[i] = seg
+                    offset += BLOCK
+                ring.submit()
+                for i, res in ring.wait(1):
+                    total += check(res)
+                    release(inflight.pop(i))
+            return total
+        finally:
+            if ring.inflight:  # an error: the kernel may still write into the acquired buffers
+                ring.wait(ring.inflight)
+            os.close(fd)
+
+    def cleanup() -> None:
+        ring.unregister_buffers()
+        ring.close()
+
+    cands["pool_io_uring"] = ("BufferPool + io_uring readv, 8 in flight", lambda: read_loop(False), cleanup)
+    cands["pool_io_uring_fixed"] = ("BufferPool + io_uring read_fixed (registered), 8 in flight",
+                                    lambda: read_loop(True), lambda: None)
+
+
+def _liburing_candidate(path: str, pool: arenalib.BufferPool, cands: dict, skipped: dict) -> None:
+    """The same readv loop through the liburing package from PyPI, only where a probe in a child
+    interpreter says it works: its 2026.3.30 wheel dies with SIGILL on x86-64 CPUs without AVX-512."""
+    usable, why = raw_uring.liburing_wheel_usable()
+    if not usable:
+        skipped["pool_liburing"] = why
+        return
+    liburing = importlib.import_module("liburing")
     ring = liburing.Ring()
     try:
         liburing.io_uring_queue_init(len(pool), ring)
-    except OSError:
-        return None
-    # The pattern of examples/io_uring_read.py: one Iovec per buffer index, made once.
+    except OSError as e:
+        skipped["pool_liburing"] = f"io_uring_queue_init: {e}"
+        return
+    # Iovec takes no Segment: one Iovec per buffer index from the pool's raw views, made once.
     iovs = [liburing.Iovec([view]) for view in pool.raw_views()]
     cqe = liburing.Cqe()
 
-    def pool_io_uring() -> int:
+    def pool_liburing() -> int:
         fd = os.open(path, os.O_RDONLY)
         size = os.fstat(fd).st_size
         inflight: dict[int, object] = {}
@@ -295,13 +353,13 @@ def _io_uring_candidate(path: str, pool: arenalib.BufferPool):
     def cleanup() -> None:
         liburing.io_uring_queue_exit(ring)
 
-    return ("BufferPool + io_uring readv, 8 in flight", pool_io_uring, cleanup)
+    cands["pool_liburing"] = ("BufferPool + liburing (PyPI) readv, 8 in flight", pool_liburing, cleanup)
 
 
-def bench_read(rounds: int) -> dict:
+def bench_read(rounds: int, skipped: dict[str, str]) -> dict:
     path = _make_file()
     try:
-        cands = _read_candidates(path)
+        cands = _read_candidates(path, skipped)
         try:
             keys = list(cands)
             for k in keys:  # warm-up: page cache, and each candidate reads the whole file right
@@ -330,10 +388,11 @@ def run(quick: bool) -> dict:
     rounds, target_ms, read_rounds = (15, 10.0, 7) if quick else (41, 30.0, 21)
     t0 = time.monotonic()
     ops = bench_ops(rounds, target_ms)
-    reads = bench_read(read_rounds)
+    skipped: dict[str, str] = {}
+    reads = bench_read(read_rounds, skipped)
     return {"mode": "quick" if quick else "full", "op_rounds": rounds, "op_target_ms": target_ms,
             "read_rounds": read_rounds, "file_bytes": FILE_SIZE, "block_bytes": BLOCK,
-            "acquire_release": ops, "read_throughput": reads,
+            "acquire_release": ops, "read_throughput": reads, "read_skipped": skipped,
             "seconds": round(time.monotonic() - t0, 1)}
 
 
@@ -352,6 +411,7 @@ def tables(res: dict) -> str:
     out.append(f"reading a {fmt_size(res['file_bytes'])} file in {fmt_size(res['block_bytes'])} blocks "
                "(page cache unless noted)")
     out.append(table(["candidate", "MB/s", "IQR", "vs bytearray+readinto"], rows))
+    out.extend(f"  skipped {key}: {why}" for key, why in res.get("read_skipped", {}).items())
     return "\n".join(out)
 
 

@@ -11,6 +11,10 @@ Experiments (each module's docstring says what it measures and how):
     roundtrip.py   allocate + fill(3) + free per op, 8 B to 1 MiB: ns/op, ops/ms, ratio to bytearray
     memory.py      RSS through a fragmenting ~1.5 GB workload, a fresh process per candidate
     threads.py     1 and 2 Python threads allocating: ops/s and scaling
+
+Each experiment runs in a child process of its own (``run.py --child NAME``): one that dies (a signal,
+such as SIGILL from an extension built for another CPU) or raises is reported by name with the reason,
+left out of the tables, targets and plots, and the run goes on (exit status 1 at the end).
 Output goes to bench/out/ (gitignored) unless --out says otherwise: results.json, results.md and
 the PNG plots.  bench/results/ holds the reference run (a --full run; its results.md says where and
 when).  --from-json FILE redoes the tables, plots and markdown of a results.json without measuring.
@@ -19,12 +23,20 @@ when).  --from-json FILE redoes the tables, plots and markdown of a results.json
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
+import faulthandler
+import importlib
 import json
 import os
 import re
+import selectors
+import signal
+import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -302,6 +314,8 @@ def markdown_report(res: dict, checks: list[dict], pngs: list[str]) -> str:
         f"time meanwhile.  Reproduce: `{cmd}` (writes bench/out/; `--out DIR` to choose).",
         "",
     ]
+    if failures_text(res):
+        parts += [failures_text(res, markdown=True), ""]
     if disturbance(res):
         parts += [f"**{disturbance(res)}**", ""]
     if "roundtrip" in res:
@@ -361,18 +375,23 @@ def main() -> int:
                         help="bytes the memory workload keeps (default 1.5e9)")
     parser.add_argument("--from-json", metavar="FILE",
                         help="measure nothing: redo tables, targets, plots and markdown of a results.json")
+    parser.add_argument("--experiments-dir", metavar="DIR",
+                        help="look the experiment modules up in DIR first (the tests' stand-ins)")
+    parser.add_argument("--child", metavar="NAME", help=argparse.SUPPRESS)   # run.py runs each
+    parser.add_argument("--result", metavar="FILE", help=argparse.SUPPRESS)  # experiment in a child
+    parser.add_argument("--config", metavar="JSON", help=argparse.SUPPRESS)  # process of its own
     args = parser.parse_args()
+    if args.experiments_dir:
+        sys.path.insert(0, str(Path(args.experiments_dir).resolve()))
+    if args.child:
+        return child_main(args.child, Path(args.result), Config(**json.loads(args.config)))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.from_json:
         res = json.loads(Path(args.from_json).read_text())
         res["targets"] = targets(res)
         if "native" in res:
-            import native
-
-            measured = res["native"]
-            measured["roundtrip"] = {int(size): row for size, row in measured["roundtrip"].items()}
-            measured["targets"] = native.targets(measured["roundtrip"], measured["threads"])
+            native_targets(res["native"])
         report(res, out)
         return 0
     only = [x.strip() for x in args.only.split(",") if x.strip()]
@@ -383,14 +402,6 @@ def main() -> int:
     if args.memory_bytes:
         cfg.memory_bytes = int(args.memory_bytes)
 
-    import memory
-    import native
-    import pool
-    import roundtrip
-    import threads
-    modules = {"roundtrip": roundtrip, "memory": memory, "threads": threads,
-               "pool": QuickOrFull(pool), "native": QuickOrFull(native)}
-
     res: dict = {
         "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -398,6 +409,7 @@ def main() -> int:
         "loadavg_before": loadavg(),
         "machine": machine_info(),
         "env": {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "ARENALIB_", "MALLOC_"))},
+        "failed": {},
     }
     print(f"arenalib benchmark, {cfg.mode} mode: {', '.join(only)} -> {out}", file=sys.stderr)
     busy = loadavg()[:1]
@@ -405,7 +417,7 @@ def main() -> int:
         print(f"warning: load average {busy[0]} before the run: other processes compete for the CPUs "
               "and will make the figures noisy", file=sys.stderr)
     cpu = CpuShare()
-    planned = {name: modules[name].plan_units(cfg) for name in only}
+    planned = {name: plan_units(name, cfg) for name in only}
     progress = Progress(sum(planned.values()))
     t0 = time.perf_counter()
     for name in RUN_ORDER:
@@ -413,17 +425,32 @@ def main() -> int:
             t = time.perf_counter()
             start = progress.done
             share = CpuShare()
-            res[name] = modules[name].run(cfg, progress)
+            result, failure = run_in_child(name, cfg, progress, args.experiments_dir)
+            progress.sync(start + planned[name])
+            if failure is not None:
+                res["failed"][name] = failure
+                progress.note(f"{name}: {failure}")
+                continue
+            if name == "native":
+                native_targets(result)
+            res[name] = result
             res[name]["wall_seconds"] = round(time.perf_counter() - t, 1)
             res[name]["cpu_share"] = share.result()
-            progress.sync(start + planned[name])
     progress.close()
     res["wall_seconds"] = round(time.perf_counter() - t0, 1)
     res["loadavg_after"] = loadavg()
     res["cpu_share"] = cpu.result()
     res["targets"] = targets(res)
     report(res, out)
-    return 0
+    return 1 if res["failed"] else 0
+
+
+def native_targets(measured: dict) -> None:
+    """native.py's figures read back from JSON: sizes as ints again, and its targets redone."""
+    import native
+
+    measured["roundtrip"] = {int(size): row for size, row in measured["roundtrip"].items()}
+    measured["targets"] = native.targets(measured["roundtrip"], measured["threads"])
 
 
 class QuickOrFull:
@@ -440,18 +467,145 @@ class QuickOrFull:
         return self.module.run(quick=cfg.mode != "full")
 
 
+def experiment(name: str):
+    """The module of an experiment, with plan_units(cfg) and run(cfg, progress)."""
+    module = importlib.import_module(name)
+    return QuickOrFull(module) if name in ("pool", "native") else module
+
+
+def plan_units(name: str, cfg: Config) -> float:
+    try:
+        return experiment(name).plan_units(cfg)
+    except Exception:  # the child will fail the same way and say why
+        return 1
+
+
+# -- each experiment in a child process -----------------------------------------------------------
+#
+# An experiment that dies (a signal: SIGILL from an extension built for another CPU, SIGSEGV) or
+# raises takes only its own process down: the parent reports it by name and goes on.  The child
+# writes its result as JSON to --result and its progress as JSON lines to its stdout (anything else
+# it prints goes to its stderr, which the parent shows as notes).
+
+class ChildProgress:
+    """The Progress interface inside a child: every change goes to the parent as a JSON line."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.done = 0.0
+        self.label = ""
+
+    def _send(self, **message) -> None:
+        self.stream.write(json.dumps(message) + "\n")
+        self.stream.flush()
+
+    def step(self, label: str | None = None, units: float = 1) -> None:
+        self.done += units
+        self.label = self.label if label is None else label
+        self._send(done=self.done, label=self.label)
+
+    def sync(self, done: float) -> None:
+        self.done = done
+        self._send(done=self.done, label=self.label)
+
+    def set_label(self, label: str) -> None:
+        self.label = label
+        self._send(done=self.done, label=label)
+
+    def note(self, message: str) -> None:
+        self._send(note=message)
+
+
+def child_main(name: str, result: Path, cfg: Config) -> int:
+    """Run one experiment; its result (or the exception it raised) goes to ``result`` as JSON."""
+    faulthandler.enable()  # a fatal signal prints the Python stack to stderr, then kills the process
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # stray prints (the experiment's, its subprocesses') go to stderr
+    try:
+        text, status = json.dumps({"result": experiment(name).run(cfg, ChildProgress(channel))}), 0
+    except BaseException as exc:
+        traceback.print_exc()
+        text, status = json.dumps({"error": traceback.format_exception_only(type(exc), exc)[-1].strip()}), 1
+    partial = result.with_suffix(".partial")
+    partial.write_text(text)
+    partial.rename(result)  # whole or absent
+    return status
+
+
+def run_in_child(name: str, cfg: Config, progress: Progress,
+                 experiments_dir: str | None = None) -> tuple[dict | None, str | None]:
+    """Run experiment ``name`` in a child process: ``(result, None)``, or ``(None, why it failed)``."""
+    start = progress.done
+    progress.set_label(f"{name}: starting")
+    with tempfile.TemporaryDirectory(prefix="arenalib-bench-") as tmp:
+        result_file = Path(tmp) / f"{name}.json"
+        cmd = [sys.executable, *(["-S"] if sys.flags.no_site else []), str(Path(__file__).resolve()),
+               "--child", name, "--result", str(result_file), "--config", json.dumps(cfg.asdict()),
+               *(["--experiments-dir", experiments_dir] if experiments_dir else [])]
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+
+        def on_message(line: str) -> None:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                message = {"note": line}
+            if "note" in message:
+                progress.note(message["note"])
+            else:
+                progress.label = message["label"]
+                progress.sync(start + message["done"])
+
+        def on_stderr(line: str) -> None:
+            stderr_tail.append(line)
+            progress.note(line)
+
+        _pump(proc, on_message, on_stderr)
+        returncode = proc.wait()
+        payload = json.loads(result_file.read_text()) if result_file.exists() else {}
+    if "result" in payload and returncode == 0:
+        return payload["result"], None
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        return None, f"died with {sig.name} ({signal.strsignal(sig)})"
+    if "error" in payload:
+        return None, f"raised {payload['error']}"
+    last = next((line for line in reversed(stderr_tail) if line.strip()), "")
+    return None, f"exited with status {returncode}" + (f": {last.strip()}" if last else "")
+
+
+def _pump(proc: subprocess.Popen, on_stdout, on_stderr) -> None:
+    """Feed the lines of the child's stdout and stderr to the two callbacks as they come, until both
+    are closed."""
+    handlers = {proc.stdout: on_stdout, proc.stderr: on_stderr}
+    pending = {proc.stdout: b"", proc.stderr: b""}
+    with selectors.DefaultSelector() as selector:
+        for stream in handlers:
+            selector.register(stream, selectors.EVENT_READ)
+        while selector.get_map():
+            for key, _ in selector.select():
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    chunk = b"\n" if pending[key.fileobj] else b""
+                *lines, pending[key.fileobj] = (pending[key.fileobj] + chunk).split(b"\n")
+                for line in lines:
+                    handlers[key.fileobj](line.decode(errors="replace"))
+
+
 def extra_reports(res: dict) -> str:
     """The BufferPool and C-level sections, as their own modules print them."""
     import contextlib
     import io
 
-    import native
-    import pool
-
     parts = []
     if "pool" in res:
+        import pool
+
         parts += ["BufferPool (issue 4)", pool.tables(res["pool"])]
     if "native" in res:
+        import native
+
         text = io.StringIO()
         with contextlib.redirect_stdout(text):
             native.print_report(res["native"])
@@ -463,6 +617,9 @@ def report(res: dict, out: Path) -> None:
     """Print the tables and the checklist; write results.json, the plots and results.md."""
     checks = res["targets"]
     print(f"\nMachine: {machine_line(res)}\n")
+    failed = failures_text(res)
+    if failed:
+        print(failed + "\n")
     disturbed = disturbance(res)
     if disturbed:
         print(disturbed + "\n")
@@ -485,6 +642,20 @@ def report(res: dict, out: Path) -> None:
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}"
           + "".join(f", {out / p}" for p in pngs))
     print(f"wall time {res['wall_seconds']:.0f} s")
+    if failed:
+        print(f"{len(res['failed'])} experiment(s) failed: " + ", ".join(res["failed"]))
+
+
+def failures_text(res: dict, markdown: bool = False) -> str:
+    """The experiments that did not complete, each with why; "" when all did."""
+    failed = res.get("failed") or {}
+    if not failed:
+        return ""
+    if markdown:
+        return "\n".join(["## Experiments that failed", "", "Left out of the tables, targets and plots:", "",
+                          *(f"- **{name}**: {why}" for name, why in failed.items())])
+    return "\n".join(["Experiments that failed (left out of the tables, targets and plots):",
+                      *(f"  {name}: {why}" for name, why in failed.items())])
 
 
 if __name__ == "__main__":

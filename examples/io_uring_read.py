@@ -1,113 +1,104 @@
-"""Read a file through io_uring into arenalib.BufferPool buffers (with the `liburing` package from PyPI).
+"""Read a file through io_uring into arenalib.BufferPool buffers, with the raw-syscall client
+examples/raw_uring.py (standard library only).
 
     python examples/io_uring_read.py FILE [--fixed]
 
-The pattern, given how liburing 2026.3.30 takes buffers:
+The pattern, with up to DEPTH (8) reads in flight:
 
-* ``liburing.Iovec`` accepts only bytes, bytearray and memoryview objects (not a Segment), and keeps a
-  memoryview's buffer export for good.  ``Iovec([memoryview(seg)])`` would therefore pin the segment:
-  release() and close() would raise BufferError forever.  ``io_uring_prep_read`` and
-  ``io_uring_prep_read_fixed`` accept only a bytearray, whose memory is never the pool's.
-* So build the Iovecs once, from ``pool.raw_views()``: one plain memoryview per buffer, in index order,
-  not counted as exports.  ``iovs[i] = Iovec([views[i]])`` describes buffer ``i`` for the pool's whole
-  life; no per-request Iovec is made.
-* Per request: ``seg = pool.acquire()``, ``i = pool.index(seg)``, ``io_uring_prep_readv(sqe, fd,
-  iovs[i], offset)`` with ``sqe.user_data = i``; on its completion the data is in ``seg`` (read it
-  through the segment, which checks it is alive), then ``pool.release(seg)``.  Keep the segment
-  acquired until its completion arrives: the kernel writes into the buffer until then.
-* Fixed buffers (--fixed): ``io_uring_register_buffers(ring, Iovec(views))`` makes buffer ``i`` fixed
-  buffer ``i``; read with ``io_uring_prep_readv_fixed(sqe, fd, iovs[i], i, offset)`` (Linux 6.15+).
-  Unregister (or exit the ring) before the pool closes.
+* raw_uring takes addresses, so a request names a pool buffer by its address: ``seg =
+  pool.acquire()``, ``i = pool.index(seg)``, then ``ring.prep_readv(fd, iovs[i], offset,
+  user_data=i)``, where ``iovs[i] = raw_uring.iovec_array([pool.iovecs()[i]])`` describes buffer
+  ``i`` and is built once for the pool's life (``pool.iovecs()[i] == (seg.address, len(seg))``).
+* On the completion of ``user_data`` i the data is in ``seg``: read it through the segment (which
+  checks it is alive), then ``pool.release(seg)``.  Keep the segment acquired until its completion
+  arrives: the kernel writes into the buffer until then, and a released buffer may already be the
+  next request's.
+* Fixed buffers (--fixed): ``ring.register_buffers(pool.iovecs())`` makes buffer ``i`` fixed buffer
+  ``i`` (the kernel pins its pages); read with ``ring.prep_read_fixed(fd, seg.address, len(seg),
+  offset, i, user_data=i)``.  Unregister before the pool closes: the kernel would go on writing
+  into the pinned pages, whatever they hold by then.
 
-The raw views do not track which buffers are acquired (they only hand addresses to the kernel), so
-everything the program reads goes through the acquired segments; they keep the region's memory
-allocated while they live, so even a late write through one never lands in freed memory.
-Exits with status 77 when io_uring is unavailable.
+Exits with status 77 when io_uring is unavailable (the kernel lacks or refuses io_uring_setup).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import sys
 
-import liburing
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from arenalib import BufferPool
+import raw_uring
+
+from arenalib import BufferPool, Segment
 
 BLOCK = 64 * 1024
 DEPTH = 8
 
 
-def read_file(path: str, fixed: bool = False) -> tuple[int, str]:
+def read_file(ring: raw_uring.Ring, path: str, fixed: bool = False) -> tuple[int, str]:
     """Read ``path`` with up to DEPTH reads in flight; returns (bytes read, sha256 of the content)."""
-    ring = liburing.Ring()
-    liburing.io_uring_queue_init(DEPTH, ring)
     fd = os.open(path, os.O_RDONLY)
     size = os.fstat(fd).st_size
     digest = hashlib.sha256()
     try:
         with BufferPool(BLOCK, DEPTH) as pool:
-            views = pool.raw_views()
-            iovs = [liburing.Iovec([view]) for view in views]
+            iovs = [raw_uring.iovec_array([pair]) for pair in pool.iovecs()]
             if fixed:
-                liburing.io_uring_register_buffers(ring, liburing.Iovec(views))
-            cqe = liburing.Cqe()
-            inflight: dict[int, tuple[int, object]] = {}  # buffer index -> (offset, segment)
-            done: dict[int, bytes] = {}                    # offset -> data, until it is next in order
+                ring.register_buffers(pool.iovecs())
+            inflight: dict[int, tuple[int, Segment]] = {}  # buffer index -> (offset, segment)
+            done: dict[int, bytes] = {}  # offset -> data, until it is next in order
             next_offset = next_digest = 0
             try:
                 while next_digest < size:
                     # Fill the ring: one read per free buffer.
                     while next_offset < size and (seg := pool.try_acquire()) is not None:
                         i = pool.index(seg)
-                        sqe = liburing.io_uring_get_sqe(ring)
                         if fixed:
-                            liburing.io_uring_prep_readv_fixed(sqe, fd, iovs[i], i, next_offset)
+                            ring.prep_read_fixed(fd, seg.address, len(seg), next_offset, i, user_data=i)
                         else:
-                            liburing.io_uring_prep_readv(sqe, fd, iovs[i], next_offset)
-                        sqe.user_data = i
+                            ring.prep_readv(fd, iovs[i], next_offset, user_data=i)
                         inflight[i] = (next_offset, seg)
                         next_offset += BLOCK
-                    liburing.io_uring_submit(ring)
-                    # Reap one completion (res raises OSError for a failed read).
-                    liburing.io_uring_wait_cqe(ring, cqe)
-                    entry = cqe[0]
-                    i = entry.user_data
-                    offset, seg = inflight.pop(i)
-                    try:
-                        n = entry.res
-                    finally:
-                        liburing.io_uring_cqe_seen(ring, entry)
-                    done[offset] = seg[:n]
-                    pool.release(seg)
+                    ring.submit()
+                    # Reap what has completed (at least one): raw_uring.check raises OSError for -errno.
+                    for i, res in ring.wait(1):
+                        offset, seg = inflight.pop(i)
+                        n = raw_uring.check(res)
+                        if n != min(BLOCK, size - offset):
+                            raise OSError(errno.EIO, f"short read: {n} bytes at offset {offset}")
+                        done[offset] = seg[:n]
+                        pool.release(seg)
                     while next_digest in done:  # completions may come out of order
                         chunk = done.pop(next_digest)
                         digest.update(chunk)
-                        next_digest += len(chunk) if chunk else size
+                        next_digest += len(chunk)
             finally:
+                if inflight:  # an error above: let the kernel finish with the buffers first
+                    ring.wait(ring.inflight)
                 if fixed:
-                    liburing.io_uring_unregister_buffers(ring)
-            print(f"{pool.stats()['acquisitions']} reads, high water {pool.stats()['high_water']} buffers")
+                    ring.unregister_buffers()  # before the pool closes
+            stats = pool.stats()
+            print(f"{stats['acquisitions']} reads, high water {stats['high_water']} buffers")
     finally:
         os.close(fd)
-        liburing.io_uring_queue_exit(ring)
     return size, digest.hexdigest()
 
 
 def main() -> int:
     args = [a for a in sys.argv[1:] if a != "--fixed"]
     if len(args) != 1:
-        print(__doc__.splitlines()[2].strip(), file=sys.stderr)
+        print(__doc__.splitlines()[3].strip(), file=sys.stderr)
         return 2
     try:
-        probe = liburing.Ring()
-        liburing.io_uring_queue_init(1, probe)
-        liburing.io_uring_queue_exit(probe)
-    except OSError as e:
+        ring = raw_uring.Ring(DEPTH)
+    except raw_uring.Unavailable as e:
         print(f"io_uring is unavailable here: {e}")
         return 77
-    size, digest = read_file(args[0], fixed="--fixed" in sys.argv)
+    with ring:
+        size, digest = read_file(ring, args[0], fixed="--fixed" in sys.argv)
     print(f"read {size} bytes, sha256 {digest}")
     return 0
 

@@ -1,5 +1,6 @@
 """BufferPool: the contract, then proof with real I/O clients (os.preadv/pwritev, readinto, sockets,
-O_DIRECT, io_uring through the liburing package), then a hypothesis state machine."""
+O_DIRECT, io_uring through examples/raw_uring.py, the liburing package where it works), then a
+hypothesis state machine."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ctypes
 import errno
 import gc
 import hashlib
+import importlib
 import itertools
 import os
 import pickle
@@ -39,10 +41,9 @@ from arenalib import (
     UnsupportedOperation,
 )
 
-try:
-    import liburing
-except ImportError:  # a test dependency; the io_uring tests skip without it
-    liburing = None
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples")
+sys.path.insert(0, EXAMPLES)
+import raw_uring  # noqa: E402  (examples/raw_uring.py: io_uring over raw syscalls, stdlib only)
 
 PAGE = 4096
 DIRECT_DIR = "/var/tmp"  # a disk filesystem (not tmpfs), where O_DIRECT is normally accepted
@@ -518,62 +519,282 @@ def test_o_direct(data_file):
         os.close(fd)
 
 
-# -- io_uring (liburing from PyPI) -----------------------------------------------------------------
+# -- io_uring (examples/raw_uring.py: raw syscalls, standard library) ------------------------------
 
 @pytest.fixture
 def ring():
-    if liburing is None:
-        pytest.skip("the liburing package is not installed (requirements/test.txt)")
-    r = liburing.Ring()
     try:
-        rc = liburing.io_uring_queue_init(32, r)
-    except OSError as e:
-        pytest.skip(f"io_uring_setup failed: {e}")
-    if rc is not None and rc < 0:
-        pytest.skip(f"io_uring_setup failed: {os.strerror(-rc)}")
+        r = raw_uring.Ring(32)
+    except raw_uring.Unavailable as e:
+        pytest.skip(f"io_uring is unavailable here: {e}")
     yield r
-    liburing.io_uring_queue_exit(r)
+    r.close()
 
 
-def completions(r, n: int) -> dict[int, int]:
+def completions(r: raw_uring.Ring, n: int) -> dict[int, int]:
     """Wait for ``n`` completions: {user_data: result}, the result -errno on failure."""
-    cqe = liburing.Cqe()
-    done = {}
-    for _ in range(n):
-        liburing.io_uring_wait_cqe(r, cqe)
-        entry = cqe[0]
-        key = entry.user_data
-        try:
-            done[key] = entry.res
-        except OSError as e:  # the package raises for a negative res
-            done[key] = -e.errno
-        liburing.io_uring_cqe_seen(r, entry)
+    done: dict[int, int] = {}
+    while len(done) < n:
+        for key, res in r.wait(n - len(done)):
+            assert key not in done
+            done[key] = res
     return done
 
 
-def test_io_uring_client_quirks(ring):
-    """What the package accepts: Iovec takes bytes, bytearray and memoryview only, and never lets go of a
-    memoryview; io_uring_prep_read(_fixed) takes only a bytearray."""
+def test_raw_uring_results_and_errors(ring, data_file):
+    """Completions carry the request's user_data and result; a failure is a negative errno, which
+    check() raises as OSError; misuse that would hang or corrupt the ring raises instead."""
+    path, data = data_file
+    assert ring.sq_entries == 32 and ring.cq_entries == 64
+    buf = ctypes.create_string_buffer(100)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        ring.prep_nop(user_data=(1 << 64) - 1)
+        ring.prep_read(fd, ctypes.addressof(buf), 100, 1000, user_data=1)
+        ring.prep_read(fd, ctypes.addressof(buf), 100, len(data), user_data=2)  # at the end: 0 bytes
+        ring.prep_read(999_999, ctypes.addressof(buf), 100, 0, user_data=3)  # no such descriptor
+        ring.prep_read(fd, 8, 100, 0, user_data=4)  # an address nothing is mapped at
+        assert ring.pending == 5
+        assert ring.submit() == 5
+        assert ring.pending == 0 and ring.inflight == 5
+        results = completions(ring, 5)
+        assert results == {(1 << 64) - 1: 0, 1: 100, 2: 0, 3: -errno.EBADF, 4: -errno.EFAULT}
+        assert buf.raw == data[1000:1100]
+        assert raw_uring.check(results[1]) == 100
+        with pytest.raises(OSError) as info:
+            raw_uring.check(results[3])
+        assert info.value.errno == errno.EBADF
+    finally:
+        os.close(fd)
+    with pytest.raises(ValueError, match="0 in flight"):
+        ring.wait(1)  # would block for good
+    assert ring.wait(0) == []
+    with pytest.raises(ValueError):
+        ring.prep_nop(user_data=1 << 64)
+    for k in range(32):
+        ring.prep_nop(user_data=k)
+    with pytest.raises(BlockingIOError):
+        ring.prep_nop(user_data=32)  # the submission queue is full
+    assert ring.submit() == 32
+    assert completions(ring, 32) == dict.fromkeys(range(32), 0)
+    ring.close()
+    ring.close()
+    assert ring.closed
+    for use in (ring.prep_nop, ring.submit, ring.wait):
+        with pytest.raises(ValueError, match="closed"):
+            use()
+
+
+def test_io_uring_readv(ring, data_file):
+    """The pattern: one iovec array per buffer index, built once from pool.iovecs(); each request
+    acquires a segment, reads with readv into iovs[pool.index(seg)], and uses the data through the
+    segment once the completion has arrived."""
+    path, data = data_file
+    with BufferPool(65536, 4) as p:
+        iovs = [raw_uring.iovec_array([pair]) for pair in p.iovecs()]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            out = {}
+            offset = 0
+            while offset < len(data):
+                inflight = {}
+                while offset < len(data) and (seg := p.try_acquire()) is not None:
+                    i = p.index(seg)
+                    ring.prep_readv(fd, iovs[i], offset, user_data=i)
+                    inflight[i] = (seg, offset)
+                    offset += 65536
+                assert ring.submit() == len(inflight)
+                for i, res in completions(ring, len(inflight)).items():
+                    seg, off = inflight.pop(i)
+                    assert res == min(65536, len(data) - off)
+                    out[off] = seg[:res]
+                    p.release(seg)
+            assert b"".join(out[k] for k in sorted(out)) == data
+            assert p.stats()["high_water"] == 4
+            assert p.stats()["exports"] == 0
+        finally:
+            os.close(fd)
+
+
+def test_io_uring_read_write_segment_addresses(ring, data_file, tmp_path):
+    """read/write/readv by address: a segment's own (seg.address, len(seg)), slices included."""
+    path, data = data_file
+    with BufferPool(65536, 4) as p:
+        segs = [p.acquire() for _ in range(4)]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            ring.prep_read(fd, segs[0].address, len(segs[0]), 3 * 65536, user_data=0)
+            ring.prep_readv(fd, [(segs[1].address, 1000), (segs[2].address, 5000)], 7, user_data=1)
+            half = segs[3].slice(32768, 32768)
+            ring.prep_read(fd, half.address, len(half), 65536, user_data=3)
+            ring.submit()
+            assert completions(ring, 3) == {0: 65536, 1: 6000, 3: 32768}
+        finally:
+            os.close(fd)
+        assert segs[0].tobytes() == data[3 * 65536:4 * 65536]
+        assert segs[1][:1000] == data[7:1007] and segs[2][:5000] == data[1007:6007]
+        assert half.tobytes() == data[65536:98304]
+        out = tmp_path / "out.bin"
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT)
+        try:
+            ring.prep_write(fd, segs[0].address, 65536, 0, user_data=10)
+            ring.prep_writev(fd, [(segs[1].address, 1000), (half.address, 10)], 65536, user_data=11)
+            ring.submit()
+            assert completions(ring, 2) == {10: 65536, 11: 1010}
+        finally:
+            os.close(fd)
+        assert out.read_bytes() == data[3 * 65536:4 * 65536] + data[7:1007] + data[65536:65546]
+        for seg in segs:
+            p.release(seg)
+
+
+def test_io_uring_registered_buffers(ring, data_file, tmp_path):
+    """Fixed buffers: register pool.iovecs() so buffer i is fixed buffer i, then read_fixed into a
+    segment by its address and index.  The kernel refuses (-EFAULT, nothing written) a range that is
+    not inside the named registered buffer: memory outside the region, another buffer's, one byte
+    past the end, an index beyond the registered ones, any index once unregistered."""
+    path, data = data_file
+    with BufferPool(65536, 4) as p, arenalib.ConfinedArena() as arena:
+        outside = arena.allocate(65536)
+        segs = [p.acquire() for _ in range(4)]
+        ring.register_buffers(p.iovecs())
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for seg in segs:
+                i = p.index(seg)
+                ring.prep_read_fixed(fd, seg.address, len(seg), (3 - i) * 65536, i, user_data=i)
+            ring.submit()
+            assert completions(ring, 4) == dict.fromkeys(range(4), 65536)
+            for seg in segs:
+                i = p.index(seg)
+                assert seg.tobytes() == data[(3 - i) * 65536:(4 - i) * 65536]
+            before = [seg.tobytes() for seg in segs]
+            a, b = segs[0], segs[1]
+            ia, ib = p.index(a), p.index(b)
+            ring.prep_read_fixed(fd, b.address + 1000, 100, 5, ib, user_data=10)  # part of a buffer
+            ring.prep_read_fixed(fd, outside.address, 4096, 0, 0, user_data=20)
+            ring.prep_read_fixed(fd, b.address, 4096, 0, ia, user_data=21)
+            ring.prep_read_fixed(fd, a.address + 1, 65536, 0, ia, user_data=22)
+            ring.prep_read_fixed(fd, a.address, 4096, 0, 4, user_data=23)
+            ring.submit()
+            efault = -errno.EFAULT
+            assert completions(ring, 5) == {10: 100, 20: efault, 21: efault, 22: efault, 23: efault}
+            expected = before[1][:1000] + data[5:105] + before[1][1100:]
+            assert b.tobytes() == expected
+            assert [seg.tobytes() for seg in segs[::2] + segs[3:]] == before[::2] + before[3:]
+            assert outside.tobytes() == bytes(65536)
+
+            out = tmp_path / "out.bin"
+            wfd = os.open(out, os.O_WRONLY | os.O_CREAT)
+            try:
+                ring.prep_write_fixed(wfd, b.address, 65536, 0, ib, user_data=30)
+                ring.submit()
+                assert completions(ring, 1) == {30: 65536}
+            finally:
+                os.close(wfd)
+            assert out.read_bytes() == expected
+        finally:
+            ring.unregister_buffers()  # before the pool closes: the kernel pins the pages until then
+            os.close(fd)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            ring.prep_read_fixed(fd, a.address, 4096, 0, ia, user_data=40)
+            ring.submit()
+            assert completions(ring, 1) == {40: efault}
+        finally:
+            os.close(fd)
+        for seg in segs:
+            p.release(seg)
+
+
+@pytest.mark.parametrize("mode", [[], ["--fixed"]], ids=["readv", "read_fixed"])
+def test_io_uring_example_runs(data_file, mode):
+    path, data = data_file
+    example = os.path.join(EXAMPLES, "io_uring_read.py")
+    result = subprocess.run([sys.executable, example, path, *mode], capture_output=True, text=True)
+    if result.returncode == 77:
+        pytest.skip(result.stdout.strip())
+    assert result.returncode == 0, result.stderr
+    assert f"read {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}" in result.stdout
+    assert "9 reads, high water 8 buffers" in result.stdout
+
+
+def test_io_uring_example_without_io_uring(data_file):
+    """Where io_uring_setup fails with ENOSYS (a kernel without io_uring; EPERM where it is disabled),
+    the example exits with status 77 and says why."""
+    path, _ = data_file
+    example = os.path.join(EXAMPLES, "io_uring_read.py")
+    code = textwrap.dedent(f"""
+        import runpy, sys
+        sys.path.insert(0, {EXAMPLES!r})
+        import raw_uring
+        raw_uring.SYS_IO_URING_SETUP = 100_000  # no such syscall: ENOSYS
+        sys.argv = [{example!r}, {path!r}]
+        runpy.run_path({example!r}, run_name="__main__")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 77, result.stderr
+    why = f"[Errno {errno.ENOSYS}] io_uring_setup: {os.strerror(errno.ENOSYS)}"
+    assert result.stdout.strip() == f"io_uring is unavailable here: {why}"
+
+
+# -- the liburing package from PyPI, behind a probe in a child interpreter ----------------------------
+
+
+def test_probe_reports_a_dying_child():
+    """The probe that guards liburing: a child killed by a signal or failing is a verdict, not a
+    crash of this process."""
+    assert raw_uring.probe("print('usable')") == (True, "")
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGILL)"
+    assert raw_uring.probe(kill) == (False, "killed by SIGILL (Illegal instruction)")
+    assert raw_uring.probe("raise ImportError('no liburing')") == (False, "ImportError: no liburing")
+    usable, why = raw_uring.liburing_wheel_usable()
+    assert usable is (why == "")
+
+
+@pytest.fixture
+def liburing_ring():
+    """(the liburing module, a ring of 32 entries), once the probe says the package works here (its
+    2026.3.30 wheel dies with SIGILL in liburing.Ring() on x86-64 CPUs without AVX-512)."""
+    usable, why = raw_uring.liburing_wheel_usable()
+    if not usable:
+        pytest.skip(why)
+    liburing = importlib.import_module("liburing")  # only now: it may kill the interpreter
+    r = liburing.Ring()
+    liburing.io_uring_queue_init(32, r)
+    yield liburing, r
+    liburing.io_uring_queue_exit(r)
+
+
+def test_liburing_package_quirks(liburing_ring):
+    """What the package accepts: Iovec takes bytes, bytearray and memoryview only (not a Segment);
+    io_uring_prep_read(_fixed) takes only a bytearray."""
+    liburing, r = liburing_ring
     with BufferPool(4096, 1) as p:
         seg = p.acquire()
         with pytest.raises(TypeError):
             liburing.Iovec([seg])
-        sqe = liburing.io_uring_get_sqe(ring)
+        sqe = liburing.io_uring_get_sqe(r)
         with pytest.raises(TypeError):
             liburing.io_uring_prep_read(sqe, 0, seg, 0)
         with pytest.raises(TypeError):
             liburing.io_uring_prep_read(sqe, 0, p.raw_views()[0], 0)
         liburing.io_uring_prep_nop(sqe)
-        liburing.io_uring_submit(ring)
-        completions(ring, 1)
+        sqe.user_data = 5
+        liburing.io_uring_submit(r)
+        cqe = liburing.Cqe()
+        liburing.io_uring_wait_cqe(r, cqe)
+        assert (cqe[0].user_data, cqe[0].res) == (5, 0)
+        liburing.io_uring_cqe_seen(r, cqe[0])
         p.release(seg)
 
 
-def test_io_uring_memoryview_of_segment_is_pinned_for_good(ring):
-    """Iovec([memoryview(seg)]) keeps the export alive for good: the segment can never be released nor
-    the pool closed (run in a child process, as the export never goes away)."""
+def test_liburing_memoryview_of_segment_is_pinned_for_good(liburing_ring):
+    """liburing.Iovec([memoryview(seg)]) keeps the export alive for good: the segment can never be
+    released nor the pool closed (run in a child process, as the export never goes away)."""
     code = textwrap.dedent("""
-        import gc, liburing, arenalib
+        import gc, importlib, arenalib
+        liburing = importlib.import_module("liburing")
         p = arenalib.BufferPool(4096, 1)
         seg = p.acquire()
         iov = liburing.Iovec([memoryview(seg)])
@@ -588,88 +809,6 @@ def test_io_uring_memoryview_of_segment_is_pinned_for_good(ring):
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["1", "BufferError", "BufferError"]
-
-
-def test_io_uring_readv(ring, data_file):
-    """The pattern: one Iovec per buffer index, built once from raw_views(); each request acquires a
-    segment, reads with readv into iovs[pool.index(seg)], and uses the data through the segment."""
-    path, data = data_file
-    with BufferPool(65536, 4) as p:
-        iovs = [liburing.Iovec([v]) for v in p.raw_views()]
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            out = {}
-            offset = 0
-            while offset < len(data):
-                inflight = {}
-                while offset < len(data) and (seg := p.try_acquire()) is not None:
-                    i = p.index(seg)
-                    sqe = liburing.io_uring_get_sqe(ring)
-                    liburing.io_uring_prep_readv(sqe, fd, iovs[i], offset)
-                    sqe.user_data = i
-                    inflight[i] = (seg, offset)
-                    offset += 65536
-                assert liburing.io_uring_submit(ring) == len(inflight)
-                for i, res in completions(ring, len(inflight)).items():
-                    seg, off = inflight.pop(i)
-                    assert res > 0, os.strerror(-res)
-                    out[off] = seg[:res]
-                    p.release(seg)
-            assert b"".join(out[k] for k in sorted(out)) == data
-            assert p.stats()["high_water"] == 4
-            assert p.stats()["exports"] == 0
-        finally:
-            os.close(fd)
-
-
-def test_io_uring_registered_buffers(ring, data_file):
-    """Fixed buffers: register Iovec(pool.raw_views()) so buffer i is fixed index i, then
-    io_uring_prep_readv_fixed with the buffer's own Iovec.  io_uring_prep_read_fixed takes only a
-    bytearray, which never lies in the registered region: the kernel refuses it (EFAULT)."""
-    path, data = data_file
-    with BufferPool(65536, 4) as p:
-        views = p.raw_views()
-        registered = liburing.Iovec(views)
-        assert liburing.io_uring_register_buffers(ring, registered) in (0, None)
-        iovs = [liburing.Iovec([v]) for v in views]
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            segs = [p.acquire() for _ in range(4)]
-            for seg in segs:
-                i = p.index(seg)
-                sqe = liburing.io_uring_get_sqe(ring)
-                liburing.io_uring_prep_readv_fixed(sqe, fd, iovs[i], i, (3 - i) * 65536)
-                sqe.user_data = i
-            liburing.io_uring_submit(ring)
-            results = completions(ring, 4)
-            if any(r == -errno.EINVAL for r in results.values()):
-                pytest.skip("this kernel lacks IORING_OP_READV_FIXED (Linux 6.15+)")
-            for seg in segs:
-                i = p.index(seg)
-                assert results[i] == 65536
-                assert seg.tobytes() == data[(3 - i) * 65536:(4 - i) * 65536]
-
-            sqe = liburing.io_uring_get_sqe(ring)
-            liburing.io_uring_prep_read_fixed(sqe, fd, bytearray(4096), 0, 0)
-            sqe.user_data = 99
-            liburing.io_uring_submit(ring)
-            assert completions(ring, 1) == {99: -errno.EFAULT}
-            for seg in segs:
-                p.release(seg)
-        finally:
-            liburing.io_uring_unregister_buffers(ring)  # before the pool closes
-            os.close(fd)
-
-
-@pytest.mark.parametrize("mode", [[], ["--fixed"]], ids=["readv", "readv_fixed"])
-def test_io_uring_example_runs(data_file, mode):
-    path, data = data_file
-    example = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "io_uring_read.py")
-    result = subprocess.run([sys.executable, example, path, *mode], capture_output=True, text=True)
-    if result.returncode == 77:
-        pytest.skip(result.stdout.strip())
-    assert result.returncode == 0, result.stderr
-    assert f"read {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}" in result.stdout
 
 
 # -- state machine ---------------------------------------------------------------------------------
