@@ -8,13 +8,15 @@ memory (the nogil rules live in _core.pxi).  Segment (_segment.pxi) is the user'
 
 cimport cython
 from cpython.exc cimport PyErr_Clear
+from cpython.number cimport PyNumber_Index
 from libc.stdint cimport uint64_t
+from libc.string cimport memcpy
 
 import warnings
 
 from arenalib._errors import ArenaClosedError, ArenaError, UnsupportedOperation, WrongThreadError
 
-from arenalib._jemalloc cimport JEMALLOC_VERSION, je_mallctl
+from arenalib._jemalloc cimport JEMALLOC_VERSION, je_mallctl, je_mallctlbymib, je_mallctlnametomib
 
 cdef extern from "Python.h":
     int PyType_HasFeature(type t, unsigned long feature)
@@ -74,13 +76,14 @@ cdef inline Py_ssize_t _parse_size(object size, str name) except -1:
 
 
 cdef Py_ssize_t _parse_size_slow(object size, str name) except -1:
+    cdef object index = PyNumber_Index(size)  # one __index__ call; TypeError for a non-integer
     cdef Py_ssize_t n
     try:
-        n = size
+        n = index
     except OverflowError:
-        if size < 0:
-            raise ValueError(f"{name} must be >= 0, not {size!r}") from None
-        raise MemoryError(f"cannot allocate {size!r} bytes: larger than any address space") from None
+        if index < 0:
+            raise ValueError(f"{name} must be >= 0, not {index!r}") from None
+        raise MemoryError(f"cannot allocate {index!r} bytes: larger than any address space") from None
     if n < 0:
         raise ValueError(f"{name} must be >= 0, not {n}")
     return n
@@ -312,7 +315,7 @@ cdef class ArenaBase:
             "max_bytes": self.max_bytes,
             "closed": not core.open,
         }
-        result.update(_jemalloc_arena_stats(core.slot.arena_index if core.open else -1))
+        result.update(_jemalloc_arena_stats(core))
         return result
 
     def __repr__(self):
@@ -344,20 +347,49 @@ cdef class ArenaBase:
             warnings.warn(message, ResourceWarning, stacklevel=2)
 
 
-cdef dict _jemalloc_arena_stats(long arena_index):
+# jemalloc's per-arena figures that stats() reports: (key, mallctl name, counted in pages).
+_ARENA_FIGURES = (("resident", b"stats.arenas.0.resident", False), ("mapped", b"stats.arenas.0.mapped", False),
+                  ("active", b"stats.arenas.0.pactive", True), ("dirty", b"stats.arenas.0.pdirty", True))
+cdef size_t _mib_figures[4][4]
+cdef size_t _mib_figures_len[4]
+cdef size_t _page_size = 0
+
+
+cdef int _init_figure_mibs() except -1:
+    global _page_size
+    cdef size_t size = sizeof(size_t)
+    cdef int i
+    for i, (_, name, _) in enumerate(_ARENA_FIGURES):
+        _mib_figures_len[i] = 4
+        if je_mallctlnametomib(name, _mib_figures[i], &_mib_figures_len[i]):
+            raise ImportError(f"arenalib: the private jemalloc does not know {name.decode()}")
+    je_mallctl(b"arenas.page", &_page_size, &size, NULL, 0)
+    return 0
+
+
+_init_figure_mibs()
+
+
+cdef dict _jemalloc_arena_stats(ArenaCore* core):
+    """jemalloc's figures for the arena behind ``core`` (zeros once closed)."""
     cdef uint64_t epoch = 1
-    cdef size_t value = 0, page = 0, size = sizeof(size_t)
-    cdef dict figures = {"resident": 0, "mapped": 0, "active": 0, "dirty": 0}
-    if arena_index < 0:
+    cdef size_t values[4]
+    cdef size_t mib[4]
+    cdef size_t size
+    cdef int i
+    cdef dict figures = {key: 0 for key, _, _ in _ARENA_FIGURES}  # made before the core is read
+    if not core.open:
         return figures
     # Statistics are snapshots: advancing the epoch refreshes them.
     je_mallctl(b"epoch", NULL, NULL, &epoch, sizeof(epoch))
-    je_mallctl(b"arenas.page", &page, &size, NULL, 0)
-    for key, name, pages in (("resident", "resident", False), ("mapped", "mapped", False),
-                             ("active", "pactive", True), ("dirty", "pdirty", True)):
+    for i in range(4):
+        memcpy(mib, _mib_figures[i], _mib_figures_len[i] * sizeof(size_t))
+        mib[2] = core.slot.arena_index
         size = sizeof(size_t)
-        if je_mallctl(f"stats.arenas.{arena_index}.{name}".encode(), &value, &size, NULL, 0) == 0:
-            figures[key] = value * page if pages else value
+        if je_mallctlbymib(mib, _mib_figures_len[i], &values[i], &size, NULL, 0):
+            values[i] = 0
+    for i, (key, _, pages) in enumerate(_ARENA_FIGURES):
+        figures[key] = values[i] * _page_size if pages else values[i]
     return figures
 
 

@@ -10,7 +10,6 @@
 #                  (biased ownership) and carves without any atomic instruction; any other thread
 #                  takes the busy lock and the arena over, or gets ARENA_EBUSY while it is in use.
 
-from cpython.pythread cimport PyThread_free_lock
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.string cimport memset
 

@@ -45,7 +45,6 @@ cdef Py_ssize_t _positive(object value, str name) except -1:
 
 
 @cython.final
-@cython.auto_pickle(False)  # ArenaBase.__reduce__ refuses pickling
 cdef class BufferPool(ArenaBase):
     """``count`` buffers of ``buffer_size`` bytes, each aligned to ``align``, in one contiguous region.
 
@@ -208,8 +207,10 @@ cdef class BufferPool(ArenaBase):
         return 0
 
     cdef Py_ssize_t _index_of(self, Segment seg) except -1:
-        cdef size_t offset = <size_t>(seg._ptr - self._base)
-        if seg._ptr < self._base or offset >= self._stride * <size_t>self._count:
+        # By the root's address: an empty slice at a buffer's end points at the next buffer.
+        cdef char* ptr = seg._owner_segment()._ptr
+        cdef size_t offset = <size_t>(ptr - self._base)
+        if ptr < self._base or offset >= self._stride * <size_t>self._count:
             raise ValueError("the segment is not in this BufferPool's region")
         return <Py_ssize_t>(offset / self._stride)
 
@@ -259,16 +260,18 @@ cdef class BufferPool(ArenaBase):
 
     def region(self):
         """The whole region as one ``(address, length)`` pair (to register it as one buffer)."""
-        self._check_open()
-        return (<size_t>self._base, self._stride * <size_t>self._count)
+        result = (<size_t>self._base, self._stride * <size_t>self._count)
+        self._check_open()  # after making the result: that may start a GC that closes the pool
+        return result
 
     def iovecs(self):
         """``[(address, buffer_size), ...]``, one pair per buffer in index order (struct iovec's
         fields): the form io_uring_register_buffers wants, so buffer i is fixed-buffer index i."""
-        self._check_open()
         cdef Py_ssize_t i
-        return [(<size_t>(self._base + <size_t>i * self._stride), self._buffer_size)
-                for i in range(self._count)]
+        result = [(<size_t>(self._base + <size_t>i * self._stride), self._buffer_size)
+                  for i in range(self._count)]
+        self._check_open()  # after making the result: that may start a GC that closes the pool
+        return result
 
     def raw_views(self):
         """One writable memoryview per buffer (``buffer_size`` bytes, index order), for clients that

@@ -76,21 +76,15 @@ cdef inline void _scatter(char* dst, const char* src, Py_ssize_t n, Py_ssize_t s
             dst[i * step] = src[i]
 
 
-cdef int _acquire_source(object value, Py_buffer* view, Py_ssize_t length) except -1:
-    """The buffer of a value assigned to a slice of ``length`` bytes: any bytes-like object of
-    exactly that many bytes, whatever its shape (a NumPy scalar or 0-d array is refused, as ints
-    are).  The caller releases ``view``."""
+cdef int _acquire_source(object value, Py_buffer* view) except -1:
+    """The buffer of a value assigned to a slice: any bytes-like object, whatever its shape (a
+    NumPy scalar or 0-d array is refused, as ints are).  The caller releases ``view``."""
     if not PyObject_CheckBuffer(value):
         raise TypeError(f"a slice of a segment is assigned a bytes-like object, not {type(value).__name__}")
     PyObject_GetBuffer(value, view, PyBUF_FULL_RO)
     if view.ndim == 0:
         PyBuffer_Release(view)
         raise TypeError(f"a slice of a segment is assigned a bytes-like object, not {type(value).__name__}")
-    if view.len != length:
-        nbytes = view.len
-        PyBuffer_Release(view)
-        raise ValueError(f"segment slice assignment needs {length} bytes, got {nbytes}; "
-                         "the size of a segment cannot change")
     return 0
 
 
@@ -222,14 +216,16 @@ cdef class Segment:
 
         The slice shares this segment's memory and lifetime; an export of it counts as an export
         of the parent.  Negative arguments raise ValueError, out-of-bounds ones IndexError."""
+        if self._arena is None:
+            self._check()  # a Segment not made by an arena: TypeError, before anything is counted
         cdef Py_ssize_t start = _bounded_index(offset, "offset")
         cdef Py_ssize_t length = _bounded_index(size, "size")
+        cdef Segment child = make_segment(self._arena, length)
+        self._check()  # a dead segment says so before its bounds are judged
         if start > self._size or length > self._size - start:
             raise IndexError(
                 f"slice(offset={offset}, size={size}) is out of bounds for a segment of "
                 f"{self._size} bytes")
-        cdef Segment child = make_segment(self._arena, length)
-        self._check()
         child._ptr = self._ptr + start
         child._root = self._owner_segment()
         child._generation = self._generation
@@ -261,8 +257,11 @@ cdef class Segment:
             _gather(PyBytes_AS_STRING(copy), self._ptr + start, length, step)
             self._unpin()
             return copy
-        i = _segment_index(self, key)
+        i = _position(key, self._size)
         self._pin()
+        if i < 0:
+            self._unpin()
+            raise IndexError("segment index out of range")
         byte = <unsigned char>self._ptr[i]
         self._unpin()
         return byte
@@ -274,24 +273,31 @@ cdef class Segment:
         cdef const char* data
         cdef bytes copy
         if not isinstance(key, slice):
-            i = _segment_index(self, key)
+            i = _position(key, self._size)
             byte = <int>_as_byte(value)
             self._pin()
+            if i < 0:
+                self._unpin()
+                raise IndexError("segment index out of range")
             self._ptr[i] = <char>byte
             self._unpin()
             return
         length = _slice_length(key, self._size, &start, &step)
-        _acquire_source(value, &source, length)
+        _acquire_source(value, &source)
         try:
             data = <const char*>source.buf
             # A strided source, or one overlapping this segment under a strided copy, goes through
             # a contiguous copy first (as memoryview assignment does).
-            if not PyBuffer_IsContiguous(&source, b"C") or (
-                    step != 1 and data < self._ptr + self._size and self._ptr < data + length):
+            if source.len == length and (not PyBuffer_IsContiguous(&source, b"C") or (
+                    step != 1 and data < self._ptr + self._size and self._ptr < data + length)):
                 copy = PyBytes_FromStringAndSize(NULL, length)
                 PyBuffer_ToContiguous(PyBytes_AS_STRING(copy), &source, length, b"C")
                 data = PyBytes_AS_STRING(copy)
             self._pin()
+            if source.len != length:
+                self._unpin()
+                raise ValueError(f"segment slice assignment needs {length} bytes, got {source.len}; "
+                                 "the size of a segment cannot change")
             _scatter(self._ptr + start, data, length, step)
             self._unpin()
         finally:
@@ -337,30 +343,30 @@ cdef Segment make_segment(ArenaBase arena, Py_ssize_t size):
 
 cdef Py_ssize_t _bounded_index(object value, str name) except -1:
     """A non-negative ``value`` as Py_ssize_t; too large for any segment: PY_SSIZE_T_MAX."""
+    cdef object index = PyNumber_Index(value)  # one __index__ call; TypeError for a non-integer
     cdef Py_ssize_t n
     try:
-        n = value
+        n = index
     except OverflowError:
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, not {value!r}") from None
+        if index < 0:
+            raise ValueError(f"{name} must be >= 0, not {index!r}") from None
         return PY_SSIZE_T_MAX
     if n < 0:
         raise ValueError(f"{name} must be >= 0, not {value!r}")
     return n
 
 
-cdef Py_ssize_t _segment_index(Segment seg, object index) except -1:
-    """``index`` (negative from the end, as for bytes) checked against the segment's size."""
+cdef Py_ssize_t _position(object index, Py_ssize_t size) except -2:
+    """``index`` (negative from the end, as for bytes) as a position in ``size`` bytes; -1 when it
+    is out of range (the caller raises IndexError once the segment is known to be alive)."""
     cdef Py_ssize_t i
     try:
         i = index
     except OverflowError:
-        raise IndexError("cannot fit 'int' into an index-sized integer") from None
+        return -1
     if i < 0:
-        i += seg._size
-    if i < 0 or i >= seg._size:
-        raise IndexError("segment index out of range")
-    return i
+        i += size
+    return i if 0 <= i < size else -1
 
 
 cdef object _dead_segment_error(Segment seg):

@@ -17,8 +17,8 @@
 
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawRealloc
 from cpython.pythread cimport (
-    PyThread_acquire_lock, PyThread_allocate_lock, PyThread_release_lock, PyThread_type_lock,
-    WAIT_LOCK,
+    PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock,
+    PyThread_type_lock, WAIT_LOCK,
 )
 from libc.string cimport memcpy, memset
 
@@ -148,15 +148,16 @@ cdef ArenaSlot* _slot_acquire() except NULL:
     if _tcache_take(&tcache_index) != 0:
         tcache_index = NO_TCACHE
     cdef ArenaSlot* slot = <ArenaSlot*>PyMem_RawCalloc(1, sizeof(ArenaSlot))
-    if slot == NULL or not _remember_slot(slot):
+    if slot != NULL:
+        slot.threads_lock = PyThread_allocate_lock()
+    # Remembered last: the fork handler walks every remembered slot and its lock.
+    if slot == NULL or slot.threads_lock == NULL or not _remember_slot(slot):
         # The new arena stays unused: destroying it would leak metadata and free an index that a
         # stale reference could alias.
+        if slot != NULL and slot.threads_lock != NULL:
+            PyThread_free_lock(<PyThread_type_lock>slot.threads_lock)
         PyMem_RawFree(slot)
         raise MemoryError("cannot allocate an arena slot")
-    slot.threads_lock = PyThread_allocate_lock()
-    if slot.threads_lock == NULL:
-        PyMem_RawFree(slot)
-        raise MemoryError("cannot allocate a lock")
     slot.arena_index = arena_index
     slot.tcache_index = tcache_index
     _slots_created += 1
@@ -194,11 +195,18 @@ cdef unsigned _fresh_tcache() noexcept nogil:
     return tcache_index
 
 
+cdef object _pid = os.getpid()
+
+
 def _after_fork_in_child():
     """jemalloc's child forgets the explicit tcaches made before the fork (flushing one would
     corrupt it): give every slot and thread cache a new one, never touch the old ones again, and
-    replace locks another thread of the parent may have held."""
-    global _spare_tcache_count, _spare_tcache_lock
+    replace locks another thread of the parent may have held.  A no-op in a process that did not
+    fork since the last call (the function is reachable from Python)."""
+    global _spare_tcache_count, _spare_tcache_lock, _pid
+    if os.getpid() == _pid:
+        return
+    _pid = os.getpid()
     cdef Py_ssize_t i
     cdef ArenaSlot* slot
     cdef ThreadCache* tc
