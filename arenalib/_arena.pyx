@@ -296,26 +296,33 @@ cdef class ArenaBase:
         live_bytes/live_segments/peak_bytes count the sizes asked for; resident, mapped, active and
         dirty are jemalloc's byte counts for the underlying jemalloc arena (0 once closed)."""
         cdef ArenaCore* core = &self._core
-        cdef Py_ssize_t live = 0, segments = 0, peak = core.peak_bytes
-        cdef size_t total = core.allocated_total
-        if core.kind == ARENA_KIND_SHARED and core.open:
+        cdef Py_ssize_t live = 0, segments = 0, peak
+        cdef size_t total
+        cdef size_t figures[4]
+        cdef bint is_open
+        cdef int i
+        result = {}  # made first: the GC it may start can close the arena, which the reads must see
+        is_open = core.open
+        peak = core.peak_bytes
+        total = core.allocated_total
+        if core.kind == ARENA_KIND_SHARED and is_open:
             _shared_totals(core, &live, &segments, &total)
-        elif core.open:  # a closed core's live counts are stale (a scope's close skips them)
+        elif is_open:  # a closed core's live counts are stale (a scope's close skips them)
             live = core.live_bytes
             segments = core.live_segments
             if core.kind == ARENA_KIND_SLICING:  # not settled yet (see slicing_settle)
                 peak = max(peak, live)
                 total += <size_t>live
-        result = {
-            "live_bytes": live,
-            "live_segments": segments,
-            "peak_bytes": peak,
-            "allocated_total": total,
-            "exports": core.exports,
-            "max_bytes": self.max_bytes,
-            "closed": not core.open,
-        }
-        result.update(_jemalloc_arena_stats(core))
+        _jemalloc_arena_figures(core, figures)
+        result["live_bytes"] = live
+        result["live_segments"] = segments
+        result["peak_bytes"] = peak
+        result["allocated_total"] = total
+        result["exports"] = core.exports
+        result["max_bytes"] = None if core.max_bytes < 0 else core.max_bytes
+        result["closed"] = not is_open
+        for i in range(4):
+            result[_ARENA_FIGURES[i][0]] = figures[i]
         return result
 
     def __repr__(self):
@@ -352,6 +359,7 @@ _ARENA_FIGURES = (("resident", b"stats.arenas.0.resident", False), ("mapped", b"
                   ("active", b"stats.arenas.0.pactive", True), ("dirty", b"stats.arenas.0.pdirty", True))
 cdef size_t _mib_figures[4][4]
 cdef size_t _mib_figures_len[4]
+cdef bint _figure_in_pages[4]
 cdef size_t _page_size = 0
 
 
@@ -359,7 +367,8 @@ cdef int _init_figure_mibs() except -1:
     global _page_size
     cdef size_t size = sizeof(size_t)
     cdef int i
-    for i, (_, name, _) in enumerate(_ARENA_FIGURES):
+    for i, (_, name, pages) in enumerate(_ARENA_FIGURES):
+        _figure_in_pages[i] = pages
         _mib_figures_len[i] = 4
         if je_mallctlnametomib(name, _mib_figures[i], &_mib_figures_len[i]):
             raise ImportError(f"arenalib: the private jemalloc does not know {name.decode()}")
@@ -370,27 +379,26 @@ cdef int _init_figure_mibs() except -1:
 _init_figure_mibs()
 
 
-cdef dict _jemalloc_arena_stats(ArenaCore* core):
-    """jemalloc's figures for the arena behind ``core`` (zeros once closed)."""
+cdef void _jemalloc_arena_figures(ArenaCore* core, size_t* figures) noexcept:
+    """jemalloc's figures (_ARENA_FIGURES, in bytes) for the arena behind ``core``; 0 once closed."""
     cdef uint64_t epoch = 1
-    cdef size_t values[4]
     cdef size_t mib[4]
     cdef size_t size
     cdef int i
-    cdef dict figures = {key: 0 for key, _, _ in _ARENA_FIGURES}  # made before the core is read
+    for i in range(4):
+        figures[i] = 0
     if not core.open:
-        return figures
+        return
     # Statistics are snapshots: advancing the epoch refreshes them.
     je_mallctl(b"epoch", NULL, NULL, &epoch, sizeof(epoch))
     for i in range(4):
         memcpy(mib, _mib_figures[i], _mib_figures_len[i] * sizeof(size_t))
         mib[2] = core.slot.arena_index
         size = sizeof(size_t)
-        if je_mallctlbymib(mib, _mib_figures_len[i], &values[i], &size, NULL, 0):
-            values[i] = 0
-    for i, (key, _, pages) in enumerate(_ARENA_FIGURES):
-        figures[key] = values[i] * _page_size if pages else values[i]
-    return figures
+        if je_mallctlbymib(mib, _mib_figures_len[i], &figures[i], &size, NULL, 0):
+            figures[i] = 0
+        elif _figure_in_pages[i]:
+            figures[i] *= _page_size
 
 
 cdef int _no_positional(ArenaBase arena, str keywords) except -1:

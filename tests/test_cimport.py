@@ -20,17 +20,19 @@ import arenalib
 EXAMPLE = Path(arenalib.__file__).parent / "_examples" / "cython"
 
 
-def build_consumer(source: Path, pxd_dir: Path | None = None):
-    """Build the example consumer in ``source`` with meson and import it; against the installed
-    arenalib's .pxd files, or those in ``pxd_dir``."""
-    for name in ("meson.build", "arenalib_consumer.pyx"):
-        shutil.copy(EXAMPLE / name, source / name)
+def build_consumer(source: Path, pxd_dir: Path | None = None, pyx: Path | None = None):
+    """Build a consumer module in ``source`` with meson and import it: the example consumer, or the
+    Cython source ``pyx`` (a module named after it, built with the example's meson.build); against
+    the installed arenalib's .pxd files, or those in ``pxd_dir``."""
+    pyx = EXAMPLE / "arenalib_consumer.pyx" if pyx is None else Path(pyx)
+    name = pyx.stem
+    shutil.copy(pyx, source / pyx.name)
+    text = (EXAMPLE / "meson.build").read_text().replace("arenalib_consumer", name)
     if pxd_dir is not None:
-        meson_build = source / "meson.build"
-        text = meson_build.read_text()
         start = text.index("run_command(")
         end = text.index(".stdout().strip()") + len(".stdout().strip()")
-        meson_build.write_text(text[:start] + repr(str(pxd_dir)) + text[end:])
+        text = text[:start] + repr(str(pxd_dir)) + text[end:]
+    (source / "meson.build").write_text(text)
     build = source / "build"
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
@@ -40,8 +42,8 @@ def build_consumer(source: Path, pxd_dir: Path | None = None):
                 [*meson, "compile", "-C", str(build)]):
         result = subprocess.run(cmd, cwd=source, env=env, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
-    [built] = build.glob("arenalib_consumer*.so")
-    spec = importlib.util.spec_from_file_location("arenalib_consumer", built)
+    [built] = build.glob(f"{name}*.so")
+    spec = importlib.util.spec_from_file_location(name, built)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

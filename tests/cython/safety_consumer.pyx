@@ -1,0 +1,38 @@
+# cython: language_level=3
+"""A test-only consumer of arenalib's C-level API (tests/test_safety.py, issue 11): the inline fast
+paths' argument checks, and closing and re-opening an arena object's core from C."""
+
+from arenalib cimport (
+    ARENA_EINVAL, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_KIND_SLICING, ARENA_OK, ArenaCore,
+    arena_allocate, arena_close, arena_core, arena_free, arena_open, arena_raise,
+)
+
+EINVAL = ARENA_EINVAL
+OK = ARENA_OK
+KINDS = {"Arena": ARENA_KIND_SHARED, "ConfinedArena": ARENA_KIND_CONFINED,
+         "SlicingArena": ARENA_KIND_SLICING}
+
+
+def allocate_aligned(arena, size_t size, size_t align):
+    """The result code of arena_allocate(core, size, align) with the fast path warmed first: a block
+    of ``size`` allocated and freed (a ConfinedArena's free list then holds one), or carved (a
+    SlicingArena is then biased to this thread).  A block allocated is given back when the kind
+    allows it."""
+    cdef ArenaCore* core = arena_core(arena)
+    cdef void* ptr = NULL
+    cdef int err = arena_allocate(core, size, 0, False, &ptr)
+    arena_raise(err)
+    if core.kind != ARENA_KIND_SLICING:
+        arena_raise(arena_free(core, ptr, size))
+    err = arena_allocate(core, size, align, False, &ptr)
+    if err == ARENA_OK and core.kind != ARENA_KIND_SLICING:
+        arena_raise(arena_free(core, ptr, size))
+    return err
+
+
+def close_and_reopen(arena, int kind):
+    """Close the arena object's own core through the C API, then open it again (kind: ARENA_KIND_*,
+    no limit, the default chunk size)."""
+    cdef ArenaCore* core = arena_core(arena)
+    arena_close(core)
+    arena_open(core, kind, -1, 0)
