@@ -14,7 +14,9 @@
 # fails with ARENA_EWRONGTHREAD on any thread but its owner; a SlicingArena's with ARENA_EBUSY when
 # another thread is carving from it at that moment; an Arena's is free for all threads (each gets
 # its own thread cache).  arena_free() takes the size given to arena_allocate().  Close and reset
-# must not race with allocations on other threads.  For a scope without any Python object, put an
+# must not race with allocations on other threads, nor with any use of the arena's segments from
+# Python on another thread (a segment access counts itself in the arena's exports, but without a
+# memory barrier that a nogil thread could rely on).  For a scope without any Python object, put an
 # ArenaCore on the stack, prepare it once with arena_core_init(), then use arena_open() /
 # arena_close() (both need the GIL).
 #
