@@ -5,7 +5,6 @@ Every loop times itself with CLOCK_MONOTONIC and returns ns per operation, so th
 overhead is outside the measurement.  escape() stops the compiler from proving a block unused and
 deleting the malloc/free pair."""
 
-from libc.stdint cimport int64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
@@ -48,12 +47,12 @@ def set_start_line(int threads):
 
 def malloc_fill_free(Py_ssize_t n, size_t size):
     """glibc malloc + memset(3) + free, ns per op."""
-    cdef Py_ssize_t i
+    cdef Py_ssize_t _i
     cdef void* p
     cdef long long t0
     with nogil:
         t0 = now_ns()
-        for i in range(n):
+        for _i in range(n):
             p = malloc(size)
             memset(p, 3, size)
             escape(p)
@@ -70,12 +69,12 @@ def malloc_free(Py_ssize_t n, size_t size):
 
 def calloc_fill_free(Py_ssize_t n, size_t size):
     """glibc calloc + memset(3) + free, ns per op."""
-    cdef Py_ssize_t i
+    cdef Py_ssize_t _i
     cdef void* p
     cdef long long t0
     with nogil:
         t0 = now_ns()
-        for i in range(n):
+        for _i in range(n):
             p = calloc(1, size)
             memset(p, 3, size)
             escape(p)
@@ -87,13 +86,13 @@ def calloc_fill_free(Py_ssize_t n, size_t size):
 def arena_fill_free(arena, Py_ssize_t n, size_t size, bint zero):
     """arena_allocate + memset(3) + arena_free on an Arena or ConfinedArena, ns per op."""
     cdef ArenaCore* core = arena_core(arena)
-    cdef Py_ssize_t i
+    cdef Py_ssize_t _i
     cdef void* p
     cdef int err = ARENA_OK
     cdef long long t0
     with nogil:
         t0 = now_ns()
-        for i in range(n):
+        for _i in range(n):
             err = arena_allocate(core, size, 0, zero, &p)
             if err != ARENA_OK:
                 break
@@ -108,13 +107,13 @@ def arena_fill_free(arena, Py_ssize_t n, size_t size, bint zero):
 def slicing_fill(arena, Py_ssize_t n, size_t size, Py_ssize_t batch):
     """arena_allocate + memset(3) on a SlicingArena, arena_reset every ``batch`` ops, ns per op."""
     cdef ArenaCore* core = arena_core(arena)
-    cdef Py_ssize_t i, left = batch  # a countdown: a modulo (idiv) per op would be timed too
+    cdef Py_ssize_t _i, left = batch  # a countdown: a modulo (idiv) per op would be timed too
     cdef void* p
     cdef int err = ARENA_OK
     cdef long long t0
     with nogil:
         t0 = now_ns()
-        for i in range(n):
+        for _i in range(n):
             err = arena_allocate(core, size, 0, False, &p)
             if err != ARENA_OK:
                 break
@@ -138,13 +137,13 @@ def scope_open_allocate_close(Py_ssize_t n, size_t size, bint fill=True):
     Open and close take the GIL-protected slot pool, so this loop holds the GIL (no Python code
     runs inside it)."""
     cdef ArenaCore core
-    cdef Py_ssize_t i
+    cdef Py_ssize_t _i
     cdef void* p
     cdef int err = ARENA_OK
     cdef long long t0
     arena_core_init(&core)
     t0 = now_ns()
-    for i in range(n):
+    for _i in range(n):
         arena_open(&core, ARENA_KIND_CONFINED, -1, 0)
         err = arena_allocate(&core, size, 0, False, &p)
         if err == ARENA_OK:
@@ -165,14 +164,14 @@ def arena_alloc_free_pairs(arena, Py_ssize_t n, size_t size):
     Returns (ns per op, start, end) with start and end on CLOCK_MONOTONIC, so that runs on several
     threads give the interval in which they really overlapped."""
     cdef ArenaCore* core = arena_core(arena)
-    cdef Py_ssize_t i
+    cdef Py_ssize_t _i
     cdef void* p
     cdef int err = ARENA_OK
     cdef long long t0, t1
     with nogil:
         start_line()
         t0 = now_ns()
-        for i in range(n):
+        for _i in range(n):
             err = arena_allocate(core, size, 0, False, &p)
             if err != ARENA_OK:
                 break
@@ -185,13 +184,13 @@ def arena_alloc_free_pairs(arena, Py_ssize_t n, size_t size):
 
 def malloc_free_pairs(Py_ssize_t n, size_t size):
     """The LWJGL loop on glibc: malloc + free (GIL released); returns as arena_alloc_free_pairs."""
-    cdef Py_ssize_t i
+    cdef Py_ssize_t _i
     cdef void* p
     cdef long long t0, t1
     with nogil:
         start_line()
         t0 = now_ns()
-        for i in range(n):
+        for _i in range(n):
             p = malloc(size)
             escape(p)
             free(p)
@@ -202,14 +201,14 @@ def malloc_free_pairs(Py_ssize_t n, size_t size):
 def fill_only(Py_ssize_t n, size_t size):
     """memset(3) of ``size`` bytes into one buffer, ns per op: the floor under every candidate
     that fills its block (no allocation at all)."""
-    cdef Py_ssize_t i
+    cdef Py_ssize_t _i
     cdef void* p = malloc(size if size else 1)
     cdef long long t0
     if p == NULL:
         raise MemoryError()
     with nogil:
         t0 = now_ns()
-        for i in range(n):
+        for _i in range(n):
             memset(p, 3, size)
             escape(p)
         t0 = now_ns() - t0
