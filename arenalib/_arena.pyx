@@ -355,8 +355,12 @@ cdef class ArenaBase:
 
 
 # jemalloc's per-arena figures that stats() reports: (key, mallctl name, counted in pages).
-_ARENA_FIGURES = (("resident", b"stats.arenas.0.resident", False), ("mapped", b"stats.arenas.0.mapped", False),
-                  ("active", b"stats.arenas.0.pactive", True), ("dirty", b"stats.arenas.0.pdirty", True))
+_ARENA_FIGURES = (
+    ("resident", b"stats.arenas.0.resident", False),
+    ("mapped", b"stats.arenas.0.mapped", False),
+    ("active", b"stats.arenas.0.pactive", True),
+    ("dirty", b"stats.arenas.0.pdirty", True),
+)
 cdef size_t _mib_figures[4][4]
 cdef size_t _mib_figures_len[4]
 cdef bint _figure_in_pages[4]
@@ -401,6 +405,11 @@ cdef void _jemalloc_arena_figures(ArenaCore* core, size_t* figures) noexcept:
             figures[i] *= _page_size
 
 
+# The constructors take keyword arguments only; a positional one is caught by this default (cheaper
+# than *args) to name the class and its keywords in the error.
+cdef object _NOT_GIVEN = object()
+
+
 cdef int _no_positional(ArenaBase arena, str keywords) except -1:
     name = type(arena).__name__
     raise TypeError(f"{name}() takes keyword arguments only: {name}({keywords}...)")
@@ -414,8 +423,8 @@ cdef class Arena(ArenaBase):
     with-block); seg.free() gives one segment back early.  Each thread allocates through its own
     jemalloc thread cache, so threads do not contend on a lock."""
 
-    def __cinit__(self, *args, max_bytes=None):
-        if args:
+    def __cinit__(self, _positional=_NOT_GIVEN, *, max_bytes=None):
+        if _positional is not _NOT_GIVEN:
             _no_positional(self, "max_bytes=")
         self._open(ARENA_KIND_SHARED, max_bytes)
 
@@ -426,8 +435,8 @@ cdef class ConfinedArena(ArenaBase):
 
     ConfinedArena(*, max_bytes=None).  Confinement is what lets it skip all locking."""
 
-    def __cinit__(self, *args, max_bytes=None):
-        if args:
+    def __cinit__(self, _positional=_NOT_GIVEN, *, max_bytes=None):
+        if _positional is not _NOT_GIVEN:
             _no_positional(self, "max_bytes=")
         self._open(ARENA_KIND_CONFINED, max_bytes)
 
@@ -446,8 +455,8 @@ cdef class SlicingArena(ArenaBase):
     get a chunk of their own.  Any thread may use it; the thread that used it last carves without
     atomic instructions, and another thread taking it over pays a few microseconds."""
 
-    def __cinit__(self, *args, chunk_size=None, max_bytes=None):
-        if args:
+    def __cinit__(self, _positional=_NOT_GIVEN, *, chunk_size=None, max_bytes=None):
+        if _positional is not _NOT_GIVEN:
             _no_positional(self, "chunk_size=, max_bytes=")
         cdef Py_ssize_t size = <Py_ssize_t>DEFAULT_CHUNK_SIZE
         if chunk_size is not None:
