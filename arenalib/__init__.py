@@ -28,8 +28,15 @@ from arenalib._errors import (
 )
 from arenalib._pool import BufferPool
 
-__version__ = "0.1.0"  # keep in sync with pyproject.toml and meson.build
 
+def __getattr__(name: str) -> str:
+    # The version is written once, in meson.build; read from the installed metadata on first use
+    # (not at import: finding the distribution costs milliseconds).
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("arenalib")
+    raise AttributeError(f"module 'arenalib' has no attribute {name!r}")
 
 
 def get_include() -> str:

@@ -6,6 +6,8 @@ variable ARENALIB_HYPOTHESIS_PROFILE, e.g. ``ARENALIB_HYPOTHESIS_PROFILE=thoroug
 Every test is followed by a leak check: once the garbage is collected, as many pooled jemalloc slots
 must be in use (held by open arenas) as before the test.  An arena left open and unreachable would
 also emit a ResourceWarning, which the pytest configuration turns into an error.
+
+The helpers the test modules share are in tests/support.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, settings
+from support import FREEABLE_KINDS, KINDS, build_test_consumers, slots_in_use
 
 import arenalib
 
@@ -27,14 +30,6 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("ARENALIB_HYPOTHESIS_PROFILE", "default"))
-
-KINDS = [arenalib.Arena, arenalib.ConfinedArena, arenalib.SlicingArena]
-FREEABLE_KINDS = [arenalib.Arena, arenalib.ConfinedArena]
-
-
-def slots_in_use() -> int:
-    stats = arenalib.pool_stats()
-    return stats["slots_created"] - stats["slots_idle"]
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -69,13 +64,13 @@ def _no_leaked_arena(request):
     assert not leaked, f"left alive by this test: {leaked}"
 
 
-@pytest.fixture(params=KINDS, ids=lambda k: k.__name__)
+@pytest.fixture(params=KINDS)
 def kind(request):
     """Each of the three arena classes."""
     return request.param
 
 
-@pytest.fixture(params=FREEABLE_KINDS, ids=lambda k: k.__name__)
+@pytest.fixture(params=FREEABLE_KINDS)
 def freeable_kind(request):
     """The arena classes whose segments can be freed one by one."""
     return request.param
@@ -87,3 +82,10 @@ def arena(kind):
     a = kind()
     yield a
     a.close()
+
+
+@pytest.fixture(scope="session")
+def cython_consumers(tmp_path_factory):
+    """The test-only Cython consumers of the C API (tests/cython), built once: see
+    support.build_test_consumers."""
+    return build_test_consumers(tmp_path_factory.mktemp("cython_consumers"))

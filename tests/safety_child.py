@@ -155,7 +155,7 @@ KILLS = {
     "SlicingArena": ("reset", "close"),
     "BufferPool": ("free", "release", "reset", "close"),
 }
-KINDS = tuple(KILLS)
+KIND_NAMES = tuple(KILLS)  # the three arena classes and BufferPool, by name
 
 # (entry point, trigger): how the call is made and what runs inside it.  index_*: an __index__
 # of that argument kills; class_property / buffer: the value's __class__ property or __buffer__
@@ -619,10 +619,10 @@ def race_finalizer(seconds: float) -> None:
     allocation of a GC object inside the call (on 3.12+: at the first bytecode boundary after
     it); one round in three allocates first, so the call gets a segment already dead."""
     race = Race("finalizer", seconds)
-    envs = {kind: Env(kind) for kind in KINDS}
-    kills = dict.fromkeys(KINDS, 0)
-    refused = dict.fromkeys(KINDS, 0)
-    corrupted = dict.fromkeys(KINDS, 0)
+    envs = {kind: Env(kind) for kind in KIND_NAMES}
+    kills = dict.fromkeys(KIND_NAMES, 0)
+    refused = dict.fromkeys(KIND_NAMES, 0)
+    corrupted = dict.fromkeys(KIND_NAMES, 0)
     how = {"Arena": "free", "ConfinedArena": "free", "SlicingArena": "reset",
            "BufferPool": "release"}
     pattern = patterns()
@@ -634,7 +634,7 @@ def race_finalizer(seconds: float) -> None:
         for n in itertools.count():
             if race.over():
                 break
-            kind = KINDS[n % len(KINDS)]
+            kind = KIND_NAMES[n % len(KIND_NAMES)]
             env = envs[kind]
             if kind == "SlicingArena":
                 env.arena.reset()  # the target is the first carve, where the victim will be
@@ -657,7 +657,7 @@ def race_finalizer(seconds: float) -> None:
                 race.aliased += victim.address == address
                 state["victim"] = (victim, p)
 
-            op = n // len(KINDS) % 6
+            op = n // len(KIND_NAMES) % 6
             seen = race.corruptions
             arm_finalizer(fire, full=False)
             if n % 3 == 0:

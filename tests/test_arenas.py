@@ -1,16 +1,22 @@
-"""The three arena kinds: construction, allocate()'s arguments, zeroing, alignment, max_bytes, the
-lifecycle (close, reset, purge, with), exports blocking frees, stats, garbage collection, the pool."""
+"""The three arena kinds: construction, allocate()'s arguments, zeroing, alignment, max_bytes (every
+test of the limit in Python, single-threaded: tests/test_threads.py has it under threads and
+tests/test_capi.py through the C API), the lifecycle (close, reset, purge, with), exports blocking
+frees, stats, garbage collection, the pool of jemalloc arenas."""
 
 from __future__ import annotations
 
 import gc
 import itertools
+import re
+import sys
 import threading
 import weakref
 
 import numpy as np
 import pytest
-from conftest import KINDS, slots_in_use
+from hypothesis import given
+from hypothesis import strategies as st
+from support import KINDS, release, slots_in_use
 
 import arenalib
 from arenalib import (
@@ -27,12 +33,6 @@ from arenalib import (
 JEMALLOC_FIGURES = ("resident", "mapped", "active", "dirty")
 STATS_KEYS = {"live_bytes", "live_segments", "peak_bytes", "allocated_total", "exports", "max_bytes",
               "closed", *JEMALLOC_FIGURES}
-
-
-def release(seg):
-    """Free a segment where the arena kind can; a SlicingArena keeps it until reset/close."""
-    if not isinstance(seg.arena, SlicingArena):
-        seg.free()
 
 
 # -- the classes and exceptions --------------------------------------------------------------------
@@ -70,7 +70,7 @@ def test_python_subclass_of_arena_base_is_not_instantiable():
         Custom()
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("kind", KINDS)
 def test_concrete_kinds_are_final(kind):
     with pytest.raises(TypeError):
         type("Sub", (kind,), {})
@@ -81,8 +81,12 @@ def test_kinds_derive_from_arena_base(arena):
 
 
 def test_constructor_takes_keywords_only(kind):
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError) as info:
         kind(100)
+    # the message names the class and the keyword
+    message = str(info.value)
+    assert re.search(rf"\b{kind.__name__}\b", message), message
+    assert "max_bytes" in message, message
     with pytest.raises(TypeError):
         kind(no_such_option=1)
 
@@ -121,6 +125,12 @@ def test_slicing_arena_chunk_size():
         assert a.chunk_size == 65536
 
 
+@pytest.mark.parametrize("chunk_size", [2**63, 2**64, 2**100])
+def test_chunk_size_beyond_ssize_t(chunk_size):
+    with pytest.raises((MemoryError, ValueError)):
+        SlicingArena(chunk_size=chunk_size)
+
+
 def test_confined_arena_owner_thread():
     with ConfinedArena() as a:
         assert a.owner_thread == threading.get_ident()
@@ -141,12 +151,7 @@ def test_allocate_sizes(arena, size):
 def test_allocate_index_likes(arena):
     for size in (np.int64(10), np.uint16(7), np.int8(3)):
         assert len(arena.allocate(size)) == int(size)
-
-    class Index:
-        def __index__(self):
-            return 12
-
-    assert len(arena.allocate(Index())) == 12
+    assert len(arena.allocate(Index(12))) == 12
 
 
 def test_zero_size_segments_have_distinct_addresses(freeable_kind):
@@ -157,10 +162,12 @@ def test_zero_size_segments_have_distinct_addresses(freeable_kind):
         assert a.stats()["live_segments"] == 10
 
 
-@pytest.mark.parametrize("size", [-1, -4096, -(2**63), -(2**70), np.int64(-1)])
+@pytest.mark.parametrize("size", [-1, -4096, -(2**63), -(2**63) - 1, -(2**64), -(2**70), -(2**100),
+                                  np.int64(-1)])
 def test_allocate_negative_size(arena, size):
     with pytest.raises(ValueError):
         arena.allocate(size)
+    assert arena.allocate(100).fill(0x42).tobytes() == b"\x42" * 100  # still usable
 
 
 @pytest.mark.parametrize("size", [1.0, 1.5, "1", b"1", None, [1], np.float64(4)])
@@ -169,15 +176,44 @@ def test_allocate_non_integer_size(arena, size):
         arena.allocate(size)
 
 
-@pytest.mark.parametrize("size", [2**62, 2**63 - 1, 2**63, 2**64, 2**100],
-                         ids=["2^62", "2^63-1", "2^63", "2^64", "2^100"])
+@pytest.mark.parametrize("size", [2**47, 2**62, 2**63 - 1, 2**63, 2**64, 2**100, 10**30],
+                         ids=["2^47", "2^62", "2^63-1", "2^63", "2^64", "2^100", "10^30"])
 def test_allocate_impossible_size(arena, size):
-    with pytest.raises(MemoryError):
-        arena.allocate(size)
+    # (no max_bytes: the memory cannot be had, or the size fits no size_t)
+    for zero in (False, True):
+        with pytest.raises(MemoryError):
+            arena.allocate(size, zero=zero)
+        with pytest.raises(MemoryError):
+            arena.allocate(size, zero=zero, align=4096)
     # nothing was accounted and the arena stays usable
     stats = arena.stats()
     assert stats["live_bytes"] == 0 and stats["live_segments"] == 0
     assert arena.allocate(10).fill(1).tobytes() == b"\x01" * 10
+
+
+class Index:
+    """An index-like object: only __index__."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        return self.value
+
+
+def test_integers_beyond_ssize_t_through_index_raise_as_plain_ints_do():
+    with arenalib.Arena() as arena:
+        for size, error in ((2**70, MemoryError), (-(2**70), ValueError)):
+            with pytest.raises(error):
+                arena.allocate(size)
+            with pytest.raises(error):
+                arena.allocate(Index(size))
+        seg = arena.allocate(8)
+        with pytest.raises(IndexError):
+            seg.slice(Index(2**70), 0)
+        with pytest.raises(ValueError):
+            seg.slice(0, Index(-(2**70)))
+    arenalib.Arena(max_bytes=Index(2**70)).close()  # beyond any address space: no limit
 
 
 def test_allocate_impossible_size_with_alignment(arena):
@@ -370,12 +406,95 @@ def test_max_bytes_index_like(kind):
         assert a.max_bytes == 100
 
 
-@pytest.mark.parametrize("limit", [2**63 - 1, 2**64, 2**70])
+@pytest.mark.parametrize("limit", [2**63 - 1, 2**63, 2**64, 2**70, 2**100])
 def test_max_bytes_beyond_address_space_is_no_limit(kind, limit):
     with kind(max_bytes=limit) as a:
         a.allocate(1 << 20)
         with pytest.raises(MemoryError):
             a.allocate(2**62)
+        assert a.allocate(100).fill(0x42).tobytes() == b"\x42" * 100
+
+
+@pytest.mark.parametrize("limit", [-2**63 - 1, -2**100])
+def test_max_bytes_hugely_negative(kind, limit):
+    with pytest.raises(ValueError):
+        kind(max_bytes=limit)
+
+
+@pytest.mark.parametrize("limit", [1, 4096, 100_000, 3 << 20])
+def test_max_bytes_exceeded_then_fully_usable(kind, limit):
+    with kind(max_bytes=limit) as arena:
+        first = arena.allocate(limit // 2, zero=False).fill(0xA1)
+        with pytest.raises(MemoryError):
+            arena.allocate(limit - limit // 2 + 1)
+        with pytest.raises(MemoryError):
+            arena.allocate(limit + 1, align=64)
+        with pytest.raises(MemoryError):
+            arena.allocate(2**62)
+        assert arena.stats()["live_bytes"] == limit // 2
+        # Up to the limit exactly still works, and nothing already there was touched.
+        rest = arena.allocate(limit - limit // 2).fill(0xB2)
+        assert first.tobytes() == b"\xa1" * (limit // 2)
+        assert rest.tobytes() == b"\xb2" * (limit - limit // 2)
+        assert arena.allocate(0).nbytes == 0
+        with pytest.raises(MemoryError):
+            arena.allocate(1)
+        # Giving memory back makes room again.
+        if kind is SlicingArena:
+            arena.reset()
+        else:
+            rest.free()
+            first.free()
+        whole = arena.allocate(limit).fill(0xC3)
+        assert whole.tobytes() == b"\xc3" * limit
+        assert arena.stats()["live_bytes"] == limit
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@given(data=st.data())
+def test_max_bytes_model(kind, data):
+    # Random allocations and frees against a model: MemoryError exactly when the live bytes would
+    # pass the limit, and every live segment keeps its contents.
+    limit = data.draw(st.integers(0, 200_000), label="max_bytes")
+    with kind(max_bytes=limit) as arena:
+        live = []
+        used = 0
+        for step in range(data.draw(st.integers(1, 30), label="steps")):
+            if live and kind is not SlicingArena and data.draw(st.booleans(), label="free"):
+                seg, byte = live.pop(data.draw(st.integers(0, len(live) - 1), label="which"))
+                assert seg.tobytes() == bytes([byte]) * seg.nbytes
+                used -= seg.nbytes
+                seg.free()
+                continue
+            size = data.draw(st.integers(0, 120_000), label="size")
+            align = data.draw(st.sampled_from([None, 1, 64, 4096]), label="align")
+            if used + size > limit:
+                with pytest.raises(MemoryError):
+                    arena.allocate(size, align=align, zero=bool(step % 2))
+            else:
+                byte = step % 256
+                live.append((arena.allocate(size, align=align, zero=bool(step % 2)).fill(byte), byte))
+                used += size
+            assert arena.stats()["live_bytes"] == used
+        for seg, byte in live:
+            assert seg.tobytes() == bytes([byte]) * seg.nbytes
+
+
+def test_shared_arena_max_bytes_does_not_wrap_around():
+    """A request near sys.maxsize on a limited shared Arena is refused for max_bytes (the live
+    counter must not overflow into a negative total), and the arena stays usable."""
+    with arenalib.Arena(max_bytes=1000) as arena:
+        kept = arena.allocate(200)
+        for size in (sys.maxsize - 100, sys.maxsize, sys.maxsize - 199, sys.maxsize // 2 + 1):
+            with pytest.raises(MemoryError, match="max_bytes"):
+                arena.allocate(size)
+        assert arena.stats()["live_bytes"] == 200
+        more = arena.allocate(800)
+        with pytest.raises(MemoryError, match="max_bytes"):
+            arena.allocate(1)
+        kept.free()
+        more.free()
+        assert arena.stats()["live_bytes"] == 0
 
 
 # -- lifecycle -------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The extension carries a private jemalloc that never touches the process's malloc (issue 2)."""
+"""The build: the extension carries a private jemalloc that never touches the process's malloc
+(issue 2), the version is written once, and the sdist builds a wheel offline."""
 
 import ctypes
 import importlib.metadata
@@ -7,27 +8,17 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from support import ROOT, assert_ok, not_sanitized, run_python
 
 import arenalib
 import arenalib._arena
 
 EXTENSION = Path(arenalib._arena.__file__)
-# `python3 dev.py sanitize` runs the suite on an ASan build: its runtime replaces malloc, exports
-# symbols of its own, and jemalloc --enable-debug aborts on an unknown option.
-SANITIZED = os.environ.get("ARENALIB_SANITIZE") == "1"
-not_sanitized = pytest.mark.skipif(SANITIZED, reason="not meaningful on the ASan build")
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_python(code: str) -> str:
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                            capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+# (not_sanitized: on the ASan build, its runtime replaces malloc and exports symbols of its own,
+# and jemalloc --enable-debug aborts on an unknown option)
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="binutils' nm is not installed")
@@ -101,7 +92,7 @@ IMPORT_ORDERS = [
 @pytest.mark.parametrize("order", IMPORT_ORDERS, ids="-".join)
 def test_side_by_side_with_numpy_and_pyarrow(order):
     # pyarrow carries its own jemalloc (je_arrow_ prefix): both must work in one process.
-    out = run_python(f"""
+    out = assert_ok(run_python(f"""
         import importlib
         for name in {order!r}:
             importlib.import_module(name)
@@ -115,7 +106,7 @@ def test_side_by_side_with_numpy_and_pyarrow(order):
             del array
             assert pyarrow.py_buffer(seg.tobytes()).equals(buf)
         print("ok")
-    """)
+    """))
     assert out.strip() == "ok"
 
 
@@ -124,34 +115,42 @@ def test_versions_are_reported():
     assert re.fullmatch(r"5\.3\.0-0-g[0-9a-f]{40}", arenalib.jemalloc_version())
 
 
-def test_version_is_the_same_in_every_file():
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    meson = (ROOT / "meson.build").read_text()
-    assert f'version = "{arenalib.__version__}"' in pyproject
-    assert f"version: '{arenalib.__version__}'" in meson
+# A version literal as pyproject.toml ([project] version = "0.1.0") or arenalib/__init__.py
+# (__version__ = "0.1.0") would write it.
+VERSION_LITERAL = re.compile(r"""^\s*(__version__|version)\s*=\s*["'][^"']*\d""", re.MULTILINE)
+
+
+def test_version_is_written_once_in_meson_build():
+    # meson.build's project version is the one place: meson-python puts it in the metadata
+    # (pyproject.toml: dynamic = ["version"]) and arenalib reads it from there.
+    assert arenalib.__version__ == importlib.metadata.version("arenalib")
+    project = re.search(r"^project\((.*?)^\)", (ROOT / "meson.build").read_text(), re.MULTILINE | re.DOTALL)
+    assert project is not None
+    assert f"version: '{arenalib.__version__}'" in project.group(1)
+    for name in ("pyproject.toml", "arenalib/__init__.py"):
+        found = VERSION_LITERAL.findall((ROOT / name).read_text())
+        assert not found, f"{name} writes a version of its own"
 
 
 @not_sanitized
 def test_prefixed_malloc_conf_variable_is_read():
     # With a prefix, jemalloc reads ARENALIB_JE_MALLOC_CONF (documented in the README).
-    out = run_python("""
+    out = assert_ok(run_python("""
         import os
         import arenalib
         with arenalib.Arena() as arena:
             arena.allocate(10)
         print("ok")
-    """)
+    """))
     assert out.strip() == "ok"
-    env_run = subprocess.run(
-        [sys.executable, "-c", "import arenalib; arenalib.Arena().close()"],
-        capture_output=True, text=True, check=False,
-        env={**os.environ, "ARENALIB_JE_MALLOC_CONF": "no_such_option:1"})
+    env_run = run_python("import arenalib; arenalib.Arena().close()",
+                         env={**os.environ, "ARENALIB_JE_MALLOC_CONF": "no_such_option:1"})
     # jemalloc names the unknown option it read from our variable, and carries on.
     assert "no_such_option" in env_run.stderr
     assert env_run.returncode == 0
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # about 100 s: jemalloc and the extension built from scratch
 def test_sdist_builds_without_network_or_package_cache(tmp_path):
     # The sdist carries jemalloc's source; building it must not need subprojects/packagecache/
     # (absent from the sdist) nor any download.

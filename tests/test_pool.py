@@ -1,6 +1,7 @@
 """BufferPool: the contract, then proof with real I/O clients (os.preadv/pwritev, readinto, sockets,
-O_DIRECT, io_uring through examples/raw_uring.py, the liburing package where it works), then a
-hypothesis state machine."""
+O_DIRECT, io_uring through examples/raw_uring.py, the liburing package where it works).  Its
+hypothesis state machine is in tests/test_stateful.py, its tracemalloc trace in
+tests/test_tracemalloc.py."""
 
 from __future__ import annotations
 
@@ -9,27 +10,17 @@ import errno
 import gc
 import hashlib
 import importlib
-import itertools
 import os
 import pickle
 import socket
-import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import strategies as st
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    consumes,
-    invariant,
-    precondition,
-    rule,
-)
+from support import ROOT, assert_ok, run_python
 
 import arenalib
 from arenalib import (
@@ -37,11 +28,10 @@ from arenalib import (
     ArenaError,
     BufferPool,
     PoolExhaustedError,
-    Segment,
     UnsupportedOperation,
 )
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples")
+EXAMPLES = str(ROOT / "examples")
 sys.path.insert(0, EXAMPLES)
 import raw_uring  # noqa: E402  (examples/raw_uring.py: io_uring over raw syscalls, stdlib only)
 
@@ -124,6 +114,23 @@ def test_repr_pickle_allocate(pool):
     pool.release(seg)
     pool.close()
     assert repr(pool) == "<arenalib.BufferPool closed>"
+
+
+def test_unbound_arena_allocate_on_a_pool_is_refused():
+    """ArenaBase.allocate called on a BufferPool would allocate outside the pool's region, memory
+    that nothing ever frees: UnsupportedOperation, and nothing allocated."""
+    with BufferPool(4096, 2) as pool:
+        before = pool.stats()
+        segments_before = arenalib.live_objects()["segments"]
+        with pytest.raises(UnsupportedOperation):
+            arenalib.ArenaBase.allocate(pool, 100)
+        with pytest.raises(UnsupportedOperation):
+            arenalib.ArenaBase.allocate(pool, 4096, zero=False, align=64)
+        after = pool.stats()
+        assert (after["live_bytes"], after["live_segments"], after["allocated_total"]) == (
+            before["live_bytes"], before["live_segments"], before["allocated_total"])
+        assert arenalib.live_objects()["segments"] == segments_before
+        assert pool.available == 2
 
 
 # -- acquire / release -----------------------------------------------------------------------------
@@ -245,6 +252,17 @@ def test_index_of_slices(pool):
         pool.release(seg)
 
 
+def test_pool_index_of_an_empty_slice_at_a_buffers_end_is_that_buffers():
+    with BufferPool(4096, 3) as pool:
+        segs = [pool.acquire() for _ in range(3)]
+        for seg in segs:
+            i = pool.index(seg)
+            assert pool.index(seg.slice(4096, 0)) == i
+            assert pool.index(seg.slice(4095, 1)) == i
+        for seg in segs:
+            pool.release(seg)
+
+
 def test_zero_semantics():
     with BufferPool(300, 2, zero=True) as p:
         assert p.zero
@@ -308,22 +326,6 @@ def test_close_and_lifecycle():
     with pytest.raises(ArenaClosedError):
         with p:
             pass
-
-
-def test_region_is_traced_by_tracemalloc():
-    import tracemalloc
-
-    domain = tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN)
-    tracemalloc.start()
-    try:
-        p = BufferPool(1000, 4)
-        traced = tracemalloc.take_snapshot().filter_traces([domain]).statistics("lineno")
-        assert sum(s.size for s in traced) == p.nbytes
-        assert any(s.traceback[0].filename == __file__ for s in traced)
-        p.close()
-        assert not tracemalloc.take_snapshot().filter_traces([domain]).traces
-    finally:
-        tracemalloc.stop()
 
 
 def test_unclosed_pool_warns():
@@ -710,8 +712,7 @@ def test_io_uring_registered_buffers(ring, data_file, tmp_path):
 @pytest.mark.parametrize("mode", [[], ["--fixed"]], ids=["readv", "read_fixed"])
 def test_io_uring_example_runs(data_file, mode):
     path, data = data_file
-    example = os.path.join(EXAMPLES, "io_uring_read.py")
-    result = subprocess.run([sys.executable, example, path, *mode], capture_output=True, text=True)
+    result = run_python(Path(EXAMPLES, "io_uring_read.py"), path, *mode)
     if result.returncode == 77:
         pytest.skip(result.stdout.strip())
     assert result.returncode == 0, result.stderr
@@ -724,7 +725,7 @@ def test_io_uring_example_without_io_uring(data_file):
     the example exits with status 77 and says why."""
     path, _ = data_file
     example = os.path.join(EXAMPLES, "io_uring_read.py")
-    code = textwrap.dedent(f"""
+    result = run_python(f"""
         import runpy, sys
         sys.path.insert(0, {EXAMPLES!r})
         import raw_uring
@@ -732,7 +733,6 @@ def test_io_uring_example_without_io_uring(data_file):
         sys.argv = [{example!r}, {path!r}]
         runpy.run_path({example!r}, run_name="__main__")
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 77, result.stderr
     why = f"[Errno {errno.ENOSYS}] io_uring_setup: {os.strerror(errno.ENOSYS)}"
     assert result.stdout.strip() == f"io_uring is unavailable here: {why}"
@@ -792,7 +792,7 @@ def test_liburing_package_quirks(liburing_ring):
 def test_liburing_memoryview_of_segment_is_pinned_for_good(liburing_ring):
     """liburing.Iovec([memoryview(seg)]) keeps the export alive for good: the segment can never be
     released nor the pool closed (run in a child process, as the export never goes away)."""
-    code = textwrap.dedent("""
+    out = assert_ok(run_python("""
         import gc, importlib, arenalib
         liburing = importlib.import_module("liburing")
         p = arenalib.BufferPool(4096, 1)
@@ -805,108 +805,5 @@ def test_liburing_memoryview_of_segment_is_pinned_for_good(liburing_ring):
                 op()
             except BufferError:
                 print("BufferError")
-    """)
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True,
-                         check=True).stdout.split()
+    """, options=("-W", "ignore"))).split()
     assert out == ["1", "BufferError", "BufferError"]
-
-
-# -- state machine ---------------------------------------------------------------------------------
-
-
-class PoolMachine(RuleBasedStateMachine):
-    """Acquire / write / release / reset / stale access against a model: live segments never overlap,
-    each keeps what was written to it, stale handles always raise, the counts add up."""
-
-    live = Bundle("live")
-
-    def __init__(self):
-        super().__init__()
-        self.pool = BufferPool(40, 4, align=16)
-        self.model: dict[int, tuple[Segment, bytes]] = {}  # id(seg) -> (seg, expected content)
-        self.dead_segments: list[Segment] = []
-        self.stamp = 0
-
-    @precondition(lambda self: len(self.model) < 4)
-    @rule(target=live)
-    def acquire(self):
-        seg = self.pool.acquire()
-        self.model[id(seg)] = (seg, seg.tobytes())
-        return seg
-
-    @precondition(lambda self: len(self.model) == 4)
-    @rule()
-    def acquire_exhausted(self):
-        assert self.pool.try_acquire() is None
-        with pytest.raises(PoolExhaustedError):
-            self.pool.acquire()
-
-    @rule(seg=live, offset=st.integers(0, 39), size=st.integers(0, 40))
-    def write(self, seg, offset, size):
-        if id(seg) not in self.model:  # killed by a reset
-            with pytest.raises(ArenaClosedError):
-                seg[offset:offset + 1] = b"x"
-            return
-        size = min(size, 40 - offset)
-        self.stamp += 1
-        data = bytes([self.stamp & 0xFF]) * size
-        seg[offset:offset + size] = data
-        old = self.model[id(seg)][1]
-        self.model[id(seg)] = (seg, old[:offset] + data + old[offset + size:])
-
-    @rule(seg=consumes(live), via_free=st.booleans())
-    def release(self, seg, via_free):
-        if id(seg) not in self.model:  # killed by a reset
-            with pytest.raises(ArenaClosedError):
-                seg.free() if via_free else self.pool.release(seg)
-            return
-        if via_free:
-            seg.free()
-        else:
-            self.pool.release(seg)
-        del self.model[id(seg)]
-        self.dead_segments.append(seg)
-
-    @rule()
-    def reset(self):
-        self.dead_segments.extend(seg for seg, _ in self.model.values())
-        self.model.clear()
-        self.pool.reset()
-
-    @precondition(lambda self: self.dead_segments)
-    @rule(data=st.data())
-    def stale_access(self, data):
-        seg = data.draw(st.sampled_from(self.dead_segments))
-        op = data.draw(st.sampled_from(["read", "write", "view", "release", "free", "index", "address"]))
-        with pytest.raises(ArenaClosedError):
-            if op == "read":
-                seg.tobytes()
-            elif op == "write":
-                seg[0] = 1
-            elif op == "view":
-                memoryview(seg)
-            elif op == "release":
-                self.pool.release(seg)
-            elif op == "free":
-                seg.free()
-            elif op == "index":
-                self.pool.index(seg)
-            else:
-                _ = seg.address
-
-    @invariant()
-    def consistent(self):
-        spans = sorted((seg.address, seg.address + len(seg)) for seg, _ in self.model.values())
-        for (_, end), (start, _) in itertools.pairwise(spans):
-            assert end <= start, "two live segments overlap"
-        for seg, expected in self.model.values():
-            assert seg.alive and seg.tobytes() == expected
-        assert all(not seg.alive for seg in self.dead_segments)
-        assert self.pool.available == 4 - len(self.model)
-        assert self.pool.stats()["in_use"] == len(self.model)
-
-    def teardown(self):
-        self.pool.close()
-
-
-TestPoolMachine = PoolMachine.TestCase

@@ -1,44 +1,19 @@
-"""Reliability under faults (issue 7): fork, the jemalloc arena limit, max_bytes, RLIMIT_AS, and
-interpreter shutdown with memory still alive.
+"""Faults of the whole process (issue 7), each met in a child interpreter: fork (with threads,
+arenas and pools in every state), jemalloc's limit on arenas, RLIMIT_AS, thousands of unclosed
+arenas, and interpreter shutdown with memory still alive.
 
-Whatever can crash or hang the interpreter runs in a subprocess with a timeout, so a failure shows up
-as a failed test with the child's output rather than as a dead test session.  Under the sanitizer
-build (tools/sanitize.py sets ARENALIB_SANITIZE=1) the subprocesses inherit ASan and UBSan.
+Whatever can crash or hang the interpreter runs in a subprocess with a timeout (support.run_python),
+so a failure shows up as a failed test with the child's output rather than as a dead test session.
+Under the sanitizer build the subprocesses inherit ASan and UBSan.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import textwrap
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
-from arenalib import Arena, ConfinedArena, SlicingArena
-
-KINDS = [Arena, ConfinedArena, SlicingArena]
-SANITIZED = os.environ.get("ARENALIB_SANITIZE") == "1"
-# Generous: a sanitized interpreter is several times slower than a normal one.
-TIMEOUT_S = 600 if SANITIZED else 180
-
-
-def run_python(code: str, *argv: str, options: tuple[str, ...] = (),
-               timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run ``code`` with arguments ``argv`` in a fresh interpreter with command line ``options``
-    (faulthandler on, so a crash or a hang shows where)."""
-    return subprocess.run(
-        [sys.executable, "-X", "faulthandler", *options, "-c", textwrap.dedent(code), *argv],
-        capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def assert_ok(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 0, (
-        f"exit status {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
-    return result.stdout
-
+from support import KINDS, SANITIZED, assert_ok, run_python
 
 # -- fork ------------------------------------------------------------------------------------------
 
@@ -350,7 +325,7 @@ print(exc)
 """
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("kind", KINDS)
 def test_arena_limit_raises_cleanly_and_recovers(kind):
     out = assert_ok(run_python(ARENA_LIMIT_SCRIPT, kind.__name__))
     first, second, *_ = out.split()
@@ -473,74 +448,6 @@ def test_interpreter_exit_with_many_unclosed_arenas_is_quick():
         """, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
-
-
-# -- max_bytes -------------------------------------------------------------------------------------
-
-
-def release(seg):
-    if not isinstance(seg.arena, SlicingArena):
-        seg.free()
-
-
-@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
-@pytest.mark.parametrize("limit", [1, 4096, 100_000, 3 << 20])
-def test_max_bytes_exceeded_then_fully_usable(kind, limit):
-    with kind(max_bytes=limit) as arena:
-        first = arena.allocate(limit // 2, zero=False).fill(0xA1)
-        with pytest.raises(MemoryError):
-            arena.allocate(limit - limit // 2 + 1)
-        with pytest.raises(MemoryError):
-            arena.allocate(limit + 1, align=64)
-        with pytest.raises(MemoryError):
-            arena.allocate(2**62)
-        assert arena.stats()["live_bytes"] == limit // 2
-        # Up to the limit exactly still works, and nothing already there was touched.
-        rest = arena.allocate(limit - limit // 2).fill(0xB2)
-        assert first.tobytes() == b"\xa1" * (limit // 2)
-        assert rest.tobytes() == b"\xb2" * (limit - limit // 2)
-        assert arena.allocate(0).nbytes == 0
-        with pytest.raises(MemoryError):
-            arena.allocate(1)
-        # Giving memory back makes room again.
-        if kind is SlicingArena:
-            arena.reset()
-        else:
-            rest.free()
-            first.free()
-        whole = arena.allocate(limit).fill(0xC3)
-        assert whole.tobytes() == b"\xc3" * limit
-        assert arena.stats()["live_bytes"] == limit
-
-
-@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
-@given(data=st.data())
-def test_max_bytes_model(kind, data):
-    # Random allocations and frees against a model: MemoryError exactly when the live bytes would
-    # pass the limit, and every live segment keeps its contents.
-    limit = data.draw(st.integers(0, 200_000), label="max_bytes")
-    with kind(max_bytes=limit) as arena:
-        live = []
-        used = 0
-        for step in range(data.draw(st.integers(1, 30), label="steps")):
-            if live and kind is not SlicingArena and data.draw(st.booleans(), label="free"):
-                seg, byte = live.pop(data.draw(st.integers(0, len(live) - 1), label="which"))
-                assert seg.tobytes() == bytes([byte]) * seg.nbytes
-                used -= seg.nbytes
-                seg.free()
-                continue
-            size = data.draw(st.integers(0, 120_000), label="size")
-            align = data.draw(st.sampled_from([None, 1, 64, 4096]), label="align")
-            if used + size > limit:
-                with pytest.raises(MemoryError):
-                    arena.allocate(size, align=align, zero=bool(step % 2))
-            else:
-                byte = step % 256
-                live.append((arena.allocate(size, align=align, zero=bool(step % 2)).fill(byte), byte))
-                used += size
-            assert arena.stats()["live_bytes"] == used
-        for seg, byte in live:
-            assert seg.tobytes() == bytes([byte]) * seg.nbytes
 
 
 # -- memory the OS will not give: RLIMIT_AS ---------------------------------------------------------

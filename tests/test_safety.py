@@ -10,43 +10,30 @@ owner's bytes.
 What can crash runs in a child process (tests/safety_child.py) that prints JSON lines: the
 re-entrancy matrix (one child per kind, restarted after the cell that crashed it), the races (bounded
 in time, stopping at the first corruption), allocate() under tracemalloc with a finalizer in it, and
-an arena object's core closed and re-opened through the C API.  The smaller checks run here.
+an arena object's core closed and re-opened through the C API.  The checks that need no child run
+here: no arenalib object can be pickled, copied or given state; a pool or an arena closed by a
+finalizer in the middle of iovecs()/region()/stats() never hands out another's addresses or pages.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 import sys
-from pathlib import Path
 
-import numpy
 import pytest
 import safety_child
-from test_cimport import build_consumer
+from support import HERE, KINDS, run_python
 
 import arenalib
 
-HERE = Path(__file__).resolve().parent
 CHILD = HERE / "safety_child.py"
-CONSUMERS = HERE / "cython"
-SANITIZED = os.environ.get("ARENALIB_SANITIZE") == "1"
-TIMEOUT_S = 600 if SANITIZED else 120
 RACE_SECONDS = 3.0
 
 
 def run_child(*args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Run tests/safety_child.py with ``args``; its JSON lines, parsed."""
-    try:
-        proc = subprocess.run([sys.executable, "-X", "faulthandler", str(CHILD), *args],
-                              capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired as exc:
-        def text(out):
-            return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
-        proc = subprocess.CompletedProcess(exc.cmd, -1, text(exc.stdout),
-                                           text(exc.stderr) + f"\n(timed out after {TIMEOUT_S} s)")
+    proc = run_python(CHILD, *args)
     records = []
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
@@ -101,7 +88,7 @@ def matrix_results(kind: str) -> tuple[dict, dict]:
     return results, crashes
 
 
-ALL_CELLS = [cell for kind in safety_child.KINDS for cell in safety_child.cells(kind)]
+ALL_CELLS = [cell for kind in safety_child.KIND_NAMES for cell in safety_child.cells(kind)]
 
 
 @pytest.mark.parametrize("cell", ALL_CELLS, ids=safety_child.cell_name)
@@ -126,7 +113,7 @@ def test_reentrancy(cell):
             f"{name}: the argument's __index__ did not run inside the call")
 
 
-@pytest.mark.parametrize("kind", safety_child.KINDS)
+@pytest.mark.parametrize("kind", safety_child.KIND_NAMES)
 def test_reentrancy_victims_take_the_dead_memory(kind):
     """The matrix is not vacuous: in (nearly) every cell the victim got the dead segment's very
     memory, so a write or read through the dead handle would have hit it."""
@@ -191,15 +178,10 @@ def test_allocate_under_tracemalloc_with_a_finalizer_resetting_or_closing():
 
 # -- the C API ---------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def safety_consumer(tmp_path_factory):
-    return build_consumer(tmp_path_factory.mktemp("safety_consumer"),
-                          pyx=CONSUMERS / "safety_consumer.pyx")
-
-
-def test_c_api_close_and_reopen_keeps_old_segments_dead(safety_consumer):
+def test_c_api_close_and_reopen_keeps_old_segments_dead(cython_consumers):
     """arena_close() then arena_open() on an arena object's own core: segments from before the
     close stay dead (ArenaClosedError, alive False) and never alias new allocations."""
+    safety_consumer = cython_consumers["safety_consumer"]
     proc, records = run_child("capi-reopen", safety_consumer.__file__)
     assert proc.returncode == 0, describe(proc)
     assert [r["kind"] for r in records] == ["Arena", "ConfinedArena", "SlicingArena"], describe(proc)
@@ -207,123 +189,11 @@ def test_c_api_close_and_reopen_keeps_old_segments_dead(safety_consumer):
         assert record["problems"] == [], record
 
 
-BAD_ALIGNS = [3, 5, 6, 7, 9, 10, 12, 15, 24, 48, 96, 4095, 4097, 3 << 20, 1 << 31]
-GOOD_ALIGNS = [0, 1, 2, 4, 8, 16, 32, 64, 4096]
-
-
-@pytest.mark.parametrize("kind", [arenalib.Arena, arenalib.ConfinedArena, arenalib.SlicingArena],
-                         ids=lambda k: k.__name__)
-def test_c_api_refuses_bad_alignments_on_the_inline_fast_paths(safety_consumer, kind):
-    """arena_allocate() from a cimporting module returns ARENA_EINVAL for every alignment that is not
-    a power of two up to 1 GiB, with the fast path warm (a ConfinedArena's free list holding a
-    block, a SlicingArena biased to this thread), as the slow path and the Python API do."""
-    with kind() as arena:
-        codes = {align: safety_consumer.allocate_aligned(arena, 64, align) for align in BAD_ALIGNS}
-        assert codes == dict.fromkeys(BAD_ALIGNS, safety_consumer.EINVAL)
-        codes = {align: safety_consumer.allocate_aligned(arena, 64, align) for align in GOOD_ALIGNS}
-        assert codes == dict.fromkeys(GOOD_ALIGNS, safety_consumer.OK)
-        for align in BAD_ALIGNS:
-            with pytest.raises(ValueError, match="align"):
-                arena.allocate(64, align=align)
-
-
-def test_c_api_arena_core_init_prepares_a_garbage_stack_core(tmp_path):
-    """arena_core_init() makes an ArenaCore on the stack full of garbage (0xFF bytes) ready for
-    arena_open(), for every kind, with and without max_bytes; nothing stays open afterwards."""
-    consumer = build_consumer(tmp_path, pyx=CONSUMERS / "core_init_consumer.pyx")
-    before = arenalib.live_objects()["open_arenas"]
-    for kind in consumer.KINDS.values():
-        assert consumer.garbage_stack_core(kind, -1, 512, 200) == 200 * 512
-        assert consumer.garbage_stack_core(kind, 4096, 512, 20) == 20 * 512
-        assert consumer.garbage_stack_core(kind, -1, 1 << 20, 5) == 5 << 20
-    assert arenalib.live_objects()["open_arenas"] == before
-
-
-# -- smaller ones ------------------------------------------------------------------------------------
-
-def test_unbound_arena_allocate_on_a_pool_is_refused():
-    """ArenaBase.allocate called on a BufferPool would allocate outside the pool's region, memory
-    that nothing ever frees: UnsupportedOperation, and nothing allocated."""
-    with arenalib.BufferPool(4096, 2) as pool:
-        before = pool.stats()
-        segments_before = arenalib.live_objects()["segments"]
-        with pytest.raises(arenalib.UnsupportedOperation):
-            arenalib.ArenaBase.allocate(pool, 100)
-        with pytest.raises(arenalib.UnsupportedOperation):
-            arenalib.ArenaBase.allocate(pool, 4096, zero=False, align=64)
-        after = pool.stats()
-        assert (after["live_bytes"], after["live_segments"], after["allocated_total"]) == (
-            before["live_bytes"], before["live_segments"], before["allocated_total"])
-        assert arenalib.live_objects()["segments"] == segments_before
-        assert pool.available == 2
-
-
-def test_shared_arena_max_bytes_does_not_wrap_around():
-    """A request near sys.maxsize on a limited shared Arena is refused for max_bytes (the live
-    counter must not overflow into a negative total), and the arena stays usable."""
-    with arenalib.Arena(max_bytes=1000) as arena:
-        kept = arena.allocate(200)
-        for size in (sys.maxsize - 100, sys.maxsize, sys.maxsize - 199, sys.maxsize // 2 + 1):
-            with pytest.raises(MemoryError, match="max_bytes"):
-                arena.allocate(size)
-        assert arena.stats()["live_bytes"] == 200
-        more = arena.allocate(800)
-        with pytest.raises(MemoryError, match="max_bytes"):
-            arena.allocate(1)
-        kept.free()
-        more.free()
-        assert arena.stats()["live_bytes"] == 0
-
-
-def test_slice_assignment_takes_any_contiguous_buffer_by_its_nbytes():
-    with arenalib.ConfinedArena() as arena:
-        seg = arena.allocate(16)
-        seg[0:0] = numpy.empty((0, 3), numpy.uint8)
-        seg[5:5] = numpy.empty((4, 0), numpy.uint16)
-        seg[16:16] = b""
-        assert seg.tobytes() == bytes(16)
-        seg[0:6] = numpy.arange(6, dtype=numpy.uint8).reshape(2, 3)
-        assert seg[0:6] == bytes(range(6))
-        seg[8:16] = numpy.array([[0x0102, 0x0304], [0x0506, 0x0708]], dtype="<u2")
-        assert seg[8:16] == bytes([2, 1, 4, 3, 6, 5, 8, 7])
-        seg[0:3] = memoryview(b"abcdef")[::2]  # not contiguous: copied
-        assert seg[0:6] == b"ace\x03\x04\x05"
-        with pytest.raises(ValueError):
-            seg[0:5] = numpy.arange(6, dtype=numpy.uint8).reshape(2, 3)
-        with pytest.raises(ValueError):
-            seg[0:1] = numpy.empty((0, 3), numpy.uint8)
-
-
-@pytest.mark.parametrize("value", [1, 0, 255, True, False, numpy.uint8(1), numpy.int64(3),
-                                   numpy.intc(0)],
-                         ids=lambda v: f"{type(v).__name__}({v})")
-def test_slice_assignment_refuses_integers(value):
-    """As bytearray does: an integer is not bytes, even a NumPy scalar that exports a buffer of
-    the right length."""
-    with arenalib.Arena() as arena:
-        seg = arena.allocate(8).fill(7)
-        for key in (slice(0, 1), slice(0, 8), slice(0, 0), slice(3, 4), slice(0, 8, 8)):
-            with pytest.raises(TypeError):
-                seg[key] = value
-        assert seg.tobytes() == bytes([7]) * 8
-
-
-@pytest.mark.parametrize("kind", [arenalib.Arena, arenalib.ConfinedArena, arenalib.SlicingArena],
-                         ids=lambda k: k.__name__)
-def test_positional_constructor_argument_names_the_class_and_keyword(kind):
-    with pytest.raises(TypeError) as info:
-        kind(1)
-    message = str(info.value)
-    assert re.search(rf"\b{kind.__name__}\b", message), message
-    assert "max_bytes" in message, message
-
-
-# -- found by attacking the fix ------------------------------------------------------------------------
+# -- in Python: pickling, and finalizers closing a pool or an arena in the middle of a call ----------
 
 def _objects_of_every_extension_type(stack):
     """One live object of each extension type of arenalib, made in ``stack`` (an ExitStack)."""
-    arenas = [stack.enter_context(kind()) for kind in (arenalib.Arena, arenalib.ConfinedArena,
-                                                        arenalib.SlicingArena)]
+    arenas = [stack.enter_context(kind()) for kind in KINDS]
     pool = stack.enter_context(arenalib.BufferPool(64, 2))
     view = pool.raw_views()[0]
     stack.callback(view.release)
@@ -396,8 +266,7 @@ def test_pool_addresses_never_come_from_a_pool_closed_during_the_call(method, gc
         pytest.fail(f"{method}() returned the addresses of a pool closed during the call")
 
 
-@pytest.mark.parametrize("kind", [arenalib.Arena, arenalib.ConfinedArena, arenalib.SlicingArena],
-                         ids=lambda k: k.__name__)
+@pytest.mark.parametrize("kind", KINDS)
 def test_stats_never_report_another_arenas_pages(kind, gc_threshold):
     """stats() reads jemalloc's figures only after making its objects: an arena closed by a
     finalizer during the call reports itself closed with zero figures, never the pages of the
@@ -434,46 +303,3 @@ def test_stats_never_report_another_arenas_pages(kind, gc_threshold):
         arena.close()
     for other in keep:
         other.close()
-
-
-class _Index:
-    def __init__(self, value):
-        self.value = value
-
-    def __index__(self):
-        return self.value
-
-
-def test_integers_beyond_ssize_t_through_index_raise_as_plain_ints_do():
-    with arenalib.Arena() as arena:
-        for size, error in ((2**70, MemoryError), (-(2**70), ValueError)):
-            with pytest.raises(error):
-                arena.allocate(size)
-            with pytest.raises(error):
-                arena.allocate(_Index(size))
-        seg = arena.allocate(8)
-        with pytest.raises(IndexError):
-            seg.slice(_Index(2**70), 0)
-        with pytest.raises(ValueError):
-            seg.slice(0, _Index(-(2**70)))
-    arenalib.Arena(max_bytes=_Index(2**70)).close()  # beyond any address space: no limit
-
-
-def test_pool_index_of_an_empty_slice_at_a_buffers_end_is_that_buffers():
-    with arenalib.BufferPool(4096, 3) as pool:
-        segs = [pool.acquire() for _ in range(3)]
-        for seg in segs:
-            i = pool.index(seg)
-            assert pool.index(seg.slice(4096, 0)) == i
-            assert pool.index(seg.slice(4095, 1)) == i
-        for seg in segs:
-            pool.release(seg)
-
-
-def test_slicing_a_segment_not_made_by_an_arena_counts_nothing():
-    bare = arenalib.Segment.__new__(arenalib.Segment)
-    before = arenalib.live_objects()["segments"]
-    for _ in range(100):
-        with pytest.raises(TypeError):
-            bare.slice(0, 0)
-    assert arenalib.live_objects()["segments"] == before

@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import KINDS
 
 import arenalib
 from arenalib import ArenaClosedError, Segment, UnsupportedOperation
-
-KINDS = [arenalib.Arena, arenalib.ConfinedArena, arenalib.SlicingArena]
 
 PATTERN = bytes(range(256)) * 40  # 10240 bytes
 
@@ -52,6 +51,15 @@ def test_segment_new_without_arena_is_harmless():
         seg.tobytes()
     with pytest.raises(TypeError):
         seg.fill(0)
+
+
+def test_slicing_a_segment_not_made_by_an_arena_counts_nothing():
+    bare = Segment.__new__(Segment)
+    before = arenalib.live_objects()["segments"]
+    for _ in range(100):
+        with pytest.raises(TypeError):
+            bare.slice(0, 0)
+    assert arenalib.live_objects()["segments"] == before
 
 
 def test_segment_cannot_be_pickled_or_copied(arena):
@@ -273,6 +281,42 @@ def test_setitem_slice_bytes_like_sources(arena):
     assert seg[0:34] == expected
     seg[34:40] = memoryview(b"qrstuv").cast("B", (2, 3))  # a 2-D source
     assert seg[34:40] == b"qrstuv"
+
+
+def test_slice_assignment_takes_any_contiguous_buffer_by_its_nbytes():
+    with arenalib.ConfinedArena() as arena:
+        seg = arena.allocate(16)
+        seg[0:0] = np.empty((0, 3), np.uint8)
+        seg[5:5] = np.empty((4, 0), np.uint16)
+        seg[16:16] = b""
+        assert seg.tobytes() == bytes(16)
+        seg[0:6] = np.arange(6, dtype=np.uint8).reshape(2, 3)
+        assert seg[0:6] == bytes(range(6))
+        seg[8:16] = np.array([[0x0102, 0x0304], [0x0506, 0x0708]], dtype="<u2")
+        assert seg[8:16] == bytes([2, 1, 4, 3, 6, 5, 8, 7])
+        seg[0:3] = memoryview(b"abcdef")[::2]  # not contiguous: copied
+        assert seg[0:6] == b"ace\x03\x04\x05"
+        with pytest.raises(ValueError):
+            seg[0:5] = np.arange(6, dtype=np.uint8).reshape(2, 3)
+        with pytest.raises(ValueError):
+            seg[0:1] = np.empty((0, 3), np.uint8)
+
+
+@pytest.mark.parametrize("value", [1, 0, 255, True, False, np.uint8(1), np.uint8(5), np.int64(1),
+                                   np.int64(3), np.intc(0)],
+                         ids=lambda v: f"{type(v).__name__}({v})")
+def test_slice_assignment_refuses_integers(value):
+    """As bytearray does: an integer is not bytes, even a NumPy scalar that exports a buffer of
+    the right length (else seg[0:8] = np.int64(1) would write 01 00 00 00 00 00 00 00, and a length
+    that does not match would raise a confusing ValueError)."""
+    with arenalib.Arena() as arena:
+        seg = arena.allocate(16).fill(7)
+        for key in (slice(0, 1), slice(0, 4), slice(0, 8), slice(0, 0), slice(3, 4), slice(0, 8, 8)):
+            with pytest.raises(TypeError):
+                seg[key] = value
+            with pytest.raises(TypeError):
+                bytearray(16)[key] = value
+        assert seg.tobytes() == bytes([7]) * 16
 
 
 def test_setitem_slice_overlapping_source(arena):

@@ -1,18 +1,24 @@
-"""A hypothesis state machine per arena kind: every live segment's bytes against a bytearray model
-through random allocate / write / read / slice / export / release-export / free / reset / close steps.
+"""Hypothesis state machines: one per arena kind, and one for BufferPool.
 
-Invariants: the arena's live bytes, live segments and exports match the model; dead handles raise
-ArenaClosedError for every use; free/reset/close with live exports raise BufferError and change
-nothing.
+An arena's: every live segment's bytes against a bytearray model through random allocate / write /
+read / slice / export / release-export / free / reset / close steps.  Invariants: the arena's live
+bytes, live segments and exports match the model; dead handles raise ArenaClosedError for every
+use; free/reset/close with live exports raise BufferError and change nothing.
+
+The pool's: acquire / write / release / reset / stale access (see PoolMachine).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
+    Bundle,
     RuleBasedStateMachine,
+    consumes,
     initialize,
     invariant,
     precondition,
@@ -20,7 +26,14 @@ from hypothesis.stateful import (
 )
 
 import arenalib
-from arenalib import ArenaClosedError, SlicingArena, UnsupportedOperation
+from arenalib import (
+    ArenaClosedError,
+    BufferPool,
+    PoolExhaustedError,
+    Segment,
+    SlicingArena,
+    UnsupportedOperation,
+)
 
 SIZES = st.one_of(st.integers(0, 64), st.integers(0, 600), st.sampled_from([4095, 4096, 5000, 9000]))
 ALIGNS = st.sampled_from([None, 1, 2, 8, 16, 64, 4096])
@@ -365,3 +378,104 @@ class SlicingArenaStateMachine(ArenaMachine):
 TestArena = ArenaStateMachine.TestCase
 TestConfinedArena = ConfinedArenaStateMachine.TestCase
 TestSlicingArena = SlicingArenaStateMachine.TestCase
+
+
+# -- BufferPool ------------------------------------------------------------------------------------
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Acquire / write / release / reset / stale access against a model: live segments never overlap,
+    each keeps what was written to it, stale handles always raise, the counts add up."""
+
+    live = Bundle("live")
+
+    def __init__(self):
+        super().__init__()
+        self.pool = BufferPool(40, 4, align=16)
+        self.model: dict[int, tuple[Segment, bytes]] = {}  # id(seg) -> (seg, expected content)
+        self.dead_segments: list[Segment] = []
+        self.stamp = 0
+
+    @precondition(lambda self: len(self.model) < 4)
+    @rule(target=live)
+    def acquire(self):
+        seg = self.pool.acquire()
+        self.model[id(seg)] = (seg, seg.tobytes())
+        return seg
+
+    @precondition(lambda self: len(self.model) == 4)
+    @rule()
+    def acquire_exhausted(self):
+        assert self.pool.try_acquire() is None
+        with pytest.raises(PoolExhaustedError):
+            self.pool.acquire()
+
+    @rule(seg=live, offset=st.integers(0, 39), size=st.integers(0, 40))
+    def write(self, seg, offset, size):
+        if id(seg) not in self.model:  # killed by a reset
+            with pytest.raises(ArenaClosedError):
+                seg[offset:offset + 1] = b"x"
+            return
+        size = min(size, 40 - offset)
+        self.stamp += 1
+        data = bytes([self.stamp & 0xFF]) * size
+        seg[offset:offset + size] = data
+        old = self.model[id(seg)][1]
+        self.model[id(seg)] = (seg, old[:offset] + data + old[offset + size:])
+
+    @rule(seg=consumes(live), via_free=st.booleans())
+    def release(self, seg, via_free):
+        if id(seg) not in self.model:  # killed by a reset
+            with pytest.raises(ArenaClosedError):
+                seg.free() if via_free else self.pool.release(seg)
+            return
+        if via_free:
+            seg.free()
+        else:
+            self.pool.release(seg)
+        del self.model[id(seg)]
+        self.dead_segments.append(seg)
+
+    @rule()
+    def reset(self):
+        self.dead_segments.extend(seg for seg, _ in self.model.values())
+        self.model.clear()
+        self.pool.reset()
+
+    @precondition(lambda self: self.dead_segments)
+    @rule(data=st.data())
+    def stale_access(self, data):
+        seg = data.draw(st.sampled_from(self.dead_segments))
+        op = data.draw(st.sampled_from(["read", "write", "view", "release", "free", "index", "address"]))
+        with pytest.raises(ArenaClosedError):
+            if op == "read":
+                seg.tobytes()
+            elif op == "write":
+                seg[0] = 1
+            elif op == "view":
+                memoryview(seg)
+            elif op == "release":
+                self.pool.release(seg)
+            elif op == "free":
+                seg.free()
+            elif op == "index":
+                self.pool.index(seg)
+            else:
+                _ = seg.address
+
+    @invariant()
+    def consistent(self):
+        spans = sorted((seg.address, seg.address + len(seg)) for seg, _ in self.model.values())
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert end <= start, "two live segments overlap"
+        for seg, expected in self.model.values():
+            assert seg.alive and seg.tobytes() == expected
+        assert all(not seg.alive for seg in self.dead_segments)
+        assert self.pool.available == 4 - len(self.model)
+        assert self.pool.stats()["in_use"] == len(self.model)
+
+    def teardown(self):
+        self.pool.close()
+
+
+TestPoolMachine = PoolMachine.TestCase

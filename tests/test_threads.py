@@ -12,14 +12,13 @@ import time
 
 import numpy as np
 import pytest
+from support import KINDS, N_THREADS, run_threads
 
 import arenalib
 from arenalib import Arena, ArenaClosedError, ConfinedArena, WrongThreadError
 
-N_THREADS = 4
 
-
-@pytest.fixture(params=[Arena, arenalib.SlicingArena], ids=lambda k: k.__name__)
+@pytest.fixture(params=[Arena, arenalib.SlicingArena])
 def kind_any(request):
     """The arena kinds any thread may use."""
     return request.param
@@ -32,29 +31,6 @@ def _fast_thread_switching():
     sys.setswitchinterval(1e-5)
     yield
     sys.setswitchinterval(interval)
-
-
-def run_threads(target, n=N_THREADS):
-    """Run target(index) in n threads started together; re-raise the first error of any of them."""
-    barrier = threading.Barrier(n)
-    results = [None] * n
-    errors = []
-
-    def run(index):
-        try:
-            barrier.wait()
-            results[index] = target(index)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
 
 
 def in_other_thread(function):
@@ -212,7 +188,7 @@ def test_shared_arena_segments_cross_threads():
     assert in_other_thread(Arena().close)[0] == "ok"
 
 
-@pytest.mark.parametrize("kind", [Arena, ConfinedArena, arenalib.SlicingArena], ids=lambda k: k.__name__)
+@pytest.mark.parametrize("kind", KINDS)
 def test_with_blocks_in_four_threads(kind):
     # Each thread runs its own short-lived arenas: the pool of jemalloc arenas is shared.
     def worker(t):

@@ -1,12 +1,12 @@
-"""Memory handed out by arenalib is visible to tracemalloc, in arenalib's own domain (issue 7)."""
+"""Memory handed out by arenalib, by arenas and by a BufferPool's region, is visible to tracemalloc, in
+arenalib's own domain."""
 
 import tracemalloc
 
 import pytest
+from support import FREEABLE_KINDS, KINDS
 
 import arenalib
-
-KINDS = [arenalib.Arena, arenalib.ConfinedArena, arenalib.SlicingArena]
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_allocations_are_traced_with_the_callers_stack(tracing, kind):
     assert len(arenalib_traces()) == 0
 
 
-@pytest.mark.parametrize("kind", [arenalib.Arena, arenalib.ConfinedArena])
+@pytest.mark.parametrize("kind", FREEABLE_KINDS)
 def test_free_untracks(tracing, kind):
     with kind() as arena:
         keep = arena.allocate(1000)
@@ -75,3 +75,17 @@ def test_nothing_is_traced_when_tracemalloc_is_off():
             assert [t.size for t in arenalib_traces()] == [200]
         finally:
             tracemalloc.stop()
+
+
+def test_region_is_traced_by_tracemalloc():
+    domain = tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN)
+    tracemalloc.start()
+    try:
+        p = arenalib.BufferPool(1000, 4)
+        traced = tracemalloc.take_snapshot().filter_traces([domain]).statistics("lineno")
+        assert sum(s.size for s in traced) == p.nbytes
+        assert any(s.traceback[0].filename == __file__ for s in traced)
+        p.close()
+        assert not tracemalloc.take_snapshot().filter_traces([domain]).traces
+    finally:
+        tracemalloc.stop()

@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""A test-only consumer of arenalib's C-level API (tests/test_safety.py, issue 11): an ArenaCore on
-the stack, full of garbage, made ready for arena_open() by arena_core_init()."""
+"""A test-only consumer of arenalib's C-level API (tests/test_capi.py, issue 11; built by
+tests/cython/meson.build): an ArenaCore on the stack, full of garbage, made ready for arena_open()
+by arena_core_init()."""
 
 from libc.string cimport memset
 

@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""A test-only consumer of arenalib's C-level API (tests/test_safety.py, issue 11): the inline fast
-paths' argument checks, and closing and re-opening an arena object's core from C."""
+"""A test-only consumer of arenalib's C-level API (issue 11; built by tests/cython/meson.build): the
+inline fast paths' argument checks (tests/test_capi.py), and closing and re-opening an arena
+object's core from C (tests/test_safety.py)."""
 
 from arenalib cimport (
     ARENA_EINVAL, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_KIND_SLICING, ARENA_OK, ArenaCore,

@@ -1,65 +1,24 @@
-"""Other Cython extensions cimport arenalib and allocate without the GIL (issue 5).
+"""Other Cython extensions cimport arenalib and allocate without the GIL (issue 5), through the C-level
+API's inline fast paths.
 
 The example consumer shipped in arenalib/_examples/cython is built here against the package, in a
-temporary directory, with meson, as a downstream project would build it."""
+temporary directory, with its own meson.build, as a downstream project would build it; the
+test-only consumers of tests/cython are built once for the session (conftest.py)."""
 
 import ctypes
-import importlib.util
 import itertools
-import os
-import shutil
-import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
+from support import FREEABLE_KINDS, KINDS, build_example_consumer, run_threads
 
 import arenalib
-
-EXAMPLE = Path(arenalib.__file__).parent / "_examples" / "cython"
-
-
-def build_consumer(source: Path, pxd_dir: Path | None = None, pyx: Path | None = None):
-    """Build a consumer module in ``source`` with meson and import it: the example consumer, or the
-    Cython source ``pyx`` (a module named after it, built with the example's meson.build); against
-    the installed arenalib's .pxd files, or those in ``pxd_dir``."""
-    pyx = EXAMPLE / "arenalib_consumer.pyx" if pyx is None else Path(pyx)
-    name = pyx.stem
-    shutil.copy(pyx, source / pyx.name)
-    text = (EXAMPLE / "meson.build").read_text().replace("arenalib_consumer", name)
-    if pxd_dir is not None:
-        start = text.index("run_command(")
-        end = text.index(".stdout().strip()") + len(".stdout().strip()")
-        text = text[:start] + repr(str(pxd_dir)) + text[end:]
-    (source / "meson.build").write_text(text)
-    build = source / "build"
-    bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    meson = [sys.executable, "-m", "mesonbuild.mesonmain"]
-    for cmd in ([*meson, "setup", str(build),
-                 f"--native-file={_native_file(source)}"],
-                [*meson, "compile", "-C", str(build)]):
-        result = subprocess.run(cmd, cwd=source, env=env, capture_output=True, text=True)
-        assert result.returncode == 0, result.stdout + result.stderr
-    [built] = build.glob(f"{name}*.so")
-    spec = importlib.util.spec_from_file_location(name, built)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def consumer(tmp_path_factory):
-    return build_consumer(tmp_path_factory.mktemp("consumer"))
-
-
-def _native_file(directory: Path) -> Path:
-    # Build against this interpreter, whatever python3 is first on PATH.
-    path = directory / "native.ini"
-    cython = Path(sys.executable).parent / "cython"
-    path.write_text(f"[binaries]\npython = '{sys.executable}'\ncython = '{cython}'\n")
-    return path
+    return build_example_consumer(tmp_path_factory.mktemp("consumer"))
 
 
 def test_consumer_uses_the_package_pxd(consumer):
@@ -68,7 +27,7 @@ def test_consumer_uses_the_package_pxd(consumer):
     assert consumer.fill_free_loop.__module__ == "arenalib_consumer"
 
 
-@pytest.mark.parametrize("kind", [arenalib.Arena, arenalib.ConfinedArena])
+@pytest.mark.parametrize("kind", FREEABLE_KINDS)
 @pytest.mark.parametrize("size", [0, 8, 512, 4096, 65536, 1 << 20])
 @pytest.mark.parametrize("zero", [False, True])
 def test_nogil_allocate_fill_free(consumer, kind, size, zero):
@@ -135,23 +94,6 @@ def test_scoped_core_without_python_object(consumer):
     assert arenalib.live_objects()["open_arenas"] == before
 
 
-def run_threads(count, target):
-    errors = []
-
-    def wrapped(index):
-        try:
-            target(index)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
-
-
 @pytest.mark.parametrize("threads", [2, 4])
 def test_threads_on_their_own_confined_arenas(consumer, threads):
     def work(index):
@@ -159,7 +101,7 @@ def test_threads_on_their_own_confined_arenas(consumer, threads):
             consumer.batch_loop(arena, 200, 64, 256, index + 1)
             assert arena.stats()["live_segments"] == 0
 
-    run_threads(threads, work)
+    run_threads(work, threads)
 
 
 @pytest.mark.parametrize("threads", [2, 4])
@@ -169,7 +111,7 @@ def test_threads_on_one_shared_arena(consumer, threads):
     def work(index):
         consumer.batch_loop(arena, 200, 64, 256, index + 1)
 
-    run_threads(threads, work)
+    run_threads(work, threads)
     stats = arena.stats()
     assert stats["live_bytes"] == 0 and stats["live_segments"] == 0
     assert stats["allocated_total"] == threads * 200 * 64 * 256
@@ -190,7 +132,7 @@ def test_slicing_arena_refuses_concurrent_carving(consumer):
             except arenalib.ArenaError:
                 outcomes.append("busy")
 
-    run_threads(2, work)
+    run_threads(work, 2)
     assert "ok" in outcomes
     # a busy call may have carved part of its 50 blocks before it was refused
     live = arena.stats()["live_segments"]
@@ -223,7 +165,7 @@ def test_slicing_arena_carved_by_threads_at_once(consumer, threads):
                 blocks += addresses
             carved[index] = blocks
 
-        run_threads(threads, work)
+        run_threads(work, threads)
         _assert_blocks_intact(
             [(address, index + 1) for index, blocks in carved.items() for address in blocks], size)
         assert arena.stats()["live_segments"] == threads * 100 * 20
@@ -249,7 +191,7 @@ def test_slicing_arena_handed_between_threads_is_never_busy(consumer):
 
     with arenalib.SlicingArena(chunk_size=4096) as arena:  # small chunks: the slow path too
         turns[0].set()
-        run_threads(len(turns), work)
+        run_threads(work, len(turns))
         assert refusals == [0] * (rounds * len(turns))
         _assert_blocks_intact(blocks, size)
         # Python-level use between threads takes the arena over the same way.
@@ -257,19 +199,10 @@ def test_slicing_arena_handed_between_threads_is_never_busy(consumer):
         _assert_blocks_intact([*blocks, (seg.address, 9)], size)
 
 
-def test_consumer_built_against_other_layouts_is_refused(tmp_path):
+def test_consumer_built_against_other_layouts_is_refused(cython_consumers):
     # The fast paths are inline, compiled with the struct layouts of the arenalib built against:
     # a consumer built against another C API version must fail cleanly, not touch memory.
-    pxd_dir = tmp_path / "include"
-    (pxd_dir / "arenalib").mkdir(parents=True)
-    for pxd in Path(arenalib.get_include(), "arenalib").glob("*.pxd"):
-        shutil.copy(pxd, pxd_dir / "arenalib" / pxd.name)
-    arena_pxd = pxd_dir / "arenalib" / "_arena.pxd"
-    text = arena_pxd.read_text()
-    assert "    ARENA_ABI_VERSION = " in text
-    arena_pxd.write_text(text.replace("    ARENA_ABI_VERSION = ", "    ARENA_ABI_VERSION = 1000 + "))
-    (tmp_path / "consumer").mkdir()
-    stale = build_consumer(tmp_path / "consumer", pxd_dir)
+    stale = cython_consumers["stale_consumer"]
     with arenalib.ConfinedArena() as arena:
         with pytest.raises(ImportError, match="rebuild the extension"):
             stale.fill_free_loop(arena, 10, 64)
@@ -282,3 +215,35 @@ def test_buffer_pool_has_no_c_level_arena_handle(consumer):
     # A pool's region is carved by acquire(); raw C allocations from it could never be freed.
     with arenalib.BufferPool(4096, 2) as pool, pytest.raises(TypeError):
         consumer.keep_allocations(pool, 1, 64)
+
+
+BAD_ALIGNS = [3, 5, 6, 7, 9, 10, 12, 15, 24, 48, 96, 4095, 4097, 3 << 20, 1 << 31]
+GOOD_ALIGNS = [0, 1, 2, 4, 8, 16, 32, 64, 4096]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_c_api_refuses_bad_alignments_on_the_inline_fast_paths(cython_consumers, kind):
+    """arena_allocate() from a cimporting module returns ARENA_EINVAL for every alignment that is not
+    a power of two up to 1 GiB, with the fast path warm (a ConfinedArena's free list holding a
+    block, a SlicingArena biased to this thread), as the slow path and the Python API do."""
+    safety_consumer = cython_consumers["safety_consumer"]
+    with kind() as arena:
+        codes = {align: safety_consumer.allocate_aligned(arena, 64, align) for align in BAD_ALIGNS}
+        assert codes == dict.fromkeys(BAD_ALIGNS, safety_consumer.EINVAL)
+        codes = {align: safety_consumer.allocate_aligned(arena, 64, align) for align in GOOD_ALIGNS}
+        assert codes == dict.fromkeys(GOOD_ALIGNS, safety_consumer.OK)
+        for align in BAD_ALIGNS:
+            with pytest.raises(ValueError, match="align"):
+                arena.allocate(64, align=align)
+
+
+def test_c_api_arena_core_init_prepares_a_garbage_stack_core(cython_consumers):
+    """arena_core_init() makes an ArenaCore on the stack full of garbage (0xFF bytes) ready for
+    arena_open(), for every kind, with and without max_bytes; nothing stays open afterwards."""
+    consumer = cython_consumers["core_init_consumer"]
+    before = arenalib.live_objects()["open_arenas"]
+    for kind in consumer.KINDS.values():
+        assert consumer.garbage_stack_core(kind, -1, 512, 200) == 200 * 512
+        assert consumer.garbage_stack_core(kind, 4096, 512, 20) == 20 * 512
+        assert consumer.garbage_stack_core(kind, -1, 1 << 20, 5) == 5 << 20
+    assert arenalib.live_objects()["open_arenas"] == before

@@ -1,0 +1,194 @@
+"""What the tests share: the arena kinds, the sanitizer build, child interpreters, threads, the resident
+set size, and the Cython consumers of arenalib's C API built with meson.
+
+Test modules and conftest.py import from here (``from support import KINDS, run_python``): pytest's
+default import mode puts tests/, a folder without __init__.py, first on sys.path.  tests/safety_child.py
+runs as a script in a child interpreter and does without it."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+import arenalib
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+# -- the arena kinds --------------------------------------------------------------------------------
+
+# (pytest names a parameter that is a class by its __name__: test ids read test_x[Arena])
+KINDS = [arenalib.Arena, arenalib.ConfinedArena, arenalib.SlicingArena]
+FREEABLE_KINDS = [arenalib.Arena, arenalib.ConfinedArena]  # seg.free() works (not SlicingArena)
+
+
+def release(seg) -> None:
+    """Free a segment where the arena kind can; a SlicingArena keeps it until reset/close."""
+    if not isinstance(seg.arena, arenalib.SlicingArena):
+        seg.free()
+
+
+def slots_in_use() -> int:
+    """Pooled jemalloc arenas held by open arena objects."""
+    stats = arenalib.pool_stats()
+    return stats["slots_created"] - stats["slots_idle"]
+
+
+# -- the sanitizer build ----------------------------------------------------------------------------
+
+# `python3 dev.py sanitize` (tools/sanitize.py) runs the suite on an ASan + UBSan build with jemalloc
+# --enable-debug and sets ARENALIB_SANITIZE=1: ASan's runtime replaces malloc and exports symbols of
+# its own, keeps freed memory resident in its quarantine, reserves terabytes of shadow address
+# space, and makes everything several times slower.
+SANITIZED = os.environ.get("ARENALIB_SANITIZE") == "1"
+not_sanitized = pytest.mark.skipif(SANITIZED, reason="not meaningful on the ASan build")
+
+# -- child interpreters -----------------------------------------------------------------------------
+
+# Generous: a sanitized interpreter is several times slower than a normal one.
+TIMEOUT_S = 600 if SANITIZED else 180
+
+
+def run_python(code: str | Path, *argv: str, options: tuple[str, ...] = (), timeout: float = TIMEOUT_S,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``code`` (source text, dedented, or the Path of a script) with arguments ``argv`` in a fresh
+    interpreter with command line ``options`` and environment ``env`` (this one's by default).
+
+    faulthandler is on, so a crash or a hang shows where.  Under the sanitizer build the child
+    inherits ASan and UBSan.  A child still running after ``timeout`` seconds is killed and reported
+    as a result with exit status -1 and what it printed, "(timed out after N s)" last on stderr, so
+    that the test fails with its output instead of a bare TimeoutExpired."""
+    program = [str(code)] if isinstance(code, Path) else ["-c", textwrap.dedent(code)]
+    cmd = [sys.executable, "-X", "faulthandler", *options, *program, *argv]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired as exc:
+        def text(out) -> str:
+            return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+
+        return subprocess.CompletedProcess(cmd, -1, text(exc.stdout),
+                                           text(exc.stderr) + f"\n(timed out after {timeout} s)")
+
+
+def assert_ok(result: subprocess.CompletedProcess) -> str:
+    """The standard output of a child that exited with status 0 (else a failure showing both outputs)."""
+    assert result.returncode == 0, (
+        f"exit status {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
+    return result.stdout
+
+
+# -- threads ------------------------------------------------------------------------------------------
+
+N_THREADS = 4
+
+
+def run_threads(target, n: int = N_THREADS) -> list:
+    """Run ``target(index)`` in ``n`` threads started together (behind a barrier); their results, by
+    index.  The first error raised in any of them is raised here once all have finished."""
+    barrier = threading.Barrier(n)
+    results = [None] * n
+    errors: list[BaseException] = []
+
+    def run(index):
+        try:
+            barrier.wait()
+            results[index] = target(index)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+# -- memory -------------------------------------------------------------------------------------------
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MiB = 1 << 20
+
+
+def rss() -> int:
+    """Resident set size of this process, in bytes (Linux: /proc/self/statm)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def settled_rss() -> int:
+    """rss() once the garbage is collected."""
+    gc.collect()
+    return rss()
+
+
+# -- Cython consumers of the C API, built with meson ------------------------------------------------
+
+EXAMPLE = Path(arenalib.__file__).resolve().parent / "_examples" / "cython"
+CONSUMERS = HERE / "cython"
+
+
+def meson_build(source: Path, build: Path, *setup_options: str) -> None:
+    """Configure and compile the meson project in ``source`` into ``build``, with this interpreter and
+    its cython, whatever python3 is first on PATH."""
+    bin_dir = Path(sys.executable).parent
+    build.mkdir(parents=True, exist_ok=True)
+    native = build.parent / f"{build.name}-native.ini"
+    native.write_text(f"[binaries]\npython = '{sys.executable}'\ncython = '{bin_dir / 'cython'}'\n")
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    meson = [sys.executable, "-m", "mesonbuild.mesonmain"]
+    for cmd in ([*meson, "setup", str(build), str(source), f"--native-file={native}", *setup_options],
+                [*meson, "compile", "-C", str(build)]):
+        result = subprocess.run(cmd, cwd=source, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def load_extension(build: Path, name: str):
+    """Import the extension module ``name`` built in ``build`` (not put in sys.modules)."""
+    [path] = build.glob(f"{name}.*.so")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_example_consumer(directory: Path):
+    """The example consumer shipped in arenalib/_examples/cython, built in ``directory`` with its own
+    meson.build as a downstream project builds it (against the installed arenalib's .pxd files), and
+    imported."""
+    for name in ("meson.build", "arenalib_consumer.pyx"):
+        shutil.copy(EXAMPLE / name, directory / name)
+    meson_build(directory, directory / "build")
+    return load_extension(directory / "build", "arenalib_consumer")
+
+
+def build_test_consumers(directory: Path) -> dict:
+    """The test-only consumers of tests/cython, built in ``directory`` by tests/cython/meson.build and
+    imported, by name: ``safety_consumer`` and ``core_init_consumer`` against the installed
+    arenalib's .pxd files, and ``stale_consumer``, the example consumer built against a copy of those
+    .pxd files that declares another C API version (ARENA_ABI_VERSION + 1000)."""
+    stale = directory / "stale-include"
+    (stale / "arenalib").mkdir(parents=True)
+    for pxd in Path(arenalib.get_include(), "arenalib").glob("*.pxd"):
+        shutil.copy(pxd, stale / "arenalib" / pxd.name)
+    arena_pxd = stale / "arenalib" / "_arena.pxd"
+    text = arena_pxd.read_text()
+    assert "    ARENA_ABI_VERSION = " in text
+    arena_pxd.write_text(text.replace("    ARENA_ABI_VERSION = ", "    ARENA_ABI_VERSION = 1000 + "))
+    build = directory / "build"
+    meson_build(CONSUMERS, build, f"-Darenalib_include={arenalib.get_include()}",
+                f"-Dstale_include={stale}", f"-Dexample_pyx={EXAMPLE / 'arenalib_consumer.pyx'}")
+    return {"safety_consumer": load_extension(build, "safety_consumer"),
+            "core_init_consumer": load_extension(build, "core_init_consumer"),
+            "stale_consumer": load_extension(build, "arenalib_consumer")}

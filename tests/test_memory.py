@@ -1,0 +1,110 @@
+"""Memory given back to the OS: big arenas return their pages when they close (or are freed, reset and
+purged, or collected unclosed), closed arenas leave at most a few slots' worth of warm pages, a
+SlicingArena's reset reuses its chunks.  Bounded assertions on the resident set size, never on time.
+(The long runs, RSS bounded over 100k to a million cycles, are in tests/test_soak.py.)"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import pytest
+from support import SANITIZED, MiB, rss, settled_rss
+
+import arenalib
+from arenalib import SlicingArena
+
+pytestmark = [
+    pytest.mark.skipif(SANITIZED, reason="RSS bounds do not apply under ASan's quarantine"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm"),
+]
+
+
+def assert_given_back(before: int, growth: int) -> None:
+    """Less than a tenth of ``growth`` (bytes of RSS) is left resident above ``before``."""
+    left = settled_rss() - before
+    assert left < 0.1 * growth, f"{left / MiB:.1f} MiB of {growth / MiB:.1f} MiB still resident"
+
+
+def fill_big(arena, total, piece=64 << 10):
+    """Allocate ``total`` bytes in ``piece``-byte segments, touching every page."""
+    return [arena.allocate(piece, zero=False).fill(1) for _ in range(total // piece)]
+
+
+@pytest.mark.parametrize("how", ["close", "with", "gc"])
+def test_closing_a_big_arena_returns_memory(kind, how):
+    total = 256 * MiB
+    arenalib.trim()
+    before = settled_rss()
+    if how == "with":
+        with kind() as a:
+            segs = fill_big(a, total)
+            peak = rss()
+            del segs
+    elif how == "close":
+        a = kind()
+        segs = fill_big(a, total)
+        peak = rss()
+        del segs
+        a.close()
+    else:
+        a = kind()
+        segs = fill_big(a, total)
+        peak = rss()
+        with pytest.warns(ResourceWarning):
+            del a, segs
+            gc.collect()
+    growth = peak - before
+    assert growth >= total * 0.9
+    assert_given_back(before, growth)
+
+
+def test_freeing_then_closing_returns_memory(freeable_kind):
+    arenalib.trim()
+    before = settled_rss()
+    with freeable_kind() as a:
+        segs = fill_big(a, 128 * MiB)
+        growth = rss() - before
+        for seg in segs:
+            seg.free()
+        del segs
+    assert_given_back(before, growth)
+
+
+def test_reset_and_purge_return_memory_of_an_open_arena(kind):
+    arenalib.trim()
+    before = settled_rss()
+    with kind() as a:
+        fill_big(a, 128 * MiB)
+        growth = rss() - before
+        a.reset()
+        a.purge()
+        assert_given_back(before, growth)
+        a.allocate(1000).fill(1)
+
+
+def test_many_medium_arenas_stay_bounded(kind):
+    # Arenas too small to be purged on close leave warm pages in the pool: at most a few slots' worth.
+    arenalib.trim()
+    before = settled_rss()
+    for _ in range(30):
+        arenas = [kind() for _ in range(8)]
+        for a in arenas:
+            fill_big(a, 3 * MiB)
+        for a in arenas:
+            a.close()
+    left = settled_rss() - before
+    assert left < 32 * MiB, f"{left / MiB:.1f} MiB left resident by closed arenas"
+    arenalib.trim()
+    assert settled_rss() - before < 8 * MiB
+
+
+def test_slicing_arena_reset_reuses_chunks():
+    before = settled_rss()
+    with SlicingArena() as a:
+        for _ in range(200):
+            fill_big(a, 8 * MiB, piece=4096)
+            a.reset()
+        chunk_bytes = a.stats()["chunk_bytes"]
+        assert chunk_bytes < 10 * MiB
+    assert settled_rss() - before < 16 * MiB
