@@ -14,7 +14,7 @@ from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.string cimport memset
 
 from arenalib._jemalloc cimport (
-    MALLOCX_LG_ALIGN, MALLOCX_TCACHE_NONE, MALLOCX_ZERO, je_dallocx, je_mallocx,
+    MALLOCX_ARENA, MALLOCX_LG_ALIGN, MALLOCX_TCACHE_NONE, MALLOCX_ZERO, je_dallocx, je_mallocx,
 )
 
 
@@ -487,9 +487,7 @@ cdef int arena_reset(ArenaCore* core) noexcept nogil:
             return err
         _slicing_use_chunk(core, 0 if core.nchunks else -1)
         slicing_settle(core)
-    elif core.kind == ARENA_KIND_SHARED:
-        _slot_reset(core.slot)
-    elif core.kind == ARENA_KIND_CONFINED:
+    elif core.kind == ARENA_KIND_SHARED or core.kind == ARENA_KIND_CONFINED:
         _slot_reset(core.slot)
     else:
         return ARENA_EUNSUPPORTED

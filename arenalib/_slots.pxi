@@ -24,17 +24,9 @@ from libc.string cimport memcpy, memset
 
 import os
 
-from arenalib._jemalloc cimport MALLOCX_TCACHE_NONE, je_mallctl, je_mallctlbymib, je_mallctlnametomib
-
-cdef extern from *:
-    """
-    /* jemalloc's MALLOCX_ARENA(a) is ((int)(a) + 1) << 20: from arena 2047 on that shifts into the
-       sign bit, undefined behaviour.  The same flags, computed unsigned. */
-    #define ARENALIB_MALLOCX_ARENA(a) ((int)(((unsigned)(a) + 1u) << 20))
-    #define ARENALIB_MALLOCX_TCACHE(tc) ((int)(((unsigned)(tc) + 2u) << 8))
-    """
-    int MALLOCX_ARENA "ARENALIB_MALLOCX_ARENA"(unsigned a) noexcept nogil
-    int MALLOCX_TCACHE "ARENALIB_MALLOCX_TCACHE"(unsigned tc) noexcept nogil
+from arenalib._jemalloc cimport (
+    MALLOCX_ARENA, MALLOCX_TCACHE, MALLOCX_TCACHE_NONE, je_mallctl, je_mallctlbymib, je_mallctlnametomib,
+)
 
 # A slot or thread without an explicit tcache (none could be had: jemalloc allows ~4094, and after a
 # fork the parent's are unusable) allocates with MALLOCX_TCACHE_NONE: slower, never wrong.
