@@ -23,13 +23,14 @@
 # The common cases are inline functions, compiled into your module: a ConfinedArena's allocate
 # and free from its free list, a SlicingArena's carve (no atomic instruction while one thread
 # keeps carving), a confined scope's open and close.  They read arenalib's structs, so a module
-# must be rebuilt against the arenalib it runs with: one built against another C API version
-# (ARENA_ABI_VERSION) gets ImportError from arena_core() or arena_open(), never a wrong layout.
+# must be rebuilt against the arenalib it runs with: one whose C ABI fingerprint differs (a digest
+# of the struct layouts, constants and size-class rule it was compiled with, and of whether the
+# interpreter is free-threaded) gets ImportError from arena_core() or arena_open(), never a wrong
+# layout.
 # Consumers need no jemalloc header and link nothing: the rest comes through Cython's C-API import
 # of arenalib._arena.  See arenalib/_examples/cython/ for a complete consumer.
 
 from arenalib._arena cimport (
-    ARENA_ABI_VERSION,
     ARENA_EBUSY,
     ARENA_ECLOSED,
     ARENA_EEXPORTED,

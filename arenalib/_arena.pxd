@@ -88,10 +88,6 @@ cdef struct ThreadCache:
 
 
 cdef enum:
-    # The inline functions below are compiled into the modules that cimport them, with the layout
-    # of the structs they read: bump this whenever such a layout or rule changes, and consumers
-    # built against another version are refused (ImportError) instead of corrupting memory.
-    ARENA_ABI_VERSION = 3
     CARVER_RECORDS = 256
 
 
@@ -210,7 +206,7 @@ cdef int arena_close_slow(ArenaCore* core) except -1
 cdef InlineState* arena_inline_state() noexcept nogil
 cdef void arena_slot_free(ArenaSlot* slot, void* ptr) noexcept nogil
 cdef ArenaCore* arena_core_checked(object arena) except NULL
-cdef int arena_abi_check(size_t core_size, size_t state_size, int version) except -1
+cdef int arena_abi_check(uint64_t fingerprint) except -1
 cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint zero,
                              void** out) noexcept nogil
 cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil
@@ -508,11 +504,119 @@ cdef inline bint close_small_scope(ArenaCore* core) noexcept nogil:
     return True
 
 
+cdef extern from *:
+    """
+    #ifdef Py_GIL_DISABLED
+    #define ARENALIB_FREE_THREADED 1
+    #else
+    #define ARENALIB_FREE_THREADED 0
+    #endif
+    """
+    int ARENALIB_FREE_THREADED
+
+
+cdef inline uint64_t _abi_mix(uint64_t h, uint64_t value) noexcept nogil:
+    return (h ^ value) * <uint64_t>1099511628211ULL  # FNV-1a, a word at a time
+
+
+cdef inline uint64_t abi_fingerprint() noexcept nogil:
+    """A digest of all that the inline functions above bake into a module that cimports them: the
+    size and field offsets of every struct they touch, the constants and error codes, the size-class
+    and alignment rules, and whether the interpreter is free-threaded.  arenalib refuses a module
+    whose digest differs from its own (abi_check), so no change to that surface can go unnoticed;
+    nobody has to remember to bump a number."""
+    cdef ArenaCore core
+    cdef ArenaSlot slot
+    cdef FreeBlocks blocks
+    cdef InlineState state
+    cdef CarverRecord record
+    cdef uint64_t h = <uint64_t>14695981039346656037ULL
+    cdef size_t size
+    cdef int b
+    h = _abi_mix(h, sizeof(ArenaCore))
+    h = _abi_mix(h, <size_t>(<char*>&core.fast_owner - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.kind - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.open - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.busy - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.carve_owner - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.carve_record - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.slot - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.owner - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.generation - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.serial - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.live_bytes - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.peak_bytes - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.live_segments - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.exports - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.max_bytes - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.allocated_total - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.recent_count - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.recent - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.recent_sizes - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.chunk_size - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.chunks - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.chunk_sizes - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.nchunks - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.chunks_capacity - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.current - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.cursor - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.cursor_end - <char*>&core))
+    h = _abi_mix(h, <size_t>(<char*>&core.chunk_bytes - <char*>&core))
+    h = _abi_mix(h, sizeof(ArenaSlot))
+    h = _abi_mix(h, <size_t>(<char*>&slot.stale_bytes - <char*>&slot))
+    h = _abi_mix(h, <size_t>(<char*>&slot.churn_bytes - <char*>&slot))
+    h = _abi_mix(h, <size_t>(<char*>&slot.cache - <char*>&slot))
+    h = _abi_mix(h, sizeof(FreeBlocks))
+    h = _abi_mix(h, <size_t>(<char*>&blocks.cached_bytes - <char*>&blocks))
+    h = _abi_mix(h, <size_t>(<char*>&blocks.hot - <char*>&blocks))
+    h = _abi_mix(h, <size_t>(<char*>&blocks.hot_bin - <char*>&blocks))
+    h = _abi_mix(h, <size_t>(<char*>&blocks.heads - <char*>&blocks))
+    h = _abi_mix(h, <size_t>(<char*>&blocks.counts - <char*>&blocks))
+    h = _abi_mix(h, sizeof(InlineState))
+    h = _abi_mix(h, <size_t>(<char*>&state.parked - <char*>&state))
+    h = _abi_mix(h, <size_t>(<char*>&state.parked_idle - <char*>&state))
+    h = _abi_mix(h, <size_t>(<char*>&state.arenas_opened - <char*>&state))
+    h = _abi_mix(h, <size_t>(<char*>&state.arenas_closed - <char*>&state))
+    h = _abi_mix(h, <size_t>(<char*>&state.carvers - <char*>&state))
+    h = _abi_mix(h, sizeof(CarverRecord))
+    h = _abi_mix(h, <size_t>(<char*>&record.thread - <char*>&record))
+    h = _abi_mix(h, <size_t>(<char*>&record.carving - <char*>&record))
+    h = _abi_mix(h, <uint64_t>CACHE_BINS)
+    h = _abi_mix(h, <uint64_t>CACHE_MAX_SIZE)
+    h = _abi_mix(h, <uint64_t>CACHE_MAX_BYTES)
+    h = _abi_mix(h, <uint64_t>CACHE_MAX_PER_BIN)
+    h = _abi_mix(h, <uint64_t>PURGE_LIMIT)
+    h = _abi_mix(h, <uint64_t>SLICE_DEFAULT_ALIGN)
+    h = _abi_mix(h, <uint64_t>RECENT_MAX)
+    h = _abi_mix(h, <uint64_t>CARVER_RECORDS)
+    h = _abi_mix(h, <uint64_t>ARENA_KIND_SHARED)
+    h = _abi_mix(h, <uint64_t>ARENA_KIND_CONFINED)
+    h = _abi_mix(h, <uint64_t>ARENA_KIND_SLICING)
+    h = _abi_mix(h, <uint64_t>ARENA_KIND_POOL)
+    h = _abi_mix(h, <uint64_t>ARENA_OK)
+    h = _abi_mix(h, <uint64_t>ARENA_ENOMEM)
+    h = _abi_mix(h, <uint64_t>ARENA_ELIMIT)
+    h = _abi_mix(h, <uint64_t>ARENA_ECLOSED)
+    h = _abi_mix(h, <uint64_t>ARENA_EWRONGTHREAD)
+    h = _abi_mix(h, <uint64_t>ARENA_EINVAL)
+    h = _abi_mix(h, <uint64_t>ARENA_EEXPORTED)
+    h = _abi_mix(h, <uint64_t>ARENA_EBUSY)
+    h = _abi_mix(h, <uint64_t>ARENA_EUNSUPPORTED)
+    h = _abi_mix(h, <uint64_t>ARENALIB_FREE_THREADED)
+    for b in range(CACHE_BINS):
+        h = _abi_mix(h, cache_bin_size(b))
+    for size in range(0, CACHE_MAX_SIZE + 1, 8):
+        h = _abi_mix(h, <uint64_t>cache_bin(size))
+    for size in range(65):
+        h = _abi_mix(h, <uint64_t>small_align(size))
+    return h
+
+
 cdef inline int abi_check() except -1:
-    """Once per module: ImportError if it was compiled against another arenalib's layouts."""
+    """Once per module: ImportError if it was compiled against another arenalib's C ABI."""
     global arenalib_abi_accepted
     if not arenalib_abi_accepted:
-        arena_abi_check(sizeof(ArenaCore), sizeof(InlineState), ARENA_ABI_VERSION)
+        arena_abi_check(abi_fingerprint())
         arenalib_abi_accepted = True
     return 0
 

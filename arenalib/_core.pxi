@@ -582,14 +582,13 @@ cdef void arena_slot_free(ArenaSlot* slot, void* ptr) noexcept nogil:
     je_dallocx(ptr, _slot_flags(slot))
 
 
-cdef int arena_abi_check(size_t core_size, size_t state_size, int version) except -1:
-    """Refuse a module compiled against other layouts of the structs the inline functions read."""
-    if (core_size, state_size, version) != (sizeof(ArenaCore), sizeof(InlineState),
-                                            ARENA_ABI_VERSION):
+cdef int arena_abi_check(uint64_t fingerprint) except -1:
+    """Refuse a module compiled against another C ABI (see abi_fingerprint() in _arena.pxd)."""
+    if fingerprint != abi_fingerprint():
         raise ImportError(
-            f"a Cython extension was compiled against arenalib's C API version {version} "
-            f"(ArenaCore of {core_size} bytes); this arenalib has version {ARENA_ABI_VERSION} "
-            f"(ArenaCore of {sizeof(ArenaCore)} bytes): rebuild the extension against it")
+            f"a Cython extension was compiled against another arenalib C ABI (fingerprint "
+            f"{fingerprint:#018x}; this arenalib has {abi_fingerprint():#018x}): rebuild the "
+            "extension against the arenalib it runs with")
     return 0
 
 
