@@ -28,6 +28,8 @@ from arenalib._errors import (
 )
 from arenalib._pool import BufferPool
 
+__version__: str  # read on first use by __getattr__ below
+
 
 def __getattr__(name: str) -> str:
     # The version is written once, in meson.build; read from the installed metadata on first use
