@@ -582,12 +582,15 @@ cdef void arena_slot_free(ArenaSlot* slot, void* ptr) noexcept nogil:
     je_dallocx(ptr, _slot_flags(slot))
 
 
+cdef uint64_t _abi_fingerprint = abi_fingerprint()  # arenalib's own, computed once
+
+
 cdef int arena_abi_check(uint64_t fingerprint) except -1:
     """Refuse a module compiled against another C ABI (see abi_fingerprint() in _arena.pxd)."""
-    if fingerprint != abi_fingerprint():
+    if fingerprint != _abi_fingerprint:
         raise ImportError(
             f"a Cython extension was compiled against another arenalib C ABI (fingerprint "
-            f"{fingerprint:#018x}; this arenalib has {abi_fingerprint():#018x}): rebuild the "
+            f"{fingerprint:#018x}; this arenalib has {_abi_fingerprint:#018x}): rebuild the "
             "extension against the arenalib it runs with")
     return 0
 
