@@ -27,10 +27,12 @@
 # of the struct layouts, constants and size-class rule it was compiled with, and of whether the
 # interpreter is free-threaded) gets ImportError from arena_core() or arena_open(), never a wrong
 # layout.
-# Consumers need no jemalloc header and link nothing: the rest comes through Cython's C-API import
-# of arenalib._arena.  See arenalib/_examples/cython/ for a complete consumer.
+# Consumers need no jemalloc header and link nothing: the inline functions and structs are in
+# arenalib/_capi.pxd (the C ABI), and reach arenalib's own functions through the function table of
+# the capsule arenalib._arena._C_API.  See arenalib/_examples/cython/ for a complete consumer.
 
-from arenalib._arena cimport (
+from arenalib._arena cimport Arena, ArenaBase, ConfinedArena, Segment, SlicingArena
+from arenalib._capi cimport (
     ARENA_EBUSY,
     ARENA_ECLOSED,
     ARENA_EEXPORTED,
@@ -43,12 +45,7 @@ from arenalib._arena cimport (
     ARENA_KIND_SHARED,
     ARENA_KIND_SLICING,
     ARENA_OK,
-    Arena,
-    ArenaBase,
     ArenaCore,
-    ConfinedArena,
-    Segment,
-    SlicingArena,
     arena_allocate,
     arena_close,
     arena_core,

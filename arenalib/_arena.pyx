@@ -1,21 +1,34 @@
 # cython: language_level=3
 """Arenas of native memory over jemalloc's explicit arenas and thread caches.
 
-ArenaBase holds what all arenas share (the pooled jemalloc slot in an ArenaCore, accounting, the
-lifecycle); Arena, ConfinedArena and SlicingArena differ in who may use them and how they carve
-memory (the nogil rules live in _core.pxi).  Segment (_segment.pxi) is the user's handle on a block.
+The one extension that links the private jemalloc.  Its parts, in the order they are included:
+
+    _error_table.pxi  error code -> exception and message, for Python and the C API alike
+    _slots.pxi        the pool of jemalloc arenas and tcaches behind every arena object
+    _core.pxi         the thin core: validate once, dispatch once on the kind; the C API entry points
+    _segment.pxi      Segment, and SegmentOwner (what segments need of whoever hands them out)
+    (this file)       ArenaBase: the lifecycle, stats and Python API every arena kind shares
+    _confined.pxi     ConfinedArena: its whole rule, nogil functions and class
+    _shared.pxi       Arena: likewise
+    _slicing.pxi      SlicingArena: likewise
+
+The inline fast paths and the structs they read are arenalib's C ABI, in _capi.pxd.  The start-up
+steps run in one place, _module_init(), at the bottom.
 """
 
 cimport cython
 from cpython.exc cimport PyErr_Clear
 from cpython.number cimport PyNumber_Index
+from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport uint64_t
 from libc.string cimport memcpy
 
 import warnings
 
-from arenalib._errors import ArenaClosedError, ArenaError, UnsupportedOperation, WrongThreadError
-
+from arenalib._capi cimport (
+    ARENA_KIND_SHARED, ArenaCore, Books, InlineState, abi_fingerprint, adopt_inline_state,
+    arena_allocate, arena_free, arena_open,
+)
 from arenalib._jemalloc cimport JEMALLOC_VERSION, je_mallctl, je_mallctlbymib, je_mallctlnametomib
 
 cdef extern from "Python.h":
@@ -25,27 +38,18 @@ cdef extern from "Python.h":
     Py_ssize_t _long_as_ssize "PyLong_AsSsize_t"(object value) noexcept
 
 
+include "_error_table.pxi"
 include "_slots.pxi"
 include "_core.pxi"
 include "_segment.pxi"
 
 # Debug mode: arenas record where they were created, for the ResourceWarning of an unclosed arena.
 cdef bint _debug = False
+cdef Py_ssize_t _open_pools = 0
 
 # tracemalloc domain of the memory that arenalib's Python API hands out ("ARNA"): filter a snapshot
 # with tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN).
 TRACEMALLOC_DOMAIN = TRACE_DOMAIN
-
-_ERRORS = {
-    ARENA_ENOMEM: (MemoryError, "out of memory"),
-    ARENA_ELIMIT: (MemoryError, "the arena's max_bytes would be exceeded"),
-    ARENA_ECLOSED: (ArenaClosedError, "the arena is closed"),
-    ARENA_EWRONGTHREAD: (WrongThreadError, "a confined arena was used from another thread"),
-    ARENA_EINVAL: (ValueError, "align must be a power of two from 1 to 1 GiB"),
-    ARENA_EEXPORTED: (BufferError, "buffer exports of the arena's segments are alive"),
-    ARENA_EBUSY: (ArenaError, "the SlicingArena is in use by another thread"),
-    ARENA_EUNSUPPORTED: (UnsupportedOperation, "not supported by this kind of arena"),
-}
 
 
 def set_debug(bint enabled):
@@ -60,10 +64,19 @@ def jemalloc_version():
 
 
 def live_objects():
-    """Counts of open arenas, Segment objects and buffer exports alive now (for leak checks)."""
+    """Counts of open arenas and pools, Segment objects and buffer exports alive now (for leak
+    checks)."""
     return {"open_arenas": _inline_state.arenas_opened - _inline_state.arenas_closed,
-            "segments": _live_segment_objects, "exports": _live_exports}
+            "open_pools": _open_pools, "segments": _live_segment_objects, "exports": _live_exports}
 
+
+cdef void count_open_pools(int delta) noexcept:
+    """BufferPool's open and close, for live_objects()."""
+    global _open_pools
+    _open_pools += delta
+
+
+# -- arguments -------------------------------------------------------------------------------------
 
 cdef inline Py_ssize_t _parse_size(object size, str name) except -1:
     cdef Py_ssize_t n
@@ -118,28 +131,44 @@ cdef Py_ssize_t _parse_max_bytes(object max_bytes) except -2:
         return -1  # a limit beyond any address space is no limit
 
 
+# The constructors take keyword arguments only; a positional one is caught by this default (cheaper
+# than *args) to name the class and its keywords in the error.
+cdef object _NOT_GIVEN = object()
+
+
+cdef int _no_positional(ArenaBase arena, str keywords) except -1:
+    name = type(arena).__name__
+    raise TypeError(f"{name}() takes keyword arguments only: {name}({keywords}...)")
+
+
+# -- ArenaBase ---------------------------------------------------------------------------------------
+
 @cython.freelist(16)
 @cython.no_gc  # holds no object that could lead back to it: no cycles, no GC tracking cost
-cdef class ArenaBase:
+cdef class ArenaBase(SegmentOwner):
     """What every arena shares: allocate(), reset(), purge(), close(), stats(), the with-block.
 
     Not instantiable; use Arena, ConfinedArena or SlicingArena."""
 
     def __cinit__(self):
+        self._life = &self._core.life
         # A no-argument __cinit__ is called whatever the constructor's arguments are.  Python
         # subclasses (heap types) would get an arena they cannot open: refuse them too.
         if type(self) is ArenaBase or PyType_HasFeature(type(self), Py_TPFLAGS_HEAPTYPE):
             raise TypeError(f"{type(self).__name__}: ArenaBase cannot be instantiated or subclassed"
                             " in Python; use Arena, ConfinedArena or SlicingArena")
 
-    cdef int _open(self, int kind, object max_bytes) except -1:
+    cdef int _open(self, int kind, object max_bytes, size_t chunk_size=0) except -1:
         """Open the core; called once by each concrete class's __cinit__."""
-        arena_open(&self._core, kind, _parse_max_bytes(max_bytes), self._core.chunk_size)
+        arena_open(&self._core, kind, _parse_max_bytes(max_bytes), chunk_size)
         if _debug:
             import traceback
             # Called from C: the innermost Python frame is the one that made the arena.
             self._created_at = "".join(traceback.format_stack())
         return 0
+
+    cdef bint _is_open(self) noexcept:
+        return self._core.open
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -164,25 +193,18 @@ cdef class ArenaBase:
         if err:
             self._raise(err, f"cannot allocate {size} bytes (align={align})")
         if self._core.kind == ARENA_KIND_SHARED:
-            self._update_shared_peak()
+            shared_update_peak(&self._core)
         if self._traced is not None and PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, <size_t>size) == 0:
             self._traced.add(<size_t>ptr)
         seg._ptr = <char*>ptr
-        seg._generation = self._core.generation
+        seg._generation = self._core.life.generation
         return seg
 
-    cdef void _update_shared_peak(self) noexcept:
-        # Walked without the lock: nodes are only freed by close(), which needs the GIL we hold,
-        # and a node a nogil thread is adding right now is missed at worst.
-        cdef Py_ssize_t live = 0
-        cdef ThreadCache* tc = self._core.slot.threads
-        while tc != NULL:
-            live += tc.live_bytes
-            tc = tc.next
-        if live > self._core.peak_bytes:
-            self._core.peak_bytes = live
-
     cdef int _free_segment(self, Segment seg) except -1:
+        if seg._exports:
+            raise BufferError(
+                f"cannot free a segment while {seg._exports} buffer export(s) of it "
+                "(memoryview, NumPy array ...) are alive; release them first")
         cdef int err = arena_free(&self._core, seg._ptr, <size_t>seg._size)
         if err:
             self._raise(err, "cannot free this segment")
@@ -194,33 +216,7 @@ cdef class ArenaBase:
 
     cdef int _raise(self, int code, str context) except -1:
         """Raise the exception for ``code`` with a message that names this arena."""
-        name = type(self).__name__
-        if code == ARENA_ECLOSED:
-            raise ArenaClosedError(f"{name} is closed")
-        if code == ARENA_EWRONGTHREAD:
-            raise _wrong_thread_error(self)
-        if code == ARENA_ELIMIT:
-            raise MemoryError(f"{context}: max_bytes={self._core.max_bytes} of {name} would be "
-                              f"exceeded ({self._live_bytes()} bytes in use)")
-        if code == ARENA_EEXPORTED:
-            raise BufferError(
-                f"{context}: {self._core.exports} buffer export(s) of its segments (memoryview, "
-                "NumPy array ...) are alive; release them first")
-        if code == ARENA_EUNSUPPORTED and self._core.kind == ARENA_KIND_SLICING:
-            raise UnsupportedOperation(
-                "SlicingArena segments cannot be freed one by one; use reset() or close()")
-        if code == ARENA_EUNSUPPORTED and self._core.kind == ARENA_KIND_POOL:
-            raise UnsupportedOperation(f"{context}: a BufferPool hands out fixed buffers: use acquire()")
-        exc_type, message = _ERRORS[code]
-        raise exc_type(f"{context}: {message}")
-
-    cdef Py_ssize_t _live_bytes(self) noexcept:
-        cdef Py_ssize_t live, segments
-        cdef size_t total
-        if self._core.kind == ARENA_KIND_SHARED and self._core.open:
-            _shared_totals(&self._core, &live, &segments, &total)
-            return live
-        return self._core.live_bytes
+        return raise_error(code, self, context)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -228,7 +224,7 @@ cdef class ArenaBase:
         """Free every segment at once and keep the arena open (its pages stay warm for reuse).
 
         Raises BufferError, changing nothing, while a segment's buffer export is alive."""
-        cdef int err = arena_reset(&self._core)
+        cdef int err = arena_reset_checked(&self._core)
         if err:
             self._raise(err, f"cannot reset {type(self).__name__}")
         self._untrack_all()
@@ -236,7 +232,7 @@ cdef class ArenaBase:
     def purge(self):
         """Hand the arena's unused dirty pages back to the OS now (live segments stay)."""
         self._check_usable()
-        _slot_purge(self._core.slot)
+        slot_purge(self._core.slot)
 
     def close(self):
         """Free every segment and give the memory back; idempotent.
@@ -245,24 +241,17 @@ cdef class ArenaBase:
         self._close()
 
     cdef int _close(self) except -1:
-        if not self._core.open:
-            return 0
-        self._check_usable()
-        if self._core.exports:
-            self._raise(ARENA_EEXPORTED, f"cannot close {type(self).__name__}")
-        self._release_memory()
+        cdef int err = arena_close_checked(&self._core)
+        if err:
+            self._raise(err, f"cannot close {type(self).__name__}")
+        self._untrack_all()
         return 0
 
     cdef int _check_usable(self) except -1:
-        if not self._core.open:
-            raise ArenaClosedError(f"{type(self).__name__} is closed")
-        if self._core.owner and self._core.owner != thread_ident():
-            raise _wrong_thread_error(self)
+        cdef int err = _usable(&self._core)
+        if err:
+            self._raise(err, None)
         return 0
-
-    cdef void _release_memory(self) noexcept:
-        _core_close(&self._core)
-        self._untrack_all()
 
     cdef void _untrack_all(self) noexcept:
         """Tell tracemalloc that every traced block of the arena is gone."""
@@ -295,32 +284,19 @@ cdef class ArenaBase:
 
         live_bytes/live_segments/peak_bytes count the sizes asked for; resident, mapped, active and
         dirty are jemalloc's byte counts for the underlying jemalloc arena (0 once closed)."""
-        cdef ArenaCore* core = &self._core
-        cdef Py_ssize_t live = 0, segments = 0, peak
-        cdef size_t total
+        cdef Books books
         cdef size_t figures[4]
-        cdef bint is_open
         cdef int i
         result = {}  # made first: the GC it may start can close the arena, which the reads must see
-        is_open = core.open
-        peak = core.peak_bytes
-        total = core.allocated_total
-        if core.kind == ARENA_KIND_SHARED and is_open:
-            _shared_totals(core, &live, &segments, &total)
-        elif is_open:  # a closed core's live counts are stale (a scope's close skips them)
-            live = core.live_bytes
-            segments = core.live_segments
-            if core.kind == ARENA_KIND_SLICING:  # not settled yet (see slicing_settle)
-                peak = max(peak, live)
-                total += <size_t>live
-        _jemalloc_arena_figures(core, figures)
-        result["live_bytes"] = live
-        result["live_segments"] = segments
-        result["peak_bytes"] = peak
-        result["allocated_total"] = total
-        result["exports"] = core.exports
-        result["max_bytes"] = None if core.max_bytes < 0 else core.max_bytes
-        result["closed"] = not is_open
+        read_books(&self._core, &books)
+        jemalloc_arena_figures(&self._core, figures)
+        result["live_bytes"] = books.live_bytes
+        result["live_segments"] = books.live_segments
+        result["peak_bytes"] = books.peak_bytes
+        result["allocated_total"] = books.allocated_total
+        result["exports"] = self._core.life.exports
+        result["max_bytes"] = None if self._core.max_bytes < 0 else self._core.max_bytes
+        result["closed"] = not self._core.open
         for i in range(4):
             result[_ARENA_FIGURES[i][0]] = figures[i]
         return result
@@ -329,30 +305,34 @@ cdef class ArenaBase:
         name = type(self).__name__
         if not self._core.open:
             return f"<arenalib.{name} closed>"
-        # The arena's own counters: jemalloc's statistics cost milliseconds once arenas are many.
-        cdef Py_ssize_t live = self._core.live_bytes, segments = self._core.live_segments
-        cdef size_t total
-        if self._core.kind == ARENA_KIND_SHARED:
-            _shared_totals(&self._core, &live, &segments, &total)
-        return f"<arenalib.{name} {segments} segments, {live} bytes>"
+        # The arena's own books: jemalloc's statistics cost milliseconds once arenas are many.
+        cdef Books books
+        read_books(&self._core, &books)
+        return f"<arenalib.{name} {books.live_segments} segments, {books.live_bytes} bytes>"
 
     def __reduce__(self):
         raise TypeError(f"{type(self).__name__} owns native memory and cannot be pickled")
 
     def __dealloc__(self):
         # As an unclosed file does: free the memory and say so with a ResourceWarning.  Done here
-        # rather than in __del__: a finalizer would cost every arena ~10 ns at deallocation.
+        # rather than in __del__, which would cost every arena's deallocation (see DESIGN.md).
         if not self._core.open:
             return
         message = f"unclosed {self!r}"
         if self._created_at is not None:
             message += f", created at:\n{self._created_at}"
-        # Not the virtual _release_memory(): a subclass's own fields are already torn down here.
-        _core_close(&self._core)
+        core_close(&self._core)
         self._untrack_all()
         if warnings is not None:  # None while the interpreter is tearing modules down
             warnings.warn(message, ResourceWarning, stacklevel=2)
 
+
+include "_confined.pxi"
+include "_shared.pxi"
+include "_slicing.pxi"
+
+
+# -- jemalloc's figures for stats() ----------------------------------------------------------------
 
 # jemalloc's per-arena figures that stats() reports: (key, mallctl name, counted in pages).
 _ARENA_FIGURES = (
@@ -367,7 +347,7 @@ cdef bint _figure_in_pages[4]
 cdef size_t _page_size = 0
 
 
-cdef int _init_figure_mibs() except -1:
+cdef int _figures_init() except -1:
     global _page_size
     cdef size_t size = sizeof(size_t)
     cdef int i
@@ -380,10 +360,7 @@ cdef int _init_figure_mibs() except -1:
     return 0
 
 
-_init_figure_mibs()
-
-
-cdef void _jemalloc_arena_figures(ArenaCore* core, size_t* figures) noexcept:
+cdef void jemalloc_arena_figures(ArenaCore* core, size_t* figures) noexcept:
     """jemalloc's figures (_ARENA_FIGURES, in bytes) for the arena behind ``core``; 0 once closed."""
     cdef uint64_t epoch = 1
     cdef size_t mib[4]
@@ -405,84 +382,44 @@ cdef void _jemalloc_arena_figures(ArenaCore* core, size_t* figures) noexcept:
             figures[i] *= _page_size
 
 
-# The constructors take keyword arguments only; a positional one is caught by this default (cheaper
-# than *args) to name the class and its keywords in the error.
-cdef object _NOT_GIVEN = object()
+# -- the C API ---------------------------------------------------------------------------------------
+
+cdef void arena_slot_free(ArenaSlot* slot, void* ptr) noexcept nogil:
+    """Give a block of the slot's arena back to jemalloc."""
+    je_dallocx(ptr, slot_flags(slot))
 
 
-cdef int _no_positional(ArenaBase arena, str keywords) except -1:
-    name = type(arena).__name__
-    raise TypeError(f"{name}() takes keyword arguments only: {name}({keywords}...)")
+cdef int _capi_init() except -1:
+    """Fill the function table, digest the C ABI, and publish both as arenalib._arena._C_API."""
+    cdef InlineState* state = _inline_state
+    state.abi_fingerprint = abi_fingerprint()
+    state.functions.open_slow = arena_open_slow
+    state.functions.close_slow = arena_close_slow
+    state.functions.allocate_slow = arena_allocate_slow
+    state.functions.free_slow = arena_free_slow
+    state.functions.reset = arena_reset_checked
+    state.functions.raise_error = arena_raise
+    state.functions.core_of = arena_core_of
+    state.functions.slot_free = arena_slot_free
+    adopt_inline_state(state)
+    globals()["_C_API"] = PyCapsule_New(state, b"arenalib._arena._C_API", NULL)
+    return 0
 
 
-@cython.final
-cdef class Arena(ArenaBase):
-    """An arena any thread may allocate from, free into and close.
-
-    Arena(*, max_bytes=None).  Every segment's memory is freed at once by close() (or the end of a
-    with-block); seg.free() gives one segment back early.  Each thread allocates through its own
-    jemalloc thread cache, so threads do not contend on a lock."""
-
-    def __cinit__(self, _positional=_NOT_GIVEN, *, max_bytes=None):
-        if _positional is not _NOT_GIVEN:
-            _no_positional(self, "max_bytes=")
-        self._open(ARENA_KIND_SHARED, max_bytes)
+def _abi_fingerprint():
+    """The digest of arenalib's C ABI (see abi_fingerprint() in _capi.pxd), for error messages."""
+    return _inline_state.abi_fingerprint
 
 
-@cython.final
-cdef class ConfinedArena(ArenaBase):
-    """An arena that only its creating thread may use, nor its segments (WrongThreadError).
+# -- start-up ----------------------------------------------------------------------------------------
 
-    ConfinedArena(*, max_bytes=None).  Confinement is what lets it skip all locking."""
-
-    def __cinit__(self, _positional=_NOT_GIVEN, *, max_bytes=None):
-        if _positional is not _NOT_GIVEN:
-            _no_positional(self, "max_bytes=")
-        self._open(ARENA_KIND_CONFINED, max_bytes)
-
-    @property
-    def owner_thread(self):
-        """threading.get_ident() of the thread that owns this arena."""
-        return self._core.owner
+cdef int _module_init() except -1:
+    """The start-up steps, in the order they depend on each other."""
+    slots_init()       # the shared state and the jemalloc control names (every arena needs them)
+    slicing_init()     # biased carving, if membarrier() is there
+    _figures_init()    # stats() names
+    _capi_init()       # last: publishes what the steps above made
+    return 0
 
 
-@cython.final
-cdef class SlicingArena(ArenaBase):
-    """Bump-pointer allocation inside chunks taken from jemalloc (Panama's slicingAllocator).
-
-    SlicingArena(*, chunk_size=None, max_bytes=None).  No per-segment free: reset() invalidates every
-    segment and keeps the chunks for reuse; close() gives them back.  Requests larger than a chunk
-    get a chunk of their own.  Any thread may use it; the thread that used it last carves without
-    atomic instructions, and another thread taking it over pays a few microseconds."""
-
-    def __cinit__(self, _positional=_NOT_GIVEN, *, chunk_size=None, max_bytes=None):
-        if _positional is not _NOT_GIVEN:
-            _no_positional(self, "chunk_size=, max_bytes=")
-        cdef Py_ssize_t size = <Py_ssize_t>DEFAULT_CHUNK_SIZE
-        if chunk_size is not None:
-            size = _parse_size(chunk_size, "chunk_size")
-            if <size_t>size < PAGE:
-                raise ValueError(f"chunk_size must be at least {PAGE}, not {chunk_size!r}")
-        self._core.chunk_size = <size_t>size
-        self._open(ARENA_KIND_SLICING, max_bytes)
-
-    @property
-    def chunk_size(self):
-        """Size of the chunks carved by allocate()."""
-        return self._core.chunk_size
-
-    def purge(self):
-        """Give back the chunks not in use (those past the current one) and purge dirty pages."""
-        self._check_usable()
-        if _slicing_lock(&self._core):
-            self._raise(ARENA_EBUSY, "cannot purge")
-        _slicing_free_chunks(&self._core, self._core.current + 1 if self._core.nchunks else 0)
-        _slicing_unlock(&self._core, True)
-        _slot_purge(self._core.slot)
-
-    def stats(self):
-        """As ArenaBase.stats(), plus the chunks held."""
-        result = ArenaBase.stats(self)
-        result["chunks"] = self._core.nchunks
-        result["chunk_bytes"] = self._core.chunk_bytes
-        return result
+_module_init()

@@ -1,15 +1,19 @@
 # cython: language_level=3
 # BufferPool, for arenalib's other Cython modules and for extensions that cimport it.
 
-from arenalib._arena cimport ArenaBase, Segment
+from arenalib._arena cimport Segment, SegmentOwner
+from arenalib._capi cimport Lifetime
 
 
 cdef class _Region:
     cdef void* ptr                  # freed when the last holder (pool or raw view) lets go
 
 
-cdef class BufferPool(ArenaBase):
+cdef class BufferPool(SegmentOwner):
     cdef:
+        Lifetime _lifetime          # what its segments check (SegmentOwner._life points here)
+        bint _open
+        bint _traced                # the region is reported to tracemalloc
         _Region _region
         char* _base                 # the region: one jemalloc block of _stride * _count bytes
         size_t _stride              # distance between buffers: _buffer_size rounded up to _align
@@ -31,3 +35,6 @@ cdef class BufferPool(ArenaBase):
     cdef int _release(self, Segment seg) except -1
     cdef Py_ssize_t _index_of(self, Segment seg) except -1
     cdef int _check_open(self) except -1
+    cdef void _close_now(self) noexcept
+    cdef str _exports_alive(self, str context)
+    cdef size_t _resident_bytes(self)

@@ -1,11 +1,16 @@
-from typing import SupportsIndex, final, type_check_only
+from types import TracebackType
+from typing import Any, SupportsIndex, TypedDict, final, type_check_only
 
 from typing_extensions import Self
 
-from arenalib._arena import ArenaBase, ArenaStats, Segment
+from arenalib._arena import Segment, SegmentOwner
 
 @type_check_only
-class BufferPoolStats(ArenaStats, total=False):
+class BufferPoolStats(TypedDict):
+    live_bytes: int
+    resident: int
+    exports: int
+    closed: bool
     buffers: int
     buffer_size: int
     in_use: int
@@ -15,7 +20,7 @@ class BufferPoolStats(ArenaStats, total=False):
     exhausted: int
 
 @final
-class BufferPool(ArenaBase):
+class BufferPool(SegmentOwner):
     def __new__(
         cls,
         buffer_size: SupportsIndex,
@@ -25,6 +30,18 @@ class BufferPool(ArenaBase):
         zero: bool = False,
     ) -> Self: ...
     def acquire(self) -> Segment: ...
+    def allocate(
+        self, size: SupportsIndex, *, zero: bool = True, align: SupportsIndex | None = None
+    ) -> Segment: ...
+    def reset(self) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool: ...
+    def __reduce__(self) -> Any: ...
     def try_acquire(self) -> Segment | None: ...
     def release(self, segment: Segment) -> None: ...
     def index(self, segment: Segment) -> int: ...

@@ -2,9 +2,10 @@
 """BufferPool: fixed-size, aligned buffers carved from one region of the private jemalloc, recycled
 in O(1) for I/O (io_uring, O_DIRECT, sockets).
 
-The region is one allocation of the pool's ArenaCore (kind ARENA_KIND_POOL), handed back in bulk by
-close().  Each acquire() makes a new Segment over a free buffer; release() marks that Segment freed,
-so a stale handle raises ArenaClosedError even after the same buffer is acquired again.
+BufferPool is not an arena: it is a SegmentOwner (what segments need: a Lifetime, a free-segment
+hook) holding one region of the private jemalloc, outside every arena, handed back by close().  Each
+acquire() makes a new Segment over a free buffer; release() marks that Segment freed, so a stale
+handle raises ArenaClosedError even after the same buffer is acquired again.
 
 Thread safety: every method runs holding the GIL and never releases it between reading and writing
 the pool's state, so acquire and release are serialised by the GIL itself and need no lock.  The one
@@ -21,11 +22,16 @@ from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.string cimport memset
 
 from arenalib._arena cimport (
-    ARENA_EEXPORTED, ARENA_KIND_POOL, ARENA_OK, TRACE_DOMAIN, ArenaBase, PyTraceMalloc_Track, Segment,
-    make_segment, parse_align, parse_size, region_allocate, region_free,
+    TRACE_DOMAIN, PyTraceMalloc_Track, PyTraceMalloc_Untrack, Segment, SegmentOwner,
+    count_open_pools, make_segment, parse_align, parse_size, region_allocate, region_free,
 )
 
+import warnings
+
 from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, UnsupportedOperation
+
+cdef extern from "sys/mman.h" nogil:
+    int mincore(void* addr, size_t length, unsigned char* vec)
 
 cdef size_t REGION_ALIGN = 4096
 
@@ -45,7 +51,7 @@ cdef Py_ssize_t _positive(object value, str name) except -1:
 
 
 @cython.final
-cdef class BufferPool(ArenaBase):
+cdef class BufferPool(SegmentOwner):
     """``count`` buffers of ``buffer_size`` bytes, each aligned to ``align``, in one contiguous region.
 
     BufferPool(buffer_size, count, *, align=4096, zero=False)
@@ -66,6 +72,7 @@ cdef class BufferPool(ArenaBase):
     """
 
     def __cinit__(self, buffer_size, count, *, align=4096, bint zero=False):
+        self._life = &self._lifetime
         cdef Py_ssize_t size = _positive(buffer_size, "buffer_size")
         cdef Py_ssize_t n = _positive(count, "count")
         cdef Py_ssize_t a = <Py_ssize_t>parse_align(align)
@@ -86,28 +93,73 @@ cdef class BufferPool(ArenaBase):
         self._align = <size_t>a
         self._zero = zero
         cdef _Region region = _Region()  # before the memory: its owner must exist to free it
-        self._open(ARENA_KIND_POOL, None)
-        cdef void* ptr = NULL
-        cdef int err = region_allocate(&self._core, total, max(<size_t>a, REGION_ALIGN), zero, &ptr)
-        if err != ARENA_OK:
-            self._release_memory()  # closed again: no ResourceWarning for a pool that never was
-            self._raise(err, f"cannot allocate a pool region of {total} bytes")
+        cdef void* ptr = region_allocate(total, max(<size_t>a, REGION_ALIGN), zero)
+        if ptr == NULL:
+            raise MemoryError(f"cannot allocate a pool region of {total} bytes: out of memory")
         region.ptr = ptr
         self._region = region
         self._base = <char*>ptr
         self._reset_buffers(True)
         # The region is the allocation tracemalloc sees (untracked by close(), as arenas' blocks are).
-        if PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, total) == 0:
-            self._traced = {<size_t>ptr}
+        self._traced = PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, total) == 0
+        self._lifetime.generation = 1
+        self._open = True
+        count_open_pools(1)
 
-    cdef void _release_memory(self) noexcept:
-        ArenaBase._release_memory(self)
-        # Every segment is dead now; the region itself goes when no raw view holds it either.
+    cdef bint _is_open(self) noexcept:
+        return self._open
+
+    def close(self):
+        """Give the region back: every acquired segment is dead from now on; idempotent.
+
+        Raises BufferError, changing nothing, while a buffer export (memoryview ...) of an acquired
+        segment is alive."""
+        if not self._open:
+            return
+        if self._lifetime.exports:
+            raise BufferError(self._exports_alive("cannot close BufferPool"))
+        self._close_now()
+
+    cdef void _close_now(self) noexcept:
+        """Every segment dead, the region untracked and let go (it goes when no raw view holds it)."""
+        self._open = False
+        self._lifetime.generation += 1
+        if self._traced:
+            PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>self._base)
+            self._traced = False
         self._region = None
+        count_open_pools(-1)
+
+    cdef str _exports_alive(self, str context):
+        return (f"{context}: {self._lifetime.exports} buffer export(s) of its segments (memoryview, "
+                "NumPy array ...) are alive; release them first")
+
+    @property
+    def closed(self):
+        """True once close() was called (or the with-block ended)."""
+        return not self._open
+
+    def __enter__(self):
+        self._check_open()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
+
+    def __reduce__(self):
+        raise TypeError("BufferPool owns native memory and cannot be pickled")
 
     def __dealloc__(self):
         PyMem_Free(self._free_stack)
         PyMem_Free(self._state)
+        if not self._open:
+            return
+        # As an unclosed file does: give the memory back and say so with a ResourceWarning.
+        message = f"unclosed {self!r}"
+        self._close_now()
+        if warnings is not None:  # None while the interpreter is tearing modules down
+            warnings.warn(message, ResourceWarning, stacklevel=2)
 
     cdef void _reset_buffers(self, bint fresh) noexcept:
         """Every buffer free, index 0 on top; ``fresh``: the region was just allocated (zeroed when
@@ -133,15 +185,13 @@ cdef class BufferPool(ArenaBase):
         return self._acquire(False)
 
     cdef Segment _acquire(self, bint raise_exhausted):
-        if not self._core.open:
-            raise ArenaClosedError("BufferPool is closed")
+        self._check_open()
         if self._nfree == 0:
             return self._exhaust(raise_exhausted)
         # Made first, with no address: this may run the garbage collector and with it any Python code
         # (another thread included), so the state is read only afterwards, with nothing in between.
         cdef Segment seg = make_segment(self, self._buffer_size)
-        if not self._core.open:
-            raise ArenaClosedError("BufferPool is closed")
+        self._check_open()
         if self._nfree == 0:
             return self._exhaust(raise_exhausted)
         self._nfree -= 1
@@ -155,7 +205,7 @@ cdef class BufferPool(ArenaBase):
         if self._in_use > self._high_water:
             self._high_water = self._in_use
         seg._ptr = ptr
-        seg._generation = self._core.generation
+        seg._generation = self._lifetime.generation
         return seg
 
     cdef Segment _exhaust(self, bint raise_exhausted):
@@ -186,11 +236,10 @@ cdef class BufferPool(ArenaBase):
             raise ValueError("the segment does not belong to this BufferPool")
         if seg._root is not None:
             raise ValueError("a slice cannot be released; release the segment acquire() returned")
-        if not self._core.open:
-            raise ArenaClosedError("BufferPool is closed")
+        self._check_open()
         if seg._freed:
             raise ArenaClosedError("the segment was already released")
-        if seg._generation != self._core.generation:
+        if seg._generation != self._lifetime.generation:
             raise ArenaClosedError("the segment is stale: the BufferPool was reset since it was acquired")
         if seg._exports:
             raise BufferError(
@@ -218,11 +267,10 @@ cdef class BufferPool(ArenaBase):
         """Release every acquired buffer at once: each of their segments is dead from now on.
 
         Raises BufferError, changing nothing, while a buffer export of a segment is alive."""
-        if not self._core.open:
-            raise ArenaClosedError("BufferPool is closed")
-        if self._core.exports:
-            self._raise(ARENA_EEXPORTED, "cannot reset BufferPool")
-        self._core.generation += 1
+        self._check_open()
+        if self._lifetime.exports:
+            raise BufferError(self._exports_alive("cannot reset BufferPool"))
+        self._lifetime.generation += 1
         self._reset_buffers(False)
 
     def allocate(self, size, *, zero=True, align=None):
@@ -243,7 +291,7 @@ cdef class BufferPool(ArenaBase):
         return self._index_of(seg)
 
     cdef int _check_open(self) except -1:
-        if not self._core.open:
+        if not self._open:
             raise ArenaClosedError("BufferPool is closed")
         return 0
 
@@ -317,24 +365,44 @@ cdef class BufferPool(ArenaBase):
     @property
     def available(self):
         """Number of free buffers (0 once closed)."""
-        return self._nfree if self._core.open else 0
+        return self._nfree if self._open else 0
 
     def stats(self):
-        """As ArenaBase.stats() (live_bytes is the region), plus: buffers, buffer_size, in_use,
-        available, acquisitions (acquire() calls served), high_water (most buffers in use at once)
-        and exhausted (acquire()/try_acquire() calls that found no free buffer)."""
-        result = ArenaBase.stats(self)
+        """Figures of the pool and its region: live_bytes (the region's size; 0 once closed),
+        resident (bytes of the region in RAM now), exports (live buffer exports of its segments),
+        closed, buffers, buffer_size, in_use, available, acquisitions (acquire() calls served),
+        high_water (most buffers in use at once) and exhausted (acquire()/try_acquire() calls that
+        found no free buffer)."""
+        result = {}  # made first: the GC it may start can close the pool, which the reads must see
+        result["live_bytes"] = self.nbytes if self._open else 0
+        result["resident"] = self._resident_bytes() if self._open else 0
+        result["exports"] = self._lifetime.exports
+        result["closed"] = not self._open
         result["buffers"] = self._count
         result["buffer_size"] = self._buffer_size
-        result["in_use"] = self._in_use if self._core.open else 0
+        result["in_use"] = self._in_use if self._open else 0
         result["available"] = self.available
         result["acquisitions"] = self._acquisitions
         result["high_water"] = self._high_water
         result["exhausted"] = self._exhausted
         return result
 
+    cdef size_t _resident_bytes(self):
+        """Bytes of the region's pages that are in RAM (mincore)."""
+        cdef size_t start = <size_t>self._base & ~(REGION_ALIGN - 1)
+        cdef size_t end = <size_t>self._base + self._stride * <size_t>self._count
+        cdef size_t pages = (end - start + REGION_ALIGN - 1) // REGION_ALIGN
+        cdef bytearray vector = bytearray(pages)
+        cdef unsigned char* flags = vector
+        cdef size_t i, resident = 0
+        if mincore(<void*>start, end - start, flags) != 0:
+            return 0
+        for i in range(pages):
+            resident += flags[i] & 1
+        return resident * REGION_ALIGN
+
     def __repr__(self):
-        if not self._core.open:
+        if not self._open:
             return "<arenalib.BufferPool closed>"
         return (f"<arenalib.BufferPool {self._in_use}/{self._count} buffers of {self._buffer_size} "
                 f"bytes in use, at {<size_t>self._base:#x}>")

@@ -1,6 +1,7 @@
 # Segment: a view of native memory owned by an arena, with CPython's writable buffer protocol.
 #
-# A segment never owns its memory: the arena does, and frees it on free(), reset() or close().  Every
+# A segment never owns its memory: its SegmentOwner (an arena, a BufferPool) does, and frees it on
+# free(), reset() or close().  Every
 # access first checks, in O(1), that the memory is still there (the segment's generation equals its
 # arena's, and its root was not freed) and that the calling thread may touch it, so a stale handle
 # raises instead of reading freed memory.  While a buffer export is alive, nothing may free the memory
@@ -11,13 +12,21 @@
 # which can start a GC) comes first; then _pin() checks liveness and holds the memory as a one-call
 # export; then only C that cannot call back runs until _unpin().
 
+cimport cython
 from cpython.buffer cimport (
     PyBUF_FORMAT, PyBUF_FULL_RO, PyBUF_ND, PyBUF_STRIDES, PyBuffer_IsContiguous, PyBuffer_Release,
     PyBuffer_ToContiguous, PyObject_CheckBuffer, PyObject_GetBuffer,
 )
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.number cimport PyNumber_Index
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.slice cimport PySlice_Unpack
+from libc.stdint cimport uint64_t
 from libc.string cimport memcpy, memmove, memset
+
+from arenalib._capi cimport Lifetime, thread_ident
+
+from arenalib._errors import ArenaClosedError, UnsupportedOperation, WrongThreadError
 
 cdef extern from "Python.h":
     Py_ssize_t PySlice_AdjustIndices(Py_ssize_t length, Py_ssize_t* start, Py_ssize_t* stop,
@@ -88,6 +97,21 @@ cdef int _acquire_source(object value, Py_buffer* view) except -1:
     return 0
 
 
+cdef class SegmentOwner:
+    """What hands out Segments (the arenas, BufferPool): the Lifetime its segments check, and what
+    Segment.free() does.  Not instantiable."""
+
+    def __cinit__(self):
+        if type(self) is SegmentOwner:
+            raise TypeError("SegmentOwner cannot be instantiated")
+
+    cdef bint _is_open(self) noexcept:
+        return False
+
+    cdef int _free_segment(self, Segment seg) except -1:
+        raise UnsupportedOperation(f"segments of {type(self).__name__} cannot be freed one by one")
+
+
 @cython.final
 @cython.freelist(64)
 @cython.no_gc  # references only its arena and root segment: never part of a cycle
@@ -111,23 +135,23 @@ cdef class Segment:
         self._check()
         cdef Segment owner = self._owner_segment()
         owner._exports += 1
-        self._arena._core.exports += 1
+        self._life.exports += 1
         return 0
 
     cdef void _unpin(self) noexcept:
         cdef Segment owner = self._owner_segment()
         owner._exports -= 1
-        self._arena._core.exports -= 1
+        self._life.exports -= 1
 
     cdef int _check(self) except -1:
-        cdef ArenaBase arena = self._arena
-        if arena is None:
+        cdef Lifetime* life = self._life
+        if life == NULL:
             raise TypeError("this Segment was not made by an arena")
-        if arena._core.generation != self._generation or (
+        if life.generation != self._generation or (
                 self._root is not None and self._root._freed) or self._freed:
             raise _dead_segment_error(self)
-        if arena._core.owner and arena._core.owner != thread_ident():
-            raise _wrong_thread_error(arena)
+        if life.owner and life.owner != thread_ident():
+            raise _wrong_thread_error(self._arena)
         return 0
 
     # -- buffer protocol -------------------------------------------------------------------------
@@ -147,14 +171,14 @@ cdef class Segment:
         view.obj = self
         cdef Segment owner = self._owner_segment()
         owner._exports += 1
-        self._arena._core.exports += 1
+        self._life.exports += 1
         global _live_exports
         _live_exports += 1
 
     def __releasebuffer__(self, Py_buffer* view):
         cdef Segment owner = self._owner_segment()
         owner._exports -= 1
-        self._arena._core.exports -= 1
+        self._life.exports -= 1
         global _live_exports
         _live_exports -= 1
 
@@ -181,9 +205,8 @@ cdef class Segment:
     @property
     def alive(self):
         """True while the memory is there: not freed, reset or closed with its arena."""
-        cdef ArenaBase arena = self._arena
-        return (arena is not None and arena._core.generation == self._generation and not self._freed
-                and (self._root is None or not self._root._freed))
+        return (self._life != NULL and self._life.generation == self._generation
+                and not self._freed and (self._root is None or not self._root._freed))
 
     @property
     def exports(self):
@@ -237,14 +260,7 @@ cdef class Segment:
         self._check()
         if self._root is not None:
             raise UnsupportedOperation("a slice shares its parent's memory: free the parent instead")
-        if self._arena._core.kind == ARENA_KIND_SLICING:
-            raise UnsupportedOperation(
-                "SlicingArena segments cannot be freed one by one; use reset() or close()")
-        if self._exports:
-            raise BufferError(
-                f"cannot free a segment while {self._exports} buffer export(s) of it "
-                "(memoryview, NumPy array ...) are alive; release them first")
-        self._arena._free_segment(self)
+        self._arena._free_segment(self)  # the owner's rule (and its refusal while exports live)
 
     def __getitem__(self, key):
         cdef Py_ssize_t start, step, length, i
@@ -310,7 +326,7 @@ cdef class Segment:
         return iter(self.tobytes())
 
     def __repr__(self):
-        cdef ArenaBase arena = self._arena
+        cdef SegmentOwner arena = self._arena
         if arena is None:
             return "<arenalib.Segment (not made by an arena)>"
         state = "alive" if self.alive else "dead"
@@ -328,7 +344,7 @@ cdef class Segment:
                         "use tobytes()")
 
 
-cdef Segment make_segment(ArenaBase arena, Py_ssize_t size):
+cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size):
     """A new root segment of ``arena``, dead until its caller sets ``_ptr`` and ``_generation``.
 
     Made before the memory is taken: creating the object may start a GC, and with it any Python
@@ -337,6 +353,7 @@ cdef Segment make_segment(ArenaBase arena, Py_ssize_t size):
     cdef Segment seg = Segment.__new__(Segment)
     seg._size = size
     seg._arena = arena
+    seg._life = arena._life
     _live_segment_objects += 1
     return seg
 
@@ -370,8 +387,8 @@ cdef Py_ssize_t _position(object index, Py_ssize_t size) except -2:
 
 
 cdef object _dead_segment_error(Segment seg):
-    cdef ArenaBase arena = seg._arena
-    if not arena._core.open:
+    cdef SegmentOwner arena = seg._arena
+    if not arena._is_open():
         why = f"its {type(arena).__name__} is closed"
     elif seg._freed or (seg._root is not None and seg._root._freed):
         why = "it was freed or released"
@@ -380,7 +397,7 @@ cdef object _dead_segment_error(Segment seg):
     return ArenaClosedError(f"segment of {seg._size} bytes is no longer usable: {why}")
 
 
-cdef object _wrong_thread_error(ArenaBase arena):
+cdef object _wrong_thread_error(SegmentOwner arena):
     return WrongThreadError(
-        f"{type(arena).__name__} belongs to thread {arena._core.owner}; "
+        f"{type(arena).__name__} belongs to thread {arena._life.owner}; "
         f"thread {thread_ident()} may not use it or its segments")

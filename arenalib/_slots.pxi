@@ -1,16 +1,16 @@
-# The pool of jemalloc arenas and explicit thread caches behind arenalib's arena objects.
+# The pool of jemalloc arenas and explicit thread caches behind arenalib's arena objects, and the
+# calls that allocate from them (jemalloc_allocate, and the free-block cache in front of it).
 #
-# Why a pool: arenas.create + arena.<i>.destroy costs ~50-80 us and, with jemalloc's retain:true,
-# leaks ~4 KiB of metadata a cycle; at most ~4086 arenas and ~4094 explicit tcaches can exist at once.
-# So jemalloc arenas are never destroyed: a closed arena object hands its slot back here.
+# Why a pool: creating a jemalloc arena is slow and destroying one leaks metadata, and only ~4000 can
+# exist at once (DESIGN.md has the figures).  So jemalloc arenas are never destroyed: a closed arena
+# object hands its slot back here.
 #
-# Why deferred resets: arena.<i>.reset costs about a microsecond even when nearly empty (~11 us with
-# 1 MiB of small allocations), far more than a small scope's whole budget.  A closed arena's
-# allocations are garbage nobody can reach (its segments check the arena object, never jemalloc), so
-# a slot goes back warm with that garbage counted as stale_bytes, and is reset in bulk once the
-# garbage passes STALE_LIMIT.  Pages are purged (handed back to the OS, ~75 us a MiB) when an arena
-# that churned more than PURGE_LIMIT closes, and when a slot drops out of the WARM_SLOTS most
-# recently used ones: memory parked in idle slots stays bounded by about WARM_SLOTS * STALE_LIMIT.
+# Why deferred resets: a jemalloc arena reset costs far more than a small scope's whole budget.  A
+# closed arena's allocations are garbage nobody can reach (its segments check the arena object, never
+# jemalloc), so a slot goes back warm with that garbage counted as stale_bytes, and is reset in bulk
+# once the garbage passes STALE_LIMIT.  Pages are purged (handed back to the OS) when an arena that
+# churned more than PURGE_LIMIT closes, and when a slot drops out of the WARM_SLOTS most recently used
+# ones: memory parked in idle slots stays bounded by about WARM_SLOTS * STALE_LIMIT.
 #
 # The slot pool is used with the GIL held (arena objects are made and closed by Python code).  The
 # spare tcaches of shared arenas are taken from nogil code too, so they have a lock of their own.
@@ -24,9 +24,20 @@ from libc.string cimport memcpy, memset
 
 import os
 
-from arenalib._jemalloc cimport (
-    MALLOCX_ARENA, MALLOCX_TCACHE, MALLOCX_TCACHE_NONE, je_mallctl, je_mallctlbymib, je_mallctlnametomib,
+from arenalib._capi cimport (
+    CACHE_MAX_SIZE, PURGE_LIMIT, ArenaSlot, FreeBlocks, InlineState, ThreadCache, cache_bin,
+    cache_bin_size, cache_held_bytes, cache_pop, cache_push,
 )
+from arenalib._jemalloc cimport (
+    MALLOCX_ARENA, MALLOCX_LG_ALIGN, MALLOCX_TCACHE, MALLOCX_TCACHE_NONE, MALLOCX_ZERO, je_dallocx,
+    je_mallctl, je_mallctlbymib, je_mallctlnametomib, je_mallocx,
+)
+
+cdef extern from *:
+    """
+    #define arenalib_ctz(x) __builtin_ctzll(x)
+    """
+    int arenalib_ctz(unsigned long long x) noexcept nogil
 
 # A slot or thread without an explicit tcache (none could be had: jemalloc allows ~4094, and after a
 # fork the parent's are unusable) allocates with MALLOCX_TCACHE_NONE: slower, never wrong.
@@ -60,22 +71,14 @@ cdef extern from *:
     void* arenalib_cache_aligned(size_t size) noexcept nogil
 
 # The slot given back last is parked here, outside _free_slots, where the inline arena_open() of any
-# module can take it without a call; the SlicingArena carver records live here too (see InlineState
-# in _arena.pxd).
-cdef InlineState* _inline_state = <InlineState*>arenalib_cache_aligned(sizeof(InlineState))
-if _inline_state == NULL:
-    raise ImportError("arenalib: cannot allocate its shared state")
-
-
-cdef InlineState* arena_inline_state() noexcept nogil:
-    """arenalib's InlineState, for the inline arena_open()/arena_close() of every module."""
-    return _inline_state
-
+# module can take it without a call; the SlicingArena carver records and the C API's function table
+# live here too (see InlineState in _capi.pxd).  Allocated by slots_init().
+cdef InlineState* _inline_state = NULL
 
 cdef unsigned* _spare_tcaches = NULL
 cdef Py_ssize_t _spare_tcache_count = 0
 cdef Py_ssize_t _spare_tcache_capacity = 0
-cdef PyThread_type_lock _spare_tcache_lock = PyThread_allocate_lock()
+cdef PyThread_type_lock _spare_tcache_lock = NULL
 
 # Management interfaces translated to MIBs once; a copy gets the arena index patched in per call.
 cdef size_t _mib_reset[3]
@@ -86,17 +89,21 @@ cdef size_t _mib_purge_len = 3
 cdef size_t _mib_tcache_flush_len = 2
 
 
-cdef int _init_mibs() except -1:
+cdef int slots_init() except -1:
+    """The slot pool's start-up: the shared state, the lock of the spare tcaches, the MIBs, and
+    the fork handler."""
+    global _inline_state, _spare_tcache_lock, _pid
+    _inline_state = <InlineState*>arenalib_cache_aligned(sizeof(InlineState))
+    _spare_tcache_lock = PyThread_allocate_lock()
+    if _inline_state == NULL or _spare_tcache_lock == NULL:
+        raise ImportError("arenalib: cannot allocate its shared state")
     if (je_mallctlnametomib(b"arena.0.reset", _mib_reset, &_mib_reset_len)
             or je_mallctlnametomib(b"arena.0.purge", _mib_purge, &_mib_purge_len)
             or je_mallctlnametomib(b"tcache.flush", _mib_tcache_flush, &_mib_tcache_flush_len)):
         raise ImportError("arenalib: the private jemalloc did not answer mallctlnametomib")
-    if _spare_tcache_lock == NULL:
-        raise ImportError("arenalib: cannot allocate a lock")
+    _pid = os.getpid()
+    os.register_at_fork(after_in_child=_after_fork_in_child)
     return 0
-
-
-_init_mibs()
 
 
 cdef int _mallctl_read_unsigned(const char* name, unsigned* out) noexcept nogil:
@@ -118,7 +125,7 @@ cdef void _flush_tcache(unsigned tcache_index) noexcept nogil:
                     &tcache_index, sizeof(unsigned))
 
 
-cdef ArenaSlot* _slot_acquire() except NULL:
+cdef ArenaSlot* slot_acquire() except NULL:
     """A warm pooled slot, or a new jemalloc arena with its tcache."""
     global _free_count, _slots_created
     if _inline_state.parked_idle:
@@ -137,7 +144,7 @@ cdef ArenaSlot* _slot_acquire() except NULL:
         raise MemoryError(
             f"jemalloc cannot create another arena (error {err}): {_slots_created} are in use; "
             "close arenas that are no longer needed")
-    if _tcache_take(&tcache_index) != 0:
+    if tcache_take(&tcache_index) != 0:
         tcache_index = NO_TCACHE
     cdef ArenaSlot* slot = <ArenaSlot*>PyMem_RawCalloc(1, sizeof(ArenaSlot))
     if slot != NULL:
@@ -156,12 +163,12 @@ cdef ArenaSlot* _slot_acquire() except NULL:
     return slot
 
 
-cdef inline int _tcache_flag(unsigned tcache_index) noexcept nogil:
+cdef inline int tcache_flag(unsigned tcache_index) noexcept nogil:
     return MALLOCX_TCACHE_NONE if tcache_index == NO_TCACHE else MALLOCX_TCACHE(tcache_index)
 
 
-cdef inline int _slot_flags(ArenaSlot* slot) noexcept nogil:
-    return MALLOCX_ARENA(slot.arena_index) | _tcache_flag(slot.tcache_index)
+cdef inline int slot_flags(ArenaSlot* slot) noexcept nogil:
+    return MALLOCX_ARENA(slot.arena_index) | tcache_flag(slot.tcache_index)
 
 
 cdef ArenaSlot** _all_slots = NULL   # every slot ever made, idle or in use (for fork)
@@ -187,7 +194,7 @@ cdef unsigned _fresh_tcache() noexcept nogil:
     return tcache_index
 
 
-cdef object _pid = os.getpid()
+cdef object _pid = None  # the process slots_init() ran in (set by it)
 
 
 def _after_fork_in_child():
@@ -204,7 +211,7 @@ def _after_fork_in_child():
     cdef ThreadCache* tc
     _spare_tcache_count = 0
     _spare_tcache_lock = PyThread_allocate_lock()
-    _carvers_after_fork()
+    slicing_after_fork()
     for i in range(_all_slots_count):
         slot = _all_slots[i]
         slot.tcache_index = _fresh_tcache()
@@ -215,19 +222,21 @@ def _after_fork_in_child():
             tc = tc.next
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 cdef void _cache_forget(FreeBlocks* cache) noexcept nogil:
     """Forget the cached free blocks (the caller resets the arena, which frees them in bulk)."""
     memset(cache, 0, sizeof(FreeBlocks))
 
 
-cdef size_t _slot_flush_threads(ArenaSlot* slot, bint forget, bint give_back) noexcept nogil:
-    """Flush the jemalloc tcache of every thread that used the slot through a shared arena.
+# What slot_flush_threads() does besides flushing each thread's jemalloc tcache.
+cdef enum FlushMode:
+    FLUSH_ONLY           # before a purge: the caches stay
+    FLUSH_AND_FORGET     # before a reset: their books and cached blocks go too
+    FLUSH_AND_GIVE_BACK  # threads long gone: their tcaches go back to the spares, the caches go
 
-    forget: also drop their counts and cached blocks (before a reset); give_back: also hand their
-    tcaches back and free them (returns the bytes their caches held, garbage from now on)."""
+
+cdef size_t slot_flush_threads(ArenaSlot* slot, FlushMode mode) noexcept nogil:
+    """Flush the jemalloc tcache of every thread that used the slot through a shared arena, and
+    more as ``mode`` says.  Returns the bytes the caches given back held (garbage from now on)."""
     cdef ThreadCache* tc
     cdef ThreadCache* next_tc
     cdef size_t dropped = 0
@@ -236,53 +245,53 @@ cdef size_t _slot_flush_threads(ArenaSlot* slot, bint forget, bint give_back) no
     while tc != NULL:
         next_tc = tc.next
         _flush_tcache(tc.tcache_index)
-        if forget:
-            tc.live_bytes = 0
-            tc.live_segments = 0
+        if mode == FLUSH_AND_FORGET:
+            tc.books.live_bytes = 0   # what it allocated in all still counts
+            tc.books.live_segments = 0
             _cache_forget(&tc.cache)
-        if give_back:
+        if mode == FLUSH_AND_GIVE_BACK:
             dropped += cache_held_bytes(&tc.cache)
-            _tcache_give_back(tc.tcache_index)
+            tcache_give_back(tc.tcache_index)
             PyMem_RawFree(tc)
         tc = next_tc
-    if give_back:
+    if mode == FLUSH_AND_GIVE_BACK:
         slot.threads = NULL
         slot.thread_count = 0
     PyThread_release_lock(<PyThread_type_lock>slot.threads_lock)
     return dropped
 
 
-cdef void _slot_reset(ArenaSlot* slot) noexcept nogil:
+cdef void slot_reset(ArenaSlot* slot) noexcept nogil:
     """Discard every allocation of the slot's arena at once (pages stay warm)."""
     global _resets
     # jemalloc requires every tcache that touched the arena to be flushed before a reset.
     _flush_tcache(slot.tcache_index)
-    _slot_flush_threads(slot, True, False)
+    slot_flush_threads(slot, FLUSH_AND_FORGET)
     _cache_forget(&slot.cache)
     _arena_ctl(_mib_reset, _mib_reset_len, slot.arena_index)
     slot.stale_bytes = 0
     _resets += 1
 
 
-cdef void _slot_purge(ArenaSlot* slot) noexcept nogil:
+cdef void slot_purge(ArenaSlot* slot) noexcept nogil:
     """Hand the arena's unused dirty pages back to the OS now."""
     global _purges
     _flush_tcache(slot.tcache_index)
-    _slot_flush_threads(slot, False, False)
+    slot_flush_threads(slot, FLUSH_ONLY)
     _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
     slot.churn_bytes = 0
     _purges += 1
 
 
-cdef void _slot_wipe(ArenaSlot* slot) noexcept nogil:
+cdef void slot_wipe(ArenaSlot* slot) noexcept nogil:
     """Drop the slot's garbage and cached blocks and hand its pages back to the OS."""
     if slot.stale_bytes or cache_held_bytes(&slot.cache):
-        _slot_reset(slot)
+        slot_reset(slot)
     if slot.churn_bytes:
-        _slot_purge(slot)
+        slot_purge(slot)
 
 
-cdef void _slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
+cdef void slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
     """Give a slot back to the pool; ``stale`` bytes of it were left allocated by its last user,
     which allocated ``churn`` bytes in all."""
     global _free_slots, _free_count, _free_capacity
@@ -290,9 +299,9 @@ cdef void _slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
     slot.stale_bytes += stale
     slot.churn_bytes += churn
     if churn > PURGE_LIMIT:
-        _slot_wipe(slot)          # a big arena closed: its memory goes back to the OS now
+        slot_wipe(slot)          # a big arena closed: its memory goes back to the OS now
     elif slot.stale_bytes > STALE_LIMIT:
-        _slot_reset(slot)         # garbage of many small scopes: drop it, keep the pages warm
+        slot_reset(slot)         # garbage of many small scopes: drop it, keep the pages warm
     # Last in, first out: the slot given back now is parked, an idle one parked before joins the
     # pool (one in use stops being the parked slot: it comes back through here).
     cdef bint displaced = _inline_state.parked_idle and _inline_state.parked != slot
@@ -304,7 +313,7 @@ cdef void _slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
         grown = <ArenaSlot**>PyMem_RawRealloc(
             _free_slots, <size_t>(_free_capacity * 2 + 16) * sizeof(ArenaSlot*))
         if grown == NULL:
-            _slot_wipe(slot)
+            slot_wipe(slot)
             return  # no memory for bookkeeping: the slot stays unused (and empty), never unsafe
         _free_slots = grown
         _free_capacity = _free_capacity * 2 + 16
@@ -312,10 +321,10 @@ cdef void _slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
     _free_count += 1
     # Slots are taken LIFO: the one now falling out of the warm window may idle for long.
     if _free_count > WARM_SLOTS:
-        _slot_wipe(_free_slots[_free_count - 1 - WARM_SLOTS])
+        slot_wipe(_free_slots[_free_count - 1 - WARM_SLOTS])
 
 
-cdef int _tcache_take(unsigned* out) noexcept nogil:
+cdef int tcache_take(unsigned* out) noexcept nogil:
     """A spare explicit tcache (for a shared arena's thread), or a new one; 0 on success."""
     global _spare_tcache_count
     PyThread_acquire_lock(_spare_tcache_lock, WAIT_LOCK)
@@ -329,7 +338,7 @@ cdef int _tcache_take(unsigned* out) noexcept nogil:
     return 0 if out[0] != NO_TCACHE else -1
 
 
-cdef void _tcache_give_back(unsigned tcache_index) noexcept nogil:
+cdef void tcache_give_back(unsigned tcache_index) noexcept nogil:
     """Keep a flushed tcache for the next shared arena's thread (tcaches are never destroyed)."""
     global _spare_tcaches, _spare_tcache_count, _spare_tcache_capacity
     cdef unsigned* grown
@@ -354,9 +363,9 @@ def trim():
     back to the OS (open arenas are not touched; see their purge())."""
     cdef Py_ssize_t i
     if _inline_state.parked_idle:
-        _slot_wipe(_inline_state.parked)
+        slot_wipe(_inline_state.parked)
     for i in range(_free_count):
-        _slot_wipe(_free_slots[i])
+        slot_wipe(_free_slots[i])
 
 
 def pool_stats():
@@ -382,3 +391,60 @@ def pool_stats():
         "purge_limit": PURGE_LIMIT,
         "warm_slots": WARM_SLOTS,
     }
+
+
+# -- allocating from jemalloc ------------------------------------------------------------------------
+
+# zero=True blocks up to this size are zeroed by memset, not by jemalloc (see DESIGN.md).
+cdef size_t EAGER_ZERO_LIMIT = 4 << 20
+
+
+cdef inline void* jemalloc_allocate(int flags, size_t size, size_t align, bint zero) noexcept nogil:
+    """``size`` bytes from jemalloc with ``flags`` (arena, tcache) at ``align``; NULL: no memory."""
+    cdef bint memset_here = zero and CACHE_MAX_SIZE < size <= EAGER_ZERO_LIMIT
+    if zero and not memset_here:
+        flags |= MALLOCX_ZERO
+    if align > 1:
+        flags |= MALLOCX_LG_ALIGN(arenalib_ctz(align))
+    cdef void* ptr = je_mallocx(size, flags)
+    if memset_here and ptr != NULL:
+        # jemalloc would zero a reused large extent by purging it, which moves the cost to a page
+        # fault per page at first touch: a memset is far cheaper up to EAGER_ZERO_LIMIT.
+        memset(ptr, 0, size)
+    return ptr
+
+
+# -- the free-block cache (confined arenas and each thread of a shared one) -----------------------
+
+cdef inline void* cached_allocate(FreeBlocks* cache, int flags, size_t size, size_t align,
+                                  bint zero) noexcept nogil:
+    """A block from ``cache`` when one of the size class is there (and no special alignment is
+    asked), else a new one from jemalloc; NULL when memory cannot be had."""
+    cdef void* ptr
+    if size > CACHE_MAX_SIZE:
+        return jemalloc_allocate(flags, size, align, zero)
+    if align <= 16:
+        ptr = cache_pop(cache, size)
+        if ptr != NULL:
+            if zero:
+                memset(ptr, 0, size)
+            return ptr
+    # A whole size class, so the block can go to its bin when freed.
+    return jemalloc_allocate(flags, cache_bin_size(cache_bin(size)), align, zero)
+
+
+cdef inline void cached_free(FreeBlocks* cache, int flags, void* ptr, size_t size) noexcept nogil:
+    """Keep a freed block for reuse, or give it to jemalloc when the cache is full."""
+    if size > CACHE_MAX_SIZE or not cache_push(cache, ptr, size):
+        je_dallocx(ptr, flags)
+
+
+cdef void* region_allocate(size_t size, size_t align, bint zero) noexcept nogil:
+    """A BufferPool's region: one block outside every slot's arena, so that no bulk reset can take
+    it while raw views handed to the kernel may still point into it; NULL: no memory."""
+    return jemalloc_allocate(MALLOCX_TCACHE_NONE, size if size else 1, align, zero)
+
+
+cdef void region_free(void* ptr) noexcept nogil:
+    """Give back a block from region_allocate()."""
+    je_dallocx(ptr, MALLOCX_TCACHE_NONE)

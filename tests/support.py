@@ -175,21 +175,23 @@ def build_example_consumer(directory: Path):
 
 def build_test_consumers(directory: Path) -> dict:
     """The test-only consumers of tests/cython, built in ``directory`` by tests/cython/meson.build and
-    imported, by name: ``safety_consumer`` and ``core_init_consumer`` against the installed
-    arenalib's .pxd files, and ``stale_consumer``, the example consumer built against a copy of those
-    .pxd files that declares another free-block cache tuning (CACHE_MAX_PER_BIN 32, not 64)."""
+    imported, by name: ``safety_consumer``, ``core_init_consumer`` and ``handoff_consumer`` against
+    the installed arenalib's .pxd files, and ``stale_consumer``, the example consumer built against a
+    copy of those .pxd files that declares another free-block cache tuning (CACHE_MAX_PER_BIN 32, not
+    64)."""
     stale = directory / "stale-include"
     (stale / "arenalib").mkdir(parents=True)
     for pxd in Path(arenalib.get_include(), "arenalib").glob("*.pxd"):
         shutil.copy(pxd, stale / "arenalib" / pxd.name)
-    arena_pxd = stale / "arenalib" / "_arena.pxd"
-    text = arena_pxd.read_text()
+    capi_pxd = stale / "arenalib" / "_capi.pxd"
+    text = capi_pxd.read_text()
     # A retune that changes no struct's size: only a fingerprint of the constants catches it.
     assert "    CACHE_MAX_PER_BIN = 64\n" in text
-    arena_pxd.write_text(text.replace("    CACHE_MAX_PER_BIN = 64\n", "    CACHE_MAX_PER_BIN = 32\n"))
+    capi_pxd.write_text(text.replace("    CACHE_MAX_PER_BIN = 64\n", "    CACHE_MAX_PER_BIN = 32\n"))
     build = directory / "build"
     meson_build(CONSUMERS, build, f"-Darenalib_include={arenalib.get_include()}",
                 f"-Dstale_include={stale}", f"-Dexample_pyx={EXAMPLE / 'arenalib_consumer.pyx'}")
     return {"safety_consumer": load_extension(build, "safety_consumer"),
             "core_init_consumer": load_extension(build, "core_init_consumer"),
+            "handoff_consumer": load_extension(build, "handoff_consumer"),
             "stale_consumer": load_extension(build, "arenalib_consumer")}

@@ -247,3 +247,77 @@ def test_c_api_arena_core_init_prepares_a_garbage_stack_core(cython_consumers):
         assert consumer.garbage_stack_core(kind, 4096, 512, 20) == 20 * 512
         assert consumer.garbage_stack_core(kind, -1, 1 << 20, 5) == 5 << 20
     assert arenalib.live_objects()["open_arenas"] == before
+
+
+ERROR_CODES = {  # code: (exception class, words of the table's message)
+    1: (MemoryError, "out of memory"),
+    2: (MemoryError, "max_bytes would be exceeded"),
+    3: (arenalib.ArenaClosedError, "the arena is closed"),
+    4: (arenalib.WrongThreadError, "from another thread"),
+    5: (ValueError, "align must be a power of two"),
+    6: (BufferError, "buffer exports"),
+    7: (arenalib.ArenaError, "in use by another thread"),
+    8: (arenalib.UnsupportedOperation, "cannot be freed one by one"),
+}
+
+
+@pytest.mark.parametrize("code", ERROR_CODES)
+def test_c_api_errors_come_from_the_one_table(cython_consumers, code):
+    """arena_raise() turns each error code into the exception class the Python methods raise for it,
+    with the table's message; codes outside the table are ArenaError, ARENA_OK raises nothing."""
+    safety_consumer = cython_consumers["safety_consumer"]
+    exc_type, words = ERROR_CODES[code]
+    with pytest.raises(exc_type, match=words) as caught:
+        safety_consumer.raise_code(code)
+    assert type(caught.value) is exc_type
+    safety_consumer.raise_code(0)
+    for unknown in (-1, 9, 1000):
+        with pytest.raises(arenalib.ArenaError, match=f"unknown arenalib error code {unknown}"):
+            safety_consumer.raise_code(unknown)
+
+
+def test_python_and_c_close_share_one_path(cython_consumers):
+    """A ConfinedArena closed from another thread, or with a live export, is refused with the same
+    exception by close() and by the C API's arena_close(), and stays open and intact either way."""
+    safety_consumer = cython_consumers["safety_consumer"]
+    arena = arenalib.ConfinedArena()
+    seg = arena.allocate(64).fill(7)
+    view = memoryview(seg)
+    for close in (arena.close, lambda: safety_consumer.close_core(arena)):
+        with pytest.raises(BufferError, match="buffer export"):
+            close()
+    view.release()
+    errors = []
+
+    def from_another_thread():
+        for close in (arena.close, lambda: safety_consumer.close_core(arena)):
+            try:
+                close()
+            except arenalib.WrongThreadError as exc:
+                errors.append(exc)
+
+    thread = threading.Thread(target=from_another_thread)
+    thread.start()
+    thread.join()
+    assert len(errors) == 2
+    assert not arena.closed and seg.tobytes() == b"\x07" * 64
+    safety_consumer.close_core(arena)
+    assert arena.closed and not seg.alive
+    arena.close()  # idempotent
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_module_handed_a_core_fetches_the_function_table_without_the_gil(cython_consumers, kind):
+    """A module that never called arena_core()/arena_open() gets an ArenaCore from another module and
+    allocates through it without the GIL, past the inline fast path (align=64): it fetches arenalib's
+    function table on its own and the allocation is the arena's."""
+    safety_consumer = cython_consumers["safety_consumer"]
+    handoff = cython_consumers["handoff_consumer"]
+    with kind() as arena:
+        address = safety_consumer.core_address(arena)
+        for round_ in range(3):
+            code, block = handoff.allocate_without_the_gil(address, 256, 64)
+            assert code == safety_consumer.OK and block % 64 == 0
+            assert arena.stats()["live_segments"] == round_ + 1
+    code, _ = handoff.allocate_without_the_gil(address, 256, 64)
+    assert code != safety_consumer.OK  # closed: ARENA_ECLOSED, nothing allocated

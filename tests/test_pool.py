@@ -53,10 +53,22 @@ def pattern(n: int, seed: int) -> bytes:
 # -- construction ----------------------------------------------------------------------------------
 
 
-def test_is_exported_and_an_arena():
+def test_is_exported_and_not_an_arena():
+    """A BufferPool owns segments without being an arena: it takes no pooled jemalloc arena, and
+    counts as an open pool, not an open arena."""
     assert "BufferPool" in arenalib.__all__
-    assert issubclass(BufferPool, arenalib.ArenaBase)
+    assert not issubclass(BufferPool, arenalib.ArenaBase)
     assert issubclass(PoolExhaustedError, ArenaError)
+    before, slots = arenalib.live_objects(), arenalib.pool_stats()["slots_created"]
+    pools = [BufferPool(4096, 4) for _ in range(20)]
+    during = arenalib.live_objects()
+    assert during["open_pools"] == before["open_pools"] + 20
+    assert during["open_arenas"] == before["open_arenas"]
+    assert arenalib.pool_stats()["slots_created"] == slots
+    for pool in pools:
+        pool.close()
+    assert arenalib.live_objects()["open_pools"] == before["open_pools"]
+    assert not hasattr(pools[0], "purge") and not hasattr(pools[0], "max_bytes")
 
 
 @pytest.mark.parametrize(
@@ -95,12 +107,13 @@ def test_layout(buffer_size, count, align, stride):
      ((1 << 62, 1), {}, MemoryError), ((1,), {}, TypeError)],
 )
 def test_bad_arguments(args, kwargs, exc):
-    before = arenalib.live_objects()["open_arenas"]
+    before = arenalib.live_objects()
     with pytest.raises(exc):
         BufferPool(*args, **kwargs)
     # nothing left open (and no ResourceWarning from a half-made pool)
     gc.collect()
-    assert arenalib.live_objects()["open_arenas"] == before
+    after = arenalib.live_objects()
+    assert (after["open_arenas"], after["open_pools"]) == (before["open_arenas"], before["open_pools"])
 
 
 def test_repr_pickle_allocate(pool):
@@ -116,21 +129,44 @@ def test_repr_pickle_allocate(pool):
     assert repr(pool) == "<arenalib.BufferPool closed>"
 
 
-def test_unbound_arena_allocate_on_a_pool_is_refused():
-    """ArenaBase.allocate called on a BufferPool would allocate outside the pool's region, memory
-    that nothing ever frees: UnsupportedOperation, and nothing allocated."""
+def test_arena_methods_do_not_apply_to_a_pool():
+    """ArenaBase.allocate called on a BufferPool would allocate outside the pool's region: a pool is
+    not an arena, so the unbound method refuses it (TypeError) and nothing is allocated."""
     with BufferPool(4096, 2) as pool:
         before = pool.stats()
         segments_before = arenalib.live_objects()["segments"]
-        with pytest.raises(UnsupportedOperation):
-            arenalib.ArenaBase.allocate(pool, 100)
-        with pytest.raises(UnsupportedOperation):
-            arenalib.ArenaBase.allocate(pool, 4096, zero=False, align=64)
-        after = pool.stats()
-        assert (after["live_bytes"], after["live_segments"], after["allocated_total"]) == (
-            before["live_bytes"], before["live_segments"], before["allocated_total"])
+        for call in (lambda: arenalib.ArenaBase.allocate(pool, 100),
+                     lambda: arenalib.ArenaBase.allocate(pool, 4096, zero=False, align=64),
+                     lambda: arenalib.ArenaBase.reset(pool), lambda: arenalib.ArenaBase.close(pool)):
+            with pytest.raises(TypeError):
+                call()
+        assert pool.stats() == before
         assert arenalib.live_objects()["segments"] == segments_before
-        assert pool.available == 2
+        assert pool.available == 2 and not pool.closed
+
+
+def test_stats_describe_the_region():
+    """stats() reports the region: its size while open, and how much of it is in RAM (mincore),
+    which grows as buffers are written; nothing once closed."""
+    count, size = 64, 65536
+    pool = BufferPool(size, count)
+    stats = pool.stats()
+    assert stats["live_bytes"] == pool.nbytes == count * size
+    assert 0 <= stats["resident"] <= pool.nbytes
+    segments = [pool.acquire() for _ in range(count)]
+    for seg in segments:
+        seg.fill(0xA5)
+    stats = pool.stats()
+    assert stats["resident"] == pool.nbytes
+    assert (stats["in_use"], stats["available"], stats["exports"]) == (count, 0, 0)
+    view = memoryview(segments[0])
+    assert pool.stats()["exports"] == 1
+    view.release()
+    for seg in segments:
+        seg.free()
+    pool.close()
+    stats = pool.stats()
+    assert (stats["live_bytes"], stats["resident"], stats["closed"]) == (0, 0, True)
 
 
 # -- acquire / release -----------------------------------------------------------------------------

@@ -37,3 +37,18 @@ def close_and_reopen(arena, int kind):
     cdef ArenaCore* core = arena_core(arena)
     arena_close(core)
     arena_open(core, kind, -1, 0)
+
+
+def core_address(arena):
+    """The address of the arena object's ArenaCore (arena_core()), for another module to use."""
+    return <size_t>arena_core(arena)
+
+
+def raise_code(int code):
+    """arena_raise(code): the C API's exception for an error code."""
+    arena_raise(code)
+
+
+def close_core(arena):
+    """arena_close() on the arena object's own core: the C API's close path."""
+    arena_close(arena_core(arena))

@@ -1,0 +1,721 @@
+# cython: language_level=3
+# arenalib's C ABI: everything a module that cimports arenalib compiles into itself, and nothing else.
+# The structs the inline fast paths read, the constants and error codes they bake in, the inline
+# functions, and the table of arenalib's entry points they fall back on.  The public names are
+# re-exported by arenalib/__init__.pxd; abi_fingerprint() at the bottom digests this whole surface.
+#
+# No jemalloc type appears here and no cimport of an arenalib module: a consumer needs no jemalloc
+# header and links nothing, and reaches arenalib's functions through the ArenaFunctions table of the
+# capsule arenalib._arena._C_API (as numpy.random's bit generators do).
+
+from libc.stdint cimport uint64_t
+from libc.string cimport memset
+
+
+# Result codes of the nogil functions; arena_raise() turns one into the matching Python exception
+# (the table is ERROR_TABLE in arenalib/_errors.pxi, shared by the Python and the C entry points).
+cdef enum:
+    ARENA_OK = 0
+    ARENA_ENOMEM = 1          # MemoryError: jemalloc could not get the memory
+    ARENA_ELIMIT = 2          # MemoryError: max_bytes would be exceeded
+    ARENA_ECLOSED = 3         # ArenaClosedError
+    ARENA_EWRONGTHREAD = 4    # WrongThreadError: a confined arena used from another thread
+    ARENA_EINVAL = 5          # ValueError: alignment not a power of two up to 1 GiB
+    ARENA_EEXPORTED = 6       # BufferError: buffer exports of segments are alive
+    ARENA_EBUSY = 7           # ArenaError: a SlicingArena used by two threads at once
+    ARENA_EUNSUPPORTED = 8    # UnsupportedOperation: per-segment free of a SlicingArena
+    ARENA_ERROR_CODES = 9
+
+cdef enum:
+    ARENA_KIND_SHARED = 0     # Arena
+    ARENA_KIND_CONFINED = 1   # ConfinedArena
+    ARENA_KIND_SLICING = 2    # SlicingArena
+
+cdef enum:
+    # Size classes of the free-block cache: 16-byte steps up to 1 KiB, then jemalloc's four classes
+    # per doubling up to 64 KiB.
+    CACHE_BINS = 89
+    CACHE_MAX_SIZE = 65536
+    CACHE_MAX_BYTES = 1 << 20     # free blocks one cache keeps for reuse
+    CACHE_MAX_PER_BIN = 64
+    NO_HOT_BLOCK = 0              # FreeBlocks.hot_tag when no block is held apart
+    # An arena that allocated more than this hands its pages back to the OS at close.
+    PURGE_LIMIT = 4 << 20
+    SLICE_DEFAULT_ALIGN = 16      # malloc's guarantee on x86-64 (max_align_t)
+    # A confined arena remembers its first few allocations: when those are all it holds at close,
+    # they go back to the slot's free-block cache instead of waiting for a bulk reset.
+    RECENT_MAX = 4
+    CARVER_RECORDS = 256
+
+
+# -- what segments check ---------------------------------------------------------------------------
+
+cdef struct Lifetime:
+    # What a segment checks before each access, kept by whatever hands segments out (an arena's
+    # core, a BufferPool).  A segment is alive while its generation is the current one.
+    uint64_t generation       # bumped by open, reset and close, never lowered
+    Py_ssize_t exports        # live buffer exports and pins of the segments: reset/close refuse
+    unsigned long owner       # the one thread allowed (a ConfinedArena's); 0: any thread
+
+
+cdef struct Books:
+    # Accounting of the sizes asked for; changed by books_add()/books_remove() only.
+    Py_ssize_t live_bytes
+    Py_ssize_t live_segments
+    Py_ssize_t peak_bytes
+    size_t allocated_total
+
+
+# -- the free-block cache and the pooled jemalloc slot ---------------------------------------------
+
+cdef struct FreeBlocks:
+    # Freed blocks kept for reuse by one thread, per size class: singly linked lists threaded
+    # through the blocks themselves.  A pop or push is a few instructions and no lock.  The block
+    # freed last is held apart (``hot``, of class ``hot_tag - 1``; NO_HOT_BLOCK: none, so that a
+    # zeroed cache is empty): the next allocation of its class takes it without reading a next
+    # pointer out of the block just written (cache_held_bytes() counts it).
+    size_t cached_bytes       # bytes in the lists
+    void* hot
+    int hot_tag
+    void* heads[CACHE_BINS]
+    unsigned char counts[CACHE_BINS]
+
+
+cdef struct ArenaSlot:
+    # One jemalloc explicit arena with the explicit tcache that serves it and a cache of free blocks,
+    # pooled across arena objects (see _slots.pxi for why they are pooled).
+    unsigned arena_index
+    unsigned tcache_index
+    size_t stale_bytes    # allocations left behind by closed arena objects, dropped by a reset
+    size_t churn_bytes    # bytes allocated since the last purge: what may sit dirty in the arena
+    FreeBlocks cache      # used by confined arenas (one owner thread at a time)
+    ThreadCache* threads  # shared arenas' per-thread caches, kept warm with the slot
+    int thread_count
+    void* threads_lock
+
+
+cdef struct ThreadCache:
+    # A shared Arena's per-thread state: its own jemalloc tcache (no lock on the common path) and
+    # its own books (no cache line bounced between threads).
+    ThreadCache* next
+    unsigned long thread
+    unsigned tcache_index
+    Books books
+    FreeBlocks cache
+
+
+cdef struct CarverRecord:
+    # One thread's flag for the biased SlicingArena path: the arena it is carving right now (NULL:
+    # none).  Only its own thread writes ``carving``; a thread taking the arena over reads it.
+    # Keyed by thread ident (a thread that reuses a dead one's ident takes its record over); one
+    # per cache line, so that threads carving at once never share a line.
+    unsigned long thread
+    void* carving
+    char padding[48]
+
+
+# -- each kind's own fields ------------------------------------------------------------------------
+
+cdef struct ConfinedState:
+    # ConfinedArena: its first allocations, remembered for a close without a bulk reset.
+    int recent_count
+    bint recent_overflowed    # more than RECENT_MAX allocations: recent[] is not all it holds
+    void* recent[RECENT_MAX]  # NULL once freed
+    size_t recent_sizes[RECENT_MAX]
+
+
+cdef struct SharedState:
+    # Arena: bytes reserved against max_bytes by all threads (compare-and-swap; unlimited arenas
+    # never touch it, their books are per thread).
+    Py_ssize_t reserved_bytes
+
+
+cdef struct SlicingState:
+    # SlicingArena: the chunks carved by bump pointer, and who may carve without the lock.
+    int busy                  # a thread holds the slow path's lock
+    CarverRecord* carve_record  # the biased thread's record (NULL: not biased)
+    size_t chunk_size
+    char** chunks
+    size_t* chunk_sizes
+    Py_ssize_t nchunks
+    Py_ssize_t chunks_capacity
+    Py_ssize_t current        # chunk being carved
+    size_t cursor             # address of the next free byte in the current chunk (0: no chunk)
+    size_t cursor_end         # address of the current chunk's end
+    size_t chunk_bytes
+
+
+cdef struct ArenaCore:
+    # Permits of the inline fast paths, read first: the thread that may take the ConfinedArena
+    # path, and the thread a SlicingArena is biased to (0: nobody).  They are permits, not state:
+    # ``open`` alone says whether the arena is open; close revokes both.
+    unsigned long fast_owner
+    unsigned long carve_owner
+    Lifetime life
+    int kind                  # ARENA_KIND_*
+    bint open
+    ArenaSlot* slot           # the pooled jemalloc arena behind it (NULL while closed)
+    uint64_t serial           # unique per open, never reused (keys the per-thread caches)
+    Py_ssize_t max_bytes      # -1: no limit
+    Books books               # confined and slicing (a SlicingArena's folded in at reset/close)
+    ConfinedState confined
+    SharedState shared
+    SlicingState slicing
+
+
+# -- arenalib's entry points -----------------------------------------------------------------------
+
+ctypedef int (*open_fn)(ArenaCore* core, int kind, Py_ssize_t max_bytes, size_t chunk_size) except -1
+ctypedef int (*close_fn)(ArenaCore* core) except -1
+ctypedef int (*allocate_fn)(ArenaCore* core, size_t size, size_t align, bint zero,
+                            void** out) noexcept nogil
+ctypedef int (*free_fn)(ArenaCore* core, void* ptr, size_t size) noexcept nogil
+ctypedef int (*reset_fn)(ArenaCore* core) noexcept nogil
+ctypedef int (*raise_fn)(int code) except -1
+ctypedef ArenaCore* (*core_of_fn)(object arena) except NULL
+ctypedef void (*slot_free_fn)(ArenaSlot* slot, void* ptr) noexcept nogil
+
+
+cdef struct ArenaFunctions:
+    # What the inline functions call when the fast path does not apply; each holds every rule.
+    open_fn open_slow
+    close_fn close_slow
+    allocate_fn allocate_slow
+    free_fn free_slow
+    reset_fn reset
+    raise_fn raise_error
+    core_of_fn core_of
+    slot_free_fn slot_free
+
+
+cdef struct InlineState:
+    # What arenalib shares with the inline functions of every module that cimports them.
+    # abi_fingerprint comes first: a module checks it before it reads anything else.
+    #
+    # The slot given back last (``parked``) is taken by the next arena without touching the pool;
+    # an arena that takes it only clears parked_idle (the pointer stays), so the next scope finds its
+    # slot without waiting on a store just made.  Opens and closes are counted apart: one counter
+    # both add to and subtract from would chain every scope to the one before through memory.  With
+    # the GIL, the inline functions use those fields holding it; on a free-threaded interpreter they
+    # leave them to arenalib's own functions (INLINE_PARKING is 0).  The carver records are used
+    # without the GIL: only their own thread writes them.
+    uint64_t abi_fingerprint
+    ArenaFunctions functions
+    ArenaSlot* parked
+    bint parked_idle
+    Py_ssize_t arenas_opened
+    Py_ssize_t arenas_closed
+    char padding[64]          # the records start on a cache line of their own (64-byte aligned)
+    CarverRecord carvers[CARVER_RECORDS]
+
+
+cdef extern from *:
+    """
+    #include <pthread.h>
+    /* The calling thread's identity, equal to PyThread_get_thread_ident() (pthread_self()); read
+       straight from the thread control block where glibc keeps it, as pthread_self() does. */
+    static inline unsigned long arenalib_thread_ident(void) {
+    #if defined(__x86_64__) && defined(__GLIBC__)
+        unsigned long self;
+        __asm__("movq %%fs:16, %0" : "=r"(self));
+        return self;
+    #else
+        return (unsigned long)pthread_self();
+    #endif
+    }
+    #define arenalib_clz(x) __builtin_clzll(x)
+    #define arenalib_try_lock(p) (__atomic_exchange_n((p), 1, __ATOMIC_ACQUIRE) == 0)
+    #define arenalib_unlock(p) __atomic_store_n((p), 0, __ATOMIC_RELEASE)
+    #define arenalib_load_owner(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+    #define arenalib_store_owner(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+    #define arenalib_load_carving(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+    #define arenalib_set_carving(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+    #define arenalib_clear_carving(p) __atomic_store_n((p), (void *)0, __ATOMIC_RELEASE)
+    /* Orders this thread's own accesses for the compiler only: the thread that revokes a biased
+       arena issues membarrier(), which makes that enough (asymmetric fences). */
+    #define arenalib_compiler_fence() __atomic_signal_fence(__ATOMIC_SEQ_CST)
+    #ifdef Py_GIL_DISABLED
+    #define ARENALIB_FREE_THREADED 1
+    #else
+    #define ARENALIB_FREE_THREADED 0
+    #endif
+    /* Whether inline code takes and parks the shared parked slot: only where the GIL serialises it. */
+    #define ARENALIB_INLINE_PARKING (!ARENALIB_FREE_THREADED)
+
+    /* This module's pointer to arenalib's InlineState (NULL until first needed), and whether
+       arenalib accepted the layouts this module was compiled with. */
+    static void *arenalib_inline_state_ptr = 0;
+    static int arenalib_abi_accepted = 0;
+    /* The InlineState of the capsule arenalib._arena._C_API, or NULL (when arenalib cannot be
+       imported, or was built with another C ABI).  Takes the GIL: callable from nogil code. */
+    static void *arenalib_fetch_inline_state(uint64_t fingerprint) {
+        PyGILState_STATE gil = PyGILState_Ensure();
+        uint64_t *state = (uint64_t *)PyCapsule_Import("arenalib._arena._C_API", 0);
+        if (state == NULL)
+            PyErr_Clear();
+        else if (*state != fingerprint)
+            state = NULL;
+        PyGILState_Release(gil);
+        return state;
+    }
+    """
+    unsigned long thread_ident "arenalib_thread_ident"() noexcept nogil
+    int arenalib_clz(unsigned long long x) noexcept nogil
+    bint arenalib_try_lock(int* flag) noexcept nogil
+    void arenalib_unlock(int* flag) noexcept nogil
+    void* arenalib_inline_state_ptr
+    bint arenalib_abi_accepted
+    void* arenalib_fetch_inline_state(uint64_t fingerprint) noexcept nogil
+    unsigned long arenalib_load_owner(unsigned long* owner) noexcept nogil
+    void arenalib_store_owner(unsigned long* owner, unsigned long value) noexcept nogil
+    void* arenalib_load_carving(void** flag) noexcept nogil
+    void arenalib_set_carving(void** flag, void* arena) noexcept nogil
+    void arenalib_clear_carving(void** flag) noexcept nogil
+    void arenalib_compiler_fence() noexcept nogil
+    int ARENALIB_FREE_THREADED
+    bint INLINE_PARKING "ARENALIB_INLINE_PARKING"
+
+
+# -- the inline fast paths ---------------------------------------------------------------------------
+# Compiled into every module that cimports them, arenalib's own included: the common case of a
+# ConfinedArena (a block from its own free list) and of a SlicingArena (a carve in the current chunk)
+# costs no call across modules.  Anything else goes to arenalib's functions, which hold every rule.
+
+cdef inline int cache_bin(size_t size) noexcept nogil:
+    """The free-block cache's size class of ``size`` (1 .. CACHE_MAX_SIZE; 0 shares bin 0)."""
+    if size <= 1024:
+        return <int>((size + 15) >> 4)
+    cdef int k = 63 - arenalib_clz(size - 1)          # size is in (2**k, 2**(k+1)]
+    return 65 + (k - 10) * 4 + <int>(((size - 1) >> (k - 2)) & 3)
+
+
+cdef inline size_t cache_bin_size(int b) noexcept nogil:
+    """The block size of size class ``b``: what is allocated, so any block of the class fits."""
+    if b <= 64:
+        return 16 if b == 0 else <size_t>b * 16
+    b -= 65
+    return <size_t>(5 + (b & 3)) << (8 + (b >> 2))
+
+
+cdef inline void* cache_pop(FreeBlocks* cache, size_t size) noexcept nogil:
+    """A cached free block for ``size`` bytes (<= CACHE_MAX_SIZE), or NULL."""
+    cdef int b = cache_bin(size)
+    cdef void* ptr
+    if cache.hot_tag == b + 1:
+        cache.hot_tag = NO_HOT_BLOCK
+        return cache.hot
+    ptr = cache.heads[b]
+    if ptr != NULL:
+        cache.heads[b] = (<void**>ptr)[0]
+        cache.counts[b] -= 1
+        cache.cached_bytes -= cache_bin_size(b)
+    return ptr
+
+
+cdef inline bint cache_push(FreeBlocks* cache, void* ptr, size_t size) noexcept nogil:
+    """Keep a freed block of ``size`` bytes (<= CACHE_MAX_SIZE); False when the cache is full."""
+    cdef int b = cache_bin(size)
+    cdef int old_bin = cache.hot_tag - 1
+    cdef void* old = cache.hot
+    cdef size_t block
+    if cache.hot_tag != NO_HOT_BLOCK:
+        # The hot block moves to its list, if the list has room; else the new block is refused.
+        block = cache_bin_size(old_bin)
+        if (cache.counts[old_bin] >= CACHE_MAX_PER_BIN
+                or cache.cached_bytes + block > CACHE_MAX_BYTES):
+            return False
+        (<void**>old)[0] = cache.heads[old_bin]
+        cache.heads[old_bin] = old
+        cache.counts[old_bin] += 1
+        cache.cached_bytes += block
+    cache.hot = ptr
+    cache.hot_tag = b + 1
+    return True
+
+
+cdef inline size_t cache_held_bytes(FreeBlocks* cache) noexcept nogil:
+    """Bytes of all the blocks the cache holds."""
+    if cache.hot_tag != NO_HOT_BLOCK:
+        return cache.cached_bytes + cache_bin_size(cache.hot_tag - 1)
+    return cache.cached_bytes
+
+
+cdef inline bint small_align(size_t align) noexcept nogil:
+    """``align`` is 0 or a power of two up to 16, which every block of the fast paths meets."""
+    return align <= 16 and (align & (align - 1)) == 0
+
+
+cdef inline void books_add(Books* books, size_t size) noexcept nogil:
+    """Count one allocation of ``size`` bytes."""
+    books.live_bytes += size
+    books.live_segments += 1
+    books.allocated_total += size
+    if books.live_bytes > books.peak_bytes:
+        books.peak_bytes = books.live_bytes
+
+
+cdef inline void books_remove(Books* books, size_t size) noexcept nogil:
+    """Count one allocation of ``size`` bytes given back."""
+    books.live_bytes -= size
+    books.live_segments -= 1
+
+
+cdef inline void books_clear(Books* books) noexcept nogil:
+    books.live_bytes = 0
+    books.live_segments = 0
+    books.peak_bytes = 0
+    books.allocated_total = 0
+
+
+cdef inline void confined_count_allocation(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    """A ConfinedArena's books for a new block: the first few are remembered for close."""
+    cdef ConfinedState* confined = &core.confined
+    if confined.recent_count < RECENT_MAX:
+        confined.recent[confined.recent_count] = ptr
+        confined.recent_sizes[confined.recent_count] = size
+        confined.recent_count += 1
+    else:
+        confined.recent_overflowed = True
+    books_add(&core.books, size)
+
+
+cdef inline void confined_count_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    cdef ConfinedState* confined = &core.confined
+    cdef int i
+    if not confined.recent_overflowed:
+        for i in range(confined.recent_count):
+            if confined.recent[i] == ptr:
+                confined.recent[i] = NULL
+                break
+    books_remove(&core.books, size)
+
+
+cdef inline void* slicing_carve_current(ArenaCore* core, size_t size, size_t align,
+                                        bint zero) noexcept nogil:
+    """``size`` bytes carved from the current chunk at ``align`` (>= 16), or NULL when they do
+    not fit or there is no chunk.  The caller holds the busy lock or the arena's bias."""
+    cdef SlicingState* slicing = &core.slicing
+    cdef size_t start = (slicing.cursor + align - 1) & ~(align - 1)
+    if start > slicing.cursor_end or size > slicing.cursor_end - start or start == 0:
+        return NULL
+    slicing.cursor = start + size
+    # Nothing is freed between resets, so peak_bytes and allocated_total are brought up to date
+    # from live_bytes at reset and close (slicing_settle) instead of on every carve: the one
+    # kind whose books are not kept by books_add(), for the carve's sake.
+    core.books.live_bytes += size
+    core.books.live_segments += 1
+    if zero:
+        memset(<void*>start, 0, size)
+    return <void*>start
+
+
+cdef inline void slicing_settle(ArenaCore* core) noexcept nogil:
+    """Fold a SlicingArena's live bytes into peak_bytes and allocated_total, before they go."""
+    if core.books.live_bytes > core.books.peak_bytes:
+        core.books.peak_bytes = core.books.live_bytes
+    core.books.allocated_total += <size_t>core.books.live_bytes
+
+
+cdef inline InlineState* inline_state() noexcept nogil:
+    """arenalib's InlineState, fetched on first use (NULL: arenalib unusable from this module)."""
+    global arenalib_inline_state_ptr
+    if arenalib_inline_state_ptr == NULL:
+        arenalib_inline_state_ptr = arenalib_fetch_inline_state(abi_fingerprint())
+    return <InlineState*>arenalib_inline_state_ptr
+
+
+cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                               void** out) noexcept nogil:
+    """Allocate ``size`` bytes aligned to ``align`` (0 or a power of two up to 1 GiB), zeroed if
+    ``zero``; the address goes to ``*out``.  Returns ARENA_OK or an error code."""
+    cdef void* ptr
+    cdef unsigned long me = thread_ident()
+    cdef CarverRecord* record
+    cdef InlineState* state
+    if core.fast_owner == me and small_align(align) and size <= CACHE_MAX_SIZE:
+        ptr = cache_pop(&core.slot.cache, size)
+        if ptr != NULL:
+            if zero:
+                memset(ptr, 0, size)
+            confined_count_allocation(core, ptr, size)
+            out[0] = ptr
+            return ARENA_OK
+    elif arenalib_load_owner(&core.carve_owner) == me and small_align(align):
+        # The SlicingArena is biased to this thread: announce the carve in this thread's own
+        # record, then check that the arena was not taken over meanwhile (a thread taking it over
+        # clears carve_owner, runs membarrier(), then reads the record: one of the two sees the
+        # other).  No atomic read-modify-write, no fence instruction.
+        record = core.slicing.carve_record
+        arenalib_set_carving(&record.carving, core)
+        arenalib_compiler_fence()
+        ptr = NULL
+        if arenalib_load_owner(&core.carve_owner) == me:
+            ptr = slicing_carve_current(core, size, SLICE_DEFAULT_ALIGN, zero)
+        arenalib_clear_carving(&record.carving)
+        if ptr != NULL:
+            out[0] = ptr
+            return ARENA_OK
+    state = inline_state()
+    if state == NULL:
+        return ARENA_ECLOSED  # no arenalib to have opened the core
+    return state.functions.allocate_slow(core, size, align, zero, out)
+
+
+cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    """Give back one allocation of Arena or ConfinedArena; ``size`` must be the size allocated."""
+    cdef InlineState* state
+    if (core.fast_owner == thread_ident() and size <= CACHE_MAX_SIZE
+            and cache_push(&core.slot.cache, ptr, size)):
+        confined_count_free(core, ptr, size)
+        return ARENA_OK
+    state = inline_state()
+    if state == NULL:
+        return ARENA_ECLOSED
+    return state.functions.free_slow(core, ptr, size)
+
+
+cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
+    """Free every allocation at once and keep the arena open (no other thread may use it now)."""
+    cdef InlineState* state = inline_state()
+    if state == NULL:
+        return ARENA_ECLOSED
+    return state.functions.reset(core)
+
+
+cdef inline void core_init(ArenaCore* core, ArenaSlot* slot, int kind, Py_ssize_t max_bytes,
+                           size_t chunk_size, uint64_t serial) noexcept nogil:
+    """Open ``core`` on ``slot``.  Field by field, not memset: a scope's whole budget is a few ns
+    (see DESIGN.md).  recent[] needs no clearing."""
+    core.slot = slot
+    core.kind = kind
+    core.carve_owner = 0      # every kind stays off the inline slicing path until a carve
+    core.max_bytes = max_bytes if max_bytes >= 0 else -1
+    core.life.owner = thread_ident() if kind == ARENA_KIND_CONFINED else 0
+    core.fast_owner = core.life.owner if max_bytes < 0 else 0
+    # Never back: a segment of this core from before a close must stay dead after a re-open.
+    core.life.generation += 1
+    core.life.exports = 0
+    core.serial = serial
+    books_clear(&core.books)
+    core.confined.recent_count = 0
+    core.confined.recent_overflowed = False
+    if kind == ARENA_KIND_SHARED:
+        core.shared.reserved_bytes = 0
+    elif kind == ARENA_KIND_SLICING:
+        memset(&core.slicing, 0, sizeof(SlicingState))
+        core.slicing.chunk_size = chunk_size
+    core.open = True
+
+
+cdef inline void arena_core_init(ArenaCore* core) noexcept nogil:
+    """Prepare an ArenaCore of your own (on the stack, in a struct) for arena_open(): closed."""
+    memset(core, 0, sizeof(ArenaCore))
+
+
+cdef inline void recent_blocks_to_cache(ArenaCore* core, InlineState* state) noexcept nogil:
+    """Give a confined arena's remembered live blocks (all it holds) back to its slot's cache."""
+    cdef ArenaSlot* slot = core.slot
+    cdef void* ptr
+    cdef size_t size
+    cdef int i
+    for i in range(core.confined.recent_count):
+        ptr = core.confined.recent[i]
+        size = core.confined.recent_sizes[i]
+        if ptr != NULL and not (size <= CACHE_MAX_SIZE and cache_push(&slot.cache, ptr, size)):
+            state.functions.slot_free(slot, ptr)
+
+
+cdef inline bint close_small_scope(ArenaCore* core, InlineState* state) noexcept nogil:
+    """Close a ConfinedArena of the calling thread that holds at most RECENT_MAX blocks and was
+    opened on the parked slot: its blocks go to the slot's cache and the slot is idle again, warm
+    for the next arena.  False (nothing done) in any other case.  The caller holds the GIL."""
+    cdef ArenaSlot* slot = core.slot
+    if (not INLINE_PARKING or core.fast_owner != thread_ident() or core.confined.recent_overflowed
+            or core.life.exports or core.books.allocated_total > PURGE_LIMIT
+            or state.parked != slot):
+        return False
+    recent_blocks_to_cache(core, state)
+    slot.churn_bytes += core.books.allocated_total
+    state.parked_idle = True
+    state.arenas_closed += 1
+    core.fast_owner = 0
+    core.open = False
+    core.life.generation += 1
+    core.slot = NULL
+    return True
+
+
+cdef inline uint64_t _abi_mix(uint64_t h, uint64_t value) noexcept nogil:
+    return (h ^ value) * <uint64_t>1099511628211ULL  # FNV-1a, a word at a time
+
+
+cdef inline uint64_t _abi_at(uint64_t h, void* base, void* field) noexcept nogil:
+    return _abi_mix(h, <uint64_t>(<char*>field - <char*>base))
+
+
+cdef inline uint64_t abi_fingerprint() noexcept nogil:
+    """A digest of all that this file bakes into a module that cimports it: the size and field
+    offsets of every struct, the constants and error codes, the size-class and alignment rules, and
+    whether the interpreter is free-threaded.  A module whose digest differs from arenalib's own is
+    refused (abi_check), so no change to this surface goes unnoticed; nobody bumps a number."""
+    cdef ArenaCore c
+    cdef ArenaSlot s
+    cdef FreeBlocks f
+    cdef InlineState st
+    cdef CarverRecord r
+    cdef ThreadCache t
+    cdef uint64_t constants[24]
+    cdef uint64_t h = <uint64_t>14695981039346656037ULL
+    cdef size_t size
+    cdef int b
+    h = _abi_mix(h, sizeof(ArenaCore))
+    h = _abi_at(h, &c, &c.fast_owner)
+    h = _abi_at(h, &c, &c.carve_owner)
+    h = _abi_at(h, &c, &c.life.generation)
+    h = _abi_at(h, &c, &c.life.exports)
+    h = _abi_at(h, &c, &c.life.owner)
+    h = _abi_at(h, &c, &c.kind)
+    h = _abi_at(h, &c, &c.open)
+    h = _abi_at(h, &c, &c.slot)
+    h = _abi_at(h, &c, &c.serial)
+    h = _abi_at(h, &c, &c.max_bytes)
+    h = _abi_at(h, &c, &c.books.live_bytes)
+    h = _abi_at(h, &c, &c.books.live_segments)
+    h = _abi_at(h, &c, &c.books.peak_bytes)
+    h = _abi_at(h, &c, &c.books.allocated_total)
+    h = _abi_at(h, &c, &c.confined.recent_count)
+    h = _abi_at(h, &c, &c.confined.recent_overflowed)
+    h = _abi_at(h, &c, &c.confined.recent)
+    h = _abi_at(h, &c, &c.confined.recent_sizes)
+    h = _abi_at(h, &c, &c.shared.reserved_bytes)
+    h = _abi_at(h, &c, &c.slicing.busy)
+    h = _abi_at(h, &c, &c.slicing.carve_record)
+    h = _abi_at(h, &c, &c.slicing.chunk_size)
+    h = _abi_at(h, &c, &c.slicing.chunks)
+    h = _abi_at(h, &c, &c.slicing.chunk_sizes)
+    h = _abi_at(h, &c, &c.slicing.nchunks)
+    h = _abi_at(h, &c, &c.slicing.chunks_capacity)
+    h = _abi_at(h, &c, &c.slicing.current)
+    h = _abi_at(h, &c, &c.slicing.cursor)
+    h = _abi_at(h, &c, &c.slicing.cursor_end)
+    h = _abi_at(h, &c, &c.slicing.chunk_bytes)
+    h = _abi_mix(h, sizeof(ArenaSlot))
+    h = _abi_at(h, &s, &s.arena_index)
+    h = _abi_at(h, &s, &s.tcache_index)
+    h = _abi_at(h, &s, &s.stale_bytes)
+    h = _abi_at(h, &s, &s.churn_bytes)
+    h = _abi_at(h, &s, &s.cache)
+    h = _abi_at(h, &s, &s.threads)
+    h = _abi_at(h, &s, &s.thread_count)
+    h = _abi_at(h, &s, &s.threads_lock)
+    h = _abi_mix(h, sizeof(ThreadCache))
+    h = _abi_at(h, &t, &t.next)
+    h = _abi_at(h, &t, &t.thread)
+    h = _abi_at(h, &t, &t.tcache_index)
+    h = _abi_at(h, &t, &t.books)
+    h = _abi_at(h, &t, &t.cache)
+    h = _abi_mix(h, sizeof(FreeBlocks))
+    h = _abi_at(h, &f, &f.cached_bytes)
+    h = _abi_at(h, &f, &f.hot)
+    h = _abi_at(h, &f, &f.hot_tag)
+    h = _abi_at(h, &f, &f.heads)
+    h = _abi_at(h, &f, &f.counts)
+    h = _abi_mix(h, sizeof(InlineState))
+    h = _abi_at(h, &st, &st.abi_fingerprint)
+    h = _abi_at(h, &st, &st.functions.open_slow)
+    h = _abi_at(h, &st, &st.functions.close_slow)
+    h = _abi_at(h, &st, &st.functions.allocate_slow)
+    h = _abi_at(h, &st, &st.functions.free_slow)
+    h = _abi_at(h, &st, &st.functions.reset)
+    h = _abi_at(h, &st, &st.functions.raise_error)
+    h = _abi_at(h, &st, &st.functions.core_of)
+    h = _abi_at(h, &st, &st.functions.slot_free)
+    h = _abi_at(h, &st, &st.parked)
+    h = _abi_at(h, &st, &st.parked_idle)
+    h = _abi_at(h, &st, &st.arenas_opened)
+    h = _abi_at(h, &st, &st.arenas_closed)
+    h = _abi_at(h, &st, &st.carvers)
+    h = _abi_mix(h, sizeof(CarverRecord))
+    h = _abi_at(h, &r, &r.thread)
+    h = _abi_at(h, &r, &r.carving)
+    constants[:] = [
+        CACHE_BINS, CACHE_MAX_SIZE, CACHE_MAX_BYTES, CACHE_MAX_PER_BIN, NO_HOT_BLOCK, PURGE_LIMIT,
+        SLICE_DEFAULT_ALIGN, RECENT_MAX, CARVER_RECORDS, ARENA_KIND_SHARED, ARENA_KIND_CONFINED,
+        ARENA_KIND_SLICING, ARENA_OK, ARENA_ENOMEM, ARENA_ELIMIT, ARENA_ECLOSED,
+        ARENA_EWRONGTHREAD, ARENA_EINVAL, ARENA_EEXPORTED, ARENA_EBUSY, ARENA_EUNSUPPORTED,
+        ARENA_ERROR_CODES, ARENALIB_FREE_THREADED, INLINE_PARKING]
+    for b in range(24):
+        h = _abi_mix(h, constants[b])
+    for b in range(CACHE_BINS):
+        h = _abi_mix(h, cache_bin_size(b))
+    for size in range(0, CACHE_MAX_SIZE + 1, 8):
+        h = _abi_mix(h, <uint64_t>cache_bin(size))
+    for size in range(65):
+        h = _abi_mix(h, <uint64_t>small_align(size))
+    return h
+
+
+cdef inline void adopt_inline_state(InlineState* state) noexcept nogil:
+    """For arenalib itself, which made ``state``: its own inline functions use it as it is."""
+    global arenalib_inline_state_ptr, arenalib_abi_accepted
+    arenalib_inline_state_ptr = state
+    arenalib_abi_accepted = True
+
+
+cdef inline int abi_check() except -1:
+    """Once per module: ImportError if it was compiled against another arenalib's C ABI."""
+    global arenalib_abi_accepted
+    if arenalib_abi_accepted:
+        return 0
+    if inline_state() == NULL:
+        import arenalib._arena  # the ImportError of an arenalib that cannot be imported
+        raise ImportError(
+            f"a Cython extension was compiled against another arenalib C ABI (fingerprint "
+            f"{abi_fingerprint():#018x}; this arenalib has "
+            f"{arenalib._arena._abi_fingerprint():#018x}): rebuild the extension against the "
+            "arenalib it runs with")
+    arenalib_abi_accepted = True
+    return 0
+
+
+cdef inline ArenaCore* arena_core(object arena) except NULL:
+    """The C handle of an open Arena, ConfinedArena or SlicingArena (keep a reference to it)."""
+    abi_check()
+    return inline_state().functions.core_of(arena)
+
+
+cdef inline int arena_raise(int code) except -1:
+    """Raise the Python exception for an error code of the nogil functions (with the GIL held)."""
+    if code == ARENA_OK:
+        return 0
+    abi_check()
+    return inline_state().functions.raise_error(code)
+
+
+cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
+                           size_t chunk_size) except -1:
+    """Open an arena in an ArenaCore the caller owns (an arena object's, or a C struct on the
+    stack for a nogil scope, prepared by arena_core_init()).  kind: ARENA_KIND_*; max_bytes: -1 for
+    no limit; chunk_size: the SlicingArena chunk size (0 for the default).  Needs the GIL;
+    arena_close() undoes it."""
+    cdef InlineState* state
+    abi_check()
+    state = <InlineState*>arenalib_inline_state_ptr
+    if INLINE_PARKING and kind == ARENA_KIND_CONFINED and max_bytes < 0 and not core.open:
+        if state.parked_idle:
+            state.parked_idle = False
+            core_init(core, state.parked, kind, -1, 0, 0)
+            state.arenas_opened += 1
+            return 0
+    return state.functions.open_slow(core, kind, max_bytes, chunk_size)
+
+
+cdef inline int arena_close(ArenaCore* core) except -1:
+    """Free every allocation at once and give the memory back (GIL held); idempotent.  Raises
+    WrongThreadError for a confined arena of another thread, BufferError while exports live."""
+    cdef InlineState* state
+    abi_check()
+    state = <InlineState*>arenalib_inline_state_ptr
+    if close_small_scope(core, state):
+        return 0
+    return state.functions.close_slow(core)

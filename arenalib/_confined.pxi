@@ -1,0 +1,61 @@
+# ConfinedArena: one owner thread.  Confinement is what lets it skip every lock: allocations come
+# from the slot's explicit tcache and from a cache of free blocks threaded through the blocks
+# themselves (FreeBlocks).  Its fields: the shared Books of the core plus ConfinedState (its first
+# few allocations, so that a small scope's close hands them back to the cache instead of waiting
+# for a bulk reset).  Its fast paths (a block from the cache, a small scope's open and close) are
+# inline in _capi.pxd; what is here is everything else.
+
+cimport cython
+
+from arenalib._capi cimport (
+    ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, confined_count_allocation,
+    confined_count_free, recent_blocks_to_cache,
+)
+
+
+cdef inline int confined_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                                  void** out) noexcept nogil:
+    if over_limit(core, size):
+        return ARENA_ELIMIT
+    cdef void* ptr = cached_allocate(&core.slot.cache, slot_flags(core.slot), size, align, zero)
+    if ptr == NULL:
+        return ARENA_ENOMEM
+    confined_count_allocation(core, ptr, size)
+    out[0] = ptr
+    return ARENA_OK
+
+
+cdef inline int confined_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    cached_free(&core.slot.cache, slot_flags(core.slot), ptr, size)
+    confined_count_free(core, ptr, size)
+    return ARENA_OK
+
+
+cdef inline void confined_close(ArenaCore* core, size_t* stale, size_t* churn) noexcept:
+    """What a closing ConfinedArena leaves to its slot: ``stale`` bytes still allocated, ``churn``
+    bytes allocated in all."""
+    churn[0] = core.books.allocated_total
+    if core.confined.recent_overflowed:
+        stale[0] = <size_t>core.books.live_bytes  # dropped in bulk by a reset of the slot
+    else:
+        # A small scope: its few blocks go straight back to the slot's cache, warm for the next
+        # scope, and no reset is ever needed for them.
+        recent_blocks_to_cache(core, _inline_state)
+        stale[0] = 0
+
+
+@cython.final
+cdef class ConfinedArena(ArenaBase):
+    """An arena that only its creating thread may use, nor its segments (WrongThreadError).
+
+    ConfinedArena(*, max_bytes=None).  Confinement is what lets it skip all locking."""
+
+    def __cinit__(self, _positional=_NOT_GIVEN, *, max_bytes=None):
+        if _positional is not _NOT_GIVEN:
+            _no_positional(self, "max_bytes=")
+        self._open(ARENA_KIND_CONFINED, max_bytes)
+
+    @property
+    def owner_thread(self):
+        """threading.get_ident() of the thread that owns this arena."""
+        return self._core.life.owner

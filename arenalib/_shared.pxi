@@ -1,0 +1,189 @@
+# Arena (shared): any thread may allocate, free and close.  Each thread gets its own explicit
+# tcache, free-block cache and Books (a ThreadCache, kept warm with the slot), found through a small
+# thread-local table, so two threads never share a lock or a cache line on the common path.  Its
+# fields: the ThreadCaches of the slot plus SharedState (the bytes reserved against max_bytes, the
+# one counter all threads touch, and only when there is a limit).  The arena's figures are the sum
+# over its threads; peak_bytes is brought up to date by the Python path (allocate()).
+
+cimport cython
+from cpython.mem cimport PyMem_RawCalloc
+from cpython.pythread cimport (
+    PyThread_acquire_lock, PyThread_release_lock, PyThread_type_lock, WAIT_LOCK,
+)
+from libc.stdint cimport uint64_t
+
+from arenalib._capi cimport (
+    ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SHARED, ARENA_OK, ArenaCore, ArenaSlot, Books,
+    ThreadCache, books_add, books_clear, books_remove, cache_held_bytes,
+)
+from arenalib._jemalloc cimport MALLOCX_ARENA, MALLOCX_TCACHE_NONE, je_dallocx
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    /* A direct-mapped cache: arena serial -> this thread's ThreadCache of that (shared) arena. */
+    typedef struct { uint64_t serial; void *cache; } arenalib_tls_entry;
+    static __thread arenalib_tls_entry arenalib_tls_cache[8];
+    static inline void *arenalib_tls_get(uint64_t serial) {
+        arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
+        return e->serial == serial ? e->cache : NULL;
+    }
+    static inline void arenalib_tls_set(uint64_t serial, void *cache) {
+        arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
+        e->serial = serial;
+        e->cache = cache;
+    }
+    #define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
+    /* Add size to *counter unless that would take it past limit; 0 (nothing added) when it would. */
+    static inline int arenalib_reserve(Py_ssize_t *counter, size_t size, Py_ssize_t limit) {
+        Py_ssize_t live = __atomic_load_n(counter, __ATOMIC_RELAXED);
+        do {
+            if (live > limit || size > (size_t)(limit - live))
+                return 0;
+        } while (!__atomic_compare_exchange_n(counter, &live, live + (Py_ssize_t)size, 1,
+                                              __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+        return 1;
+    }
+    """
+    void* arenalib_tls_get(uint64_t serial) noexcept nogil
+    void arenalib_tls_set(uint64_t serial, void* cache) noexcept nogil
+    Py_ssize_t arenalib_atomic_add(Py_ssize_t* counter, Py_ssize_t value) noexcept nogil
+    bint arenalib_reserve(Py_ssize_t* counter, size_t size, Py_ssize_t limit) noexcept nogil
+
+cdef int MAX_THREAD_CACHES = 8         # per slot, kept warm across shared arenas
+
+
+cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
+    """The calling thread's ThreadCache of a shared arena, made on its first use; NULL: no memory."""
+    cdef ThreadCache* tc = <ThreadCache*>arenalib_tls_get(core.serial)
+    if tc != NULL:
+        return tc
+    cdef unsigned long me = thread_ident()
+    cdef ArenaSlot* slot = core.slot
+    PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
+    tc = slot.threads
+    while tc != NULL and tc.thread != me:
+        tc = tc.next
+    if tc == NULL:
+        tc = <ThreadCache*>PyMem_RawCalloc(1, sizeof(ThreadCache))
+        if tc != NULL:
+            tcache_take(&tc.tcache_index)  # NO_TCACHE when none can be had: slower, still right
+            tc.thread = me
+            tc.next = slot.threads
+            slot.threads = tc
+            slot.thread_count += 1
+    PyThread_release_lock(<PyThread_type_lock>slot.threads_lock)
+    if tc != NULL:
+        arenalib_tls_set(core.serial, tc)
+    return tc
+
+
+cdef inline int _thread_flags(ArenaCore* core, ThreadCache* tc) noexcept nogil:
+    return MALLOCX_ARENA(core.slot.arena_index) | tcache_flag(tc.tcache_index)
+
+
+cdef inline int shared_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                                void** out) noexcept nogil:
+    cdef ThreadCache* tc = _thread_cache(core)
+    if tc == NULL:
+        return ARENA_ENOMEM
+    # Only a limited arena pays for a counter shared by all threads; compare-and-swap, so that
+    # neither a huge size nor threads reserving at once can take it past the limit.
+    if core.max_bytes >= 0 and not arenalib_reserve(&core.shared.reserved_bytes, size,
+                                                    core.max_bytes):
+        return ARENA_ELIMIT
+    cdef void* ptr = cached_allocate(&tc.cache, _thread_flags(core, tc), size, align, zero)
+    if ptr == NULL:
+        if core.max_bytes >= 0:
+            arenalib_atomic_add(&core.shared.reserved_bytes, -<Py_ssize_t>size)
+        return ARENA_ENOMEM
+    books_add(&tc.books, size)
+    out[0] = ptr
+    return ARENA_OK
+
+
+cdef inline int shared_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    cdef ThreadCache* tc = _thread_cache(core)
+    if tc == NULL:
+        # No memory for this thread's cache: free without one, and count it on a thread that
+        # allocated (there is one: ptr came from this arena), so the totals stay right.
+        je_dallocx(ptr, MALLOCX_TCACHE_NONE)
+        tc = core.slot.threads
+    else:
+        cached_free(&tc.cache, _thread_flags(core, tc), ptr, size)
+    if tc != NULL:
+        books_remove(&tc.books, size)
+    if core.max_bytes >= 0:
+        arenalib_atomic_add(&core.shared.reserved_bytes, -<Py_ssize_t>size)
+    return ARENA_OK
+
+
+cdef void shared_totals(ArenaCore* core, Books* totals, size_t* cached=NULL) noexcept nogil:
+    """The sum of the arena's per-thread books (and of the bytes their caches hold)."""
+    cdef ThreadCache* tc
+    totals.live_bytes = 0
+    totals.live_segments = 0
+    totals.allocated_total = 0
+    totals.peak_bytes = core.books.peak_bytes
+    PyThread_acquire_lock(<PyThread_type_lock>core.slot.threads_lock, WAIT_LOCK)
+    tc = core.slot.threads
+    while tc != NULL:
+        totals.live_bytes += tc.books.live_bytes
+        totals.live_segments += tc.books.live_segments
+        totals.allocated_total += tc.books.allocated_total
+        if cached != NULL:
+            cached[0] += cache_held_bytes(&tc.cache)
+        tc = tc.next
+    PyThread_release_lock(<PyThread_type_lock>core.slot.threads_lock)
+
+
+cdef void shared_update_peak(ArenaCore* core) noexcept:
+    """Bring peak_bytes up to the live bytes of all threads (after each Python allocate()).
+
+    Walked without the lock: nodes are only freed by close(), which needs the GIL we hold, and a
+    node a nogil thread is adding right now is missed at worst."""
+    cdef Py_ssize_t live = 0
+    cdef ThreadCache* tc = core.slot.threads
+    while tc != NULL:
+        live += tc.books.live_bytes
+        tc = tc.next
+    if live > core.books.peak_bytes:
+        core.books.peak_bytes = live
+
+
+cdef void shared_open(ArenaSlot* slot) noexcept nogil:
+    """A shared arena opens on a slot: the threads' caches stay warm, their books start at 0."""
+    cdef ThreadCache* tc
+    PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
+    tc = slot.threads
+    while tc != NULL:
+        books_clear(&tc.books)
+        tc = tc.next
+    PyThread_release_lock(<PyThread_type_lock>slot.threads_lock)
+
+
+cdef void shared_close(ArenaCore* core, size_t* stale, size_t* churn) noexcept:
+    """What a closing Arena leaves to its slot: ``stale`` bytes still allocated, ``churn`` bytes
+    allocated in all."""
+    cdef Books totals
+    shared_totals(core, &totals)
+    core.books.allocated_total = totals.allocated_total  # the threads' books go to the next user
+    stale[0] = <size_t>totals.live_bytes
+    churn[0] = totals.allocated_total
+    if core.slot.thread_count > MAX_THREAD_CACHES:
+        # Threads come and go: do not let a slot collect caches of threads long gone.
+        stale[0] += slot_flush_threads(core.slot, FLUSH_AND_GIVE_BACK)
+
+
+@cython.final
+cdef class Arena(ArenaBase):
+    """An arena any thread may allocate from, free into and close.
+
+    Arena(*, max_bytes=None).  Every segment's memory is freed at once by close() (or the end of a
+    with-block); seg.free() gives one segment back early.  Each thread allocates through its own
+    jemalloc thread cache, so threads do not contend on a lock."""
+
+    def __cinit__(self, _positional=_NOT_GIVEN, *, max_bytes=None):
+        if _positional is not _NOT_GIVEN:
+            _no_positional(self, "max_bytes=")
+        self._open(ARENA_KIND_SHARED, max_bytes)

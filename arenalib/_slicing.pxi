@@ -1,0 +1,315 @@
+# SlicingArena: bump-pointer carving of chunks (Panama's slicingAllocator).  Nothing is freed one by
+# one; reset() starts over in the first chunk, close() gives the chunks back.  Its fields are
+# SlicingState.  Any thread may carve: the thread that carved last keeps the arena (biased
+# ownership, the inline fast path in _capi.pxd) and carves without any atomic instruction; any other
+# thread takes the busy lock and the arena over, or gets ARENA_EBUSY while it is in use.  Its books
+# are folded in lazily (slicing_settle): the carve counts live bytes only.
+
+cimport cython
+from cpython.mem cimport PyMem_RawFree, PyMem_RawRealloc
+
+from arenalib._capi cimport (
+    ARENA_EBUSY, ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SLICING, ARENA_OK, CARVER_RECORDS,
+    RECENT_MAX, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, SlicingState, arenalib_load_carving,
+    arenalib_load_owner, arenalib_store_owner, arenalib_try_lock, arenalib_unlock,
+    slicing_carve_current, slicing_settle, thread_ident,
+)
+from arenalib._jemalloc cimport je_dallocx
+
+cdef extern from *:
+    """
+    #include <unistd.h>
+    #include <sys/syscall.h>
+    #if defined(__linux__) && defined(SYS_membarrier)
+    #include <linux/membarrier.h>
+    static int arenalib_membarrier_register(void) {
+        return (int)syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0);
+    }
+    /* A full memory barrier on every running thread of this process. */
+    static int arenalib_membarrier(void) {
+        if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
+            return 0;
+        return (int)syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0);
+    }
+    #else
+    static int arenalib_membarrier_register(void) { return -1; }
+    static int arenalib_membarrier(void) { return -1; }
+    #endif
+    #define arenalib_claim_record(p, me) \
+        __atomic_compare_exchange_n((p), &(unsigned long){0}, (me), 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)
+    """
+    int arenalib_membarrier_register() noexcept nogil
+    int arenalib_membarrier() noexcept nogil
+    bint arenalib_claim_record(unsigned long* thread, unsigned long me) noexcept nogil
+
+cdef size_t DEFAULT_CHUNK_SIZE = 256 * 1024
+# Biased carving needs membarrier(); without it (not Linux, or refused by a sandbox) every carve
+# takes the busy lock.  Set by slicing_init().
+cdef bint _biased_carving = False
+
+
+cdef void slicing_init() noexcept nogil:
+    global _biased_carving
+    _biased_carving = arenalib_membarrier_register() == 0
+
+
+cdef void slicing_after_fork() noexcept nogil:
+    """In a fork's child only this thread is left: no other thread is carving, and the records
+    of the others are free for the child's new threads."""
+    global _biased_carving
+    cdef unsigned long me = thread_ident()
+    cdef int i
+    for i in range(CARVER_RECORDS):
+        _inline_state.carvers[i].carving = NULL
+        if _inline_state.carvers[i].thread != me:
+            _inline_state.carvers[i].thread = 0
+    _biased_carving = _biased_carving and arenalib_membarrier_register() == 0
+
+
+# -- chunks ----------------------------------------------------------------------------------------
+
+cdef bint _grow(void** array, size_t nbytes) noexcept nogil:
+    cdef void* grown = PyMem_RawRealloc(array[0], nbytes)
+    if grown == NULL:
+        return False
+    array[0] = grown
+    return True
+
+
+cdef inline void _use_chunk(SlicingState* slicing, Py_ssize_t i) noexcept nogil:
+    """Carve from chunk ``i`` on, from its start."""
+    slicing.current = i
+    slicing.cursor = <size_t>slicing.chunks[i]
+    slicing.cursor_end = slicing.cursor + slicing.chunk_sizes[i]
+
+
+cdef inline void _use_no_chunk(SlicingState* slicing) noexcept nogil:
+    """Carve from no chunk: the next carve takes or makes one."""
+    slicing.current = 0
+    slicing.cursor = 0
+    slicing.cursor_end = 0
+
+
+cdef int _next_chunk(ArenaCore* core, size_t size, size_t align) noexcept nogil:
+    """Make the current chunk one that can hold ``size`` bytes at ``align`` from its start."""
+    cdef SlicingState* slicing = &core.slicing
+    cdef Py_ssize_t i = slicing.current + 1 if slicing.nchunks else 0
+    while i < slicing.nchunks:  # chunks kept warm by reset()
+        if (<size_t>slicing.chunks[i] & (align - 1)) == 0 and slicing.chunk_sizes[i] >= size:
+            _use_chunk(slicing, i)
+            return ARENA_OK
+        i += 1
+    cdef size_t chunk_size = slicing.chunk_size
+    if size > chunk_size:
+        chunk_size = (size + PAGE - 1) & ~(PAGE - 1)
+    cdef Py_ssize_t capacity
+    if slicing.nchunks == slicing.chunks_capacity:
+        capacity = slicing.chunks_capacity * 2 + 4
+        if not (_grow(<void**>&slicing.chunks, capacity * sizeof(char*))
+                and _grow(<void**>&slicing.chunk_sizes, capacity * sizeof(size_t))):
+            return ARENA_ENOMEM
+        slicing.chunks_capacity = capacity
+    # Not zeroed: a chunk is mostly reused dirty memory, and zeroing all of it would cost more than
+    # zeroing the zero=True segments carved from it.
+    cdef char* chunk = <char*>jemalloc_allocate(
+        slot_flags(core.slot), chunk_size, align if align > PAGE else PAGE, False)
+    if chunk == NULL:
+        return ARENA_ENOMEM
+    slicing.chunks[slicing.nchunks] = chunk
+    slicing.chunk_sizes[slicing.nchunks] = chunk_size
+    slicing.nchunks += 1
+    slicing.chunk_bytes += chunk_size
+    _use_chunk(slicing, slicing.nchunks - 1)
+    return ARENA_OK
+
+
+cdef void slicing_free_chunks(ArenaCore* core, Py_ssize_t keep) noexcept nogil:
+    """Give back the chunks from index ``keep`` on (they hold no live segment)."""
+    cdef SlicingState* slicing = &core.slicing
+    cdef Py_ssize_t i
+    for i in range(keep, slicing.nchunks):
+        je_dallocx(slicing.chunks[i], slot_flags(core.slot))
+        slicing.chunk_bytes -= slicing.chunk_sizes[i]
+    if keep < slicing.nchunks:
+        slicing.nchunks = keep
+
+
+# -- the busy lock and the bias ----------------------------------------------------------------------
+
+cdef CarverRecord* _carver_record(unsigned long me) noexcept nogil:
+    """The calling thread's CarverRecord, or NULL when its place in the table is another live
+    thread's (that thread then carves through the lock: slower, never wrong)."""
+    cdef CarverRecord* record = &_inline_state.carvers[
+        ((me >> 12) * <unsigned long>0x9E3779B97F4A7C15) >> 56]
+    if record.thread == me or arenalib_claim_record(&record.thread, me):
+        return record
+    return NULL
+
+
+cdef int slicing_lock(ArenaCore* core) noexcept nogil:
+    """Take a SlicingArena's busy lock and its bias (from whichever thread holds it), for a carve
+    that needs the slow path, a reset or a purge.  ARENA_EBUSY: another thread is using it."""
+    global _biased_carving
+    cdef SlicingState* slicing = &core.slicing
+    cdef unsigned long me = thread_ident()
+    cdef unsigned long owner
+    if not arenalib_try_lock(&slicing.busy):
+        return ARENA_EBUSY
+    owner = arenalib_load_owner(&core.carve_owner)
+    if owner == me or slicing.carve_record == NULL:
+        return ARENA_OK   # no other thread may be carving without the lock
+    if owner != 0:
+        arenalib_store_owner(&core.carve_owner, 0)
+        # After this, the owner either sees carve_owner == 0 before carving, or its record shows
+        # the carve it started.
+        if arenalib_membarrier() != 0:
+            # Cannot take it over safely: the owner keeps it, and no arena is biased from now on.
+            _biased_carving = False
+            arenalib_store_owner(&core.carve_owner, owner)
+            arenalib_unlock(&slicing.busy)
+            return ARENA_EBUSY
+    if arenalib_load_carving(&slicing.carve_record.carving) == <void*>core:
+        arenalib_unlock(&slicing.busy)
+        return ARENA_EBUSY   # the former owner is in the middle of a carve
+    slicing.carve_record = NULL
+    return ARENA_OK
+
+
+cdef void slicing_unlock(ArenaCore* core) noexcept nogil:
+    """Release the busy lock and leave the arena biased to the calling thread (when it can be)."""
+    cdef unsigned long me = thread_ident()
+    cdef CarverRecord* record
+    if (_biased_carving and core.max_bytes < 0 and core.open
+            and arenalib_load_owner(&core.carve_owner) != me):
+        record = _carver_record(me)
+        if record != NULL:
+            core.slicing.carve_record = record
+            arenalib_store_owner(&core.carve_owner, me)
+    arenalib_unlock(&core.slicing.busy)
+
+
+cdef void _drop_bias(ArenaCore* core) noexcept nogil:
+    """At close: no thread may carve without the lock any more (a carve racing with close is the
+    caller's error, as the C API says; this only makes sure later carves see the arena closed)."""
+    if arenalib_load_owner(&core.carve_owner) not in (0, thread_ident()):
+        arenalib_store_owner(&core.carve_owner, 0)
+        arenalib_membarrier()
+    arenalib_store_owner(&core.carve_owner, 0)
+    core.slicing.carve_record = NULL
+
+
+# -- the operations ----------------------------------------------------------------------------------
+
+cdef int _carve(ArenaCore* core, size_t size, size_t align, bint zero, void** out) noexcept nogil:
+    if over_limit(core, size):
+        return ARENA_ELIMIT
+    if align < SLICE_DEFAULT_ALIGN:
+        align = SLICE_DEFAULT_ALIGN
+    cdef void* ptr = slicing_carve_current(core, size, align, zero)
+    cdef int err
+    if ptr == NULL:
+        err = _next_chunk(core, size, align)
+        if err:
+            return err
+        ptr = slicing_carve_current(core, size, align, zero)  # fits the chunk just chosen
+    out[0] = ptr
+    return ARENA_OK
+
+
+cdef int slicing_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                          void** out) noexcept nogil:
+    cdef int err = slicing_lock(core)
+    if err:
+        return err
+    err = _carve(core, size, align, zero, out)
+    if err:
+        arenalib_unlock(&core.slicing.busy)  # not biased to a thread whose carve failed
+    else:
+        slicing_unlock(core)
+    return err
+
+
+cdef int slicing_reset(ArenaCore* core) noexcept nogil:
+    """Start over in the first chunk (the chunks stay, warm); every segment is dead."""
+    cdef int err = slicing_lock(core)
+    if err:
+        return err
+    if core.slicing.nchunks:
+        _use_chunk(&core.slicing, 0)
+    else:
+        _use_no_chunk(&core.slicing)
+    slicing_settle(core)
+    core.life.generation += 1
+    core.books.live_bytes = 0
+    core.books.live_segments = 0
+    slicing_unlock(core)
+    return ARENA_OK
+
+
+cdef void slicing_close(ArenaCore* core, size_t* stale, size_t* churn) noexcept:
+    """What a closing SlicingArena leaves to its slot: ``stale`` bytes still allocated, ``churn``
+    bytes allocated in all."""
+    cdef SlicingState* slicing = &core.slicing
+    _drop_bias(core)
+    slicing_settle(core)
+    churn[0] = slicing.chunk_bytes
+    if slicing.nchunks <= RECENT_MAX:
+        # A few chunks go straight back to jemalloc, warm for the next arena's chunks.
+        slicing_free_chunks(core, 0)
+    # Otherwise the chunks (holding every segment) are the slot's stale garbage now.
+    stale[0] = slicing.chunk_bytes
+    PyMem_RawFree(slicing.chunks)
+    PyMem_RawFree(slicing.chunk_sizes)
+    slicing.chunks = NULL
+    slicing.chunk_sizes = NULL
+    slicing.nchunks = 0
+    slicing.chunks_capacity = 0
+    slicing.chunk_bytes = 0
+    _use_no_chunk(slicing)
+
+
+@cython.final
+cdef class SlicingArena(ArenaBase):
+    """Bump-pointer allocation inside chunks taken from jemalloc (Panama's slicingAllocator).
+
+    SlicingArena(*, chunk_size=None, max_bytes=None).  No per-segment free: reset() invalidates every
+    segment and keeps the chunks for reuse; close() gives them back.  Requests larger than a chunk
+    get a chunk of their own.  Any thread may use it; the thread that used it last carves without
+    atomic instructions, and another thread taking it over pays a few microseconds."""
+
+    def __cinit__(self, _positional=_NOT_GIVEN, *, chunk_size=None, max_bytes=None):
+        if _positional is not _NOT_GIVEN:
+            _no_positional(self, "chunk_size=, max_bytes=")
+        cdef Py_ssize_t size = <Py_ssize_t>DEFAULT_CHUNK_SIZE
+        if chunk_size is not None:
+            size = _parse_size(chunk_size, "chunk_size")
+            if <size_t>size < PAGE:
+                raise ValueError(f"chunk_size must be at least {PAGE}, not {chunk_size!r}")
+        self._open(ARENA_KIND_SLICING, max_bytes, <size_t>size)
+
+    @property
+    def chunk_size(self):
+        """Size of the chunks carved by allocate()."""
+        return self._core.slicing.chunk_size
+
+    cdef int _free_segment(self, Segment seg) except -1:
+        raise UnsupportedOperation(
+            "SlicingArena segments cannot be freed one by one; use reset() or close()")
+
+    def purge(self):
+        """Give back the chunks not in use (those past the current one) and purge dirty pages."""
+        self._check_usable()
+        cdef int err = slicing_lock(&self._core)
+        if err:
+            self._raise(err, "cannot purge")
+        slicing_free_chunks(&self._core,
+                            self._core.slicing.current + 1 if self._core.slicing.nchunks else 0)
+        slicing_unlock(&self._core)
+        slot_purge(self._core.slot)
+
+    def stats(self):
+        """As ArenaBase.stats(), plus the chunks held."""
+        result = ArenaBase.stats(self)
+        result["chunks"] = self._core.slicing.nchunks
+        result["chunk_bytes"] = self._core.slicing.chunk_bytes
+        return result

@@ -1,0 +1,23 @@
+# cython: language_level=3
+"""A test-only consumer of arenalib's C-level API (built by tests/cython/meson.build) that never calls
+arena_core(), arena_open() or arena_raise(): it is handed an ArenaCore's address by another module
+and allocates through it without the GIL, so its first call past the inline fast path has to fetch
+arenalib's function table itself (tests/test_capi.py)."""
+
+from libc.stdint cimport uintptr_t
+from libc.string cimport memset
+
+from arenalib cimport ARENA_OK, ArenaCore, arena_allocate
+
+
+def allocate_without_the_gil(uintptr_t address, size_t size, size_t align):
+    """arena_allocate(core at ``address``, size, align) without the GIL, the block filled with
+    0x5A when it succeeds: the result code and the block's address."""
+    cdef ArenaCore* core = <ArenaCore*>address
+    cdef void* ptr = NULL
+    cdef int err
+    with nogil:
+        err = arena_allocate(core, size, align, False, &ptr)
+        if err == ARENA_OK:
+            memset(ptr, 0x5A, size)
+    return err, <uintptr_t>ptr
