@@ -401,14 +401,11 @@ cdef int _capi_init() except -1:
     state.functions.raise_error = arena_raise
     state.functions.core_of = arena_core_of
     state.functions.slot_free = arena_slot_free
+    if <size_t>&state.carvers % 64:
+        raise ImportError("arenalib: its carver records are not on cache lines of their own")
     adopt_inline_state(state)
     globals()["_C_API"] = PyCapsule_New(state, b"arenalib._arena._C_API", NULL)
     return 0
-
-
-def _abi_fingerprint():
-    """The digest of arenalib's C ABI (see abi_fingerprint() in _capi.pxd), for error messages."""
-    return _inline_state.abi_fingerprint
 
 
 # -- start-up ----------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 # header and links nothing, and reaches arenalib's functions through the ArenaFunctions table of the
 # capsule arenalib._arena._C_API (as numpy.random's bit generators do).
 
+from cpython.pycapsule cimport PyCapsule_Import
 from libc.stdint cimport uint64_t
 from libc.string cimport memset
 
@@ -146,7 +147,10 @@ cdef struct SlicingState:
 
 
 cdef struct ArenaCore:
-    # Permits of the inline fast paths, read first: the thread that may take the ConfinedArena
+    # arenalib's InlineState, set by every open: a core handed to another module carries arenalib's
+    # function table with it.  First, so that a module of any layout finds it at the same place.
+    InlineState* state
+    # Permits of the inline fast paths: the thread that may take the ConfinedArena
     # path, and the thread a SlicingArena is biased to (0: nobody).  They are permits, not state:
     # ``open`` alone says whether the arena is open; close revokes both.
     unsigned long fast_owner
@@ -205,7 +209,7 @@ cdef struct InlineState:
     bint parked_idle
     Py_ssize_t arenas_opened
     Py_ssize_t arenas_closed
-    char padding[64]          # the records start on a cache line of their own (64-byte aligned)
+    char padding[24]          # the records start on a cache line of their own (offset 128)
     CarverRecord carvers[CARVER_RECORDS]
 
 
@@ -242,30 +246,18 @@ cdef extern from *:
     /* Whether inline code takes and parks the shared parked slot: only where the GIL serialises it. */
     #define ARENALIB_INLINE_PARKING (!ARENALIB_FREE_THREADED)
 
-    /* This module's pointer to arenalib's InlineState (NULL until first needed), and whether
-       arenalib accepted the layouts this module was compiled with. */
+    /* This module's pointer to arenalib's InlineState, set by abi_check() (with the GIL) once the
+       layouts this module was compiled with are accepted; and the verdict on arenalib's C ABI for
+       cores handed to this module (0: not judged yet, 1: same as ours, -1: another). */
     static void *arenalib_inline_state_ptr = 0;
-    static int arenalib_abi_accepted = 0;
-    /* The InlineState of the capsule arenalib._arena._C_API, or NULL (when arenalib cannot be
-       imported, or was built with another C ABI).  Takes the GIL: callable from nogil code. */
-    static void *arenalib_fetch_inline_state(uint64_t fingerprint) {
-        PyGILState_STATE gil = PyGILState_Ensure();
-        uint64_t *state = (uint64_t *)PyCapsule_Import("arenalib._arena._C_API", 0);
-        if (state == NULL)
-            PyErr_Clear();
-        else if (*state != fingerprint)
-            state = NULL;
-        PyGILState_Release(gil);
-        return state;
-    }
+    static int arenalib_abi_verdict = 0;
     """
     unsigned long thread_ident "arenalib_thread_ident"() noexcept nogil
     int arenalib_clz(unsigned long long x) noexcept nogil
     bint arenalib_try_lock(int* flag) noexcept nogil
     void arenalib_unlock(int* flag) noexcept nogil
     void* arenalib_inline_state_ptr
-    bint arenalib_abi_accepted
-    void* arenalib_fetch_inline_state(uint64_t fingerprint) noexcept nogil
+    int arenalib_abi_verdict
     unsigned long arenalib_load_owner(unsigned long* owner) noexcept nogil
     void arenalib_store_owner(unsigned long* owner, unsigned long value) noexcept nogil
     void* arenalib_load_carving(void** flag) noexcept nogil
@@ -416,12 +408,16 @@ cdef inline void slicing_settle(ArenaCore* core) noexcept nogil:
     core.books.allocated_total += <size_t>core.books.live_bytes
 
 
-cdef inline InlineState* inline_state() noexcept nogil:
-    """arenalib's InlineState, fetched on first use (NULL: arenalib unusable from this module)."""
-    global arenalib_inline_state_ptr
-    if arenalib_inline_state_ptr == NULL:
-        arenalib_inline_state_ptr = arenalib_fetch_inline_state(abi_fingerprint())
-    return <InlineState*>arenalib_inline_state_ptr
+cdef inline InlineState* core_state(ArenaCore* core) noexcept nogil:
+    """arenalib's InlineState through ``core``; NULL when the core was never opened or arenalib has
+    another C ABI than this module was compiled with (judged once per module, without the GIL)."""
+    global arenalib_abi_verdict
+    cdef InlineState* state = core.state
+    if state == NULL or arenalib_abi_verdict == 1:
+        return state
+    if arenalib_abi_verdict == 0:
+        arenalib_abi_verdict = 1 if state.abi_fingerprint == abi_fingerprint() else -1
+    return state if arenalib_abi_verdict == 1 else NULL
 
 
 cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
@@ -455,9 +451,9 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
         if ptr != NULL:
             out[0] = ptr
             return ARENA_OK
-    state = inline_state()
+    state = core_state(core)
     if state == NULL:
-        return ARENA_ECLOSED  # no arenalib to have opened the core
+        return ARENA_ECLOSED  # never opened, or by an arenalib of another C ABI
     return state.functions.allocate_slow(core, size, align, zero, out)
 
 
@@ -468,7 +464,7 @@ cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nog
             and cache_push(&core.slot.cache, ptr, size)):
         confined_count_free(core, ptr, size)
         return ARENA_OK
-    state = inline_state()
+    state = core_state(core)
     if state == NULL:
         return ARENA_ECLOSED
     return state.functions.free_slow(core, ptr, size)
@@ -476,16 +472,17 @@ cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nog
 
 cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
     """Free every allocation at once and keep the arena open (no other thread may use it now)."""
-    cdef InlineState* state = inline_state()
+    cdef InlineState* state = core_state(core)
     if state == NULL:
         return ARENA_ECLOSED
     return state.functions.reset(core)
 
 
-cdef inline void core_init(ArenaCore* core, ArenaSlot* slot, int kind, Py_ssize_t max_bytes,
-                           size_t chunk_size, uint64_t serial) noexcept nogil:
+cdef inline void core_init(ArenaCore* core, InlineState* state, ArenaSlot* slot, int kind,
+                           Py_ssize_t max_bytes, size_t chunk_size, uint64_t serial) noexcept nogil:
     """Open ``core`` on ``slot``.  Field by field, not memset: a scope's whole budget is a few ns
     (see DESIGN.md).  recent[] needs no clearing."""
+    core.state = state
     core.slot = slot
     core.kind = kind
     core.carve_owner = 0      # every kind stays off the inline slicing path until a carve
@@ -512,7 +509,7 @@ cdef inline void arena_core_init(ArenaCore* core) noexcept nogil:
     memset(core, 0, sizeof(ArenaCore))
 
 
-cdef inline void recent_blocks_to_cache(ArenaCore* core, InlineState* state) noexcept nogil:
+cdef inline void recent_blocks_to_cache(ArenaCore* core) noexcept nogil:
     """Give a confined arena's remembered live blocks (all it holds) back to its slot's cache."""
     cdef ArenaSlot* slot = core.slot
     cdef void* ptr
@@ -522,19 +519,20 @@ cdef inline void recent_blocks_to_cache(ArenaCore* core, InlineState* state) noe
         ptr = core.confined.recent[i]
         size = core.confined.recent_sizes[i]
         if ptr != NULL and not (size <= CACHE_MAX_SIZE and cache_push(&slot.cache, ptr, size)):
-            state.functions.slot_free(slot, ptr)
+            core.state.functions.slot_free(slot, ptr)
 
 
-cdef inline bint close_small_scope(ArenaCore* core, InlineState* state) noexcept nogil:
+cdef inline bint close_small_scope(ArenaCore* core) noexcept nogil:
     """Close a ConfinedArena of the calling thread that holds at most RECENT_MAX blocks and was
     opened on the parked slot: its blocks go to the slot's cache and the slot is idle again, warm
     for the next arena.  False (nothing done) in any other case.  The caller holds the GIL."""
     cdef ArenaSlot* slot = core.slot
+    cdef InlineState* state = core.state
     if (not INLINE_PARKING or core.fast_owner != thread_ident() or core.confined.recent_overflowed
             or core.life.exports or core.books.allocated_total > PURGE_LIMIT
             or state.parked != slot):
         return False
-    recent_blocks_to_cache(core, state)
+    recent_blocks_to_cache(core)
     slot.churn_bytes += core.books.allocated_total
     state.parked_idle = True
     state.arenas_closed += 1
@@ -569,6 +567,7 @@ cdef inline uint64_t abi_fingerprint() noexcept nogil:
     cdef size_t size
     cdef int b
     h = _abi_mix(h, sizeof(ArenaCore))
+    h = _abi_at(h, &c, &c.state)
     h = _abi_at(h, &c, &c.fast_owner)
     h = _abi_at(h, &c, &c.carve_owner)
     h = _abi_at(h, &c, &c.life.generation)
@@ -657,31 +656,34 @@ cdef inline uint64_t abi_fingerprint() noexcept nogil:
 
 cdef inline void adopt_inline_state(InlineState* state) noexcept nogil:
     """For arenalib itself, which made ``state``: its own inline functions use it as it is."""
-    global arenalib_inline_state_ptr, arenalib_abi_accepted
+    global arenalib_inline_state_ptr, arenalib_abi_verdict
     arenalib_inline_state_ptr = state
-    arenalib_abi_accepted = True
+    arenalib_abi_verdict = 1
 
 
 cdef inline int abi_check() except -1:
-    """Once per module: ImportError if it was compiled against another arenalib's C ABI."""
-    global arenalib_abi_accepted
-    if arenalib_abi_accepted:
+    """Once per module, with the GIL: find arenalib's InlineState (importing arenalib), and raise
+    ImportError if this module was compiled against another arenalib's C ABI."""
+    global arenalib_inline_state_ptr, arenalib_abi_verdict
+    if arenalib_inline_state_ptr != NULL:
         return 0
-    if inline_state() == NULL:
-        import arenalib._arena  # the ImportError of an arenalib that cannot be imported
+    cdef InlineState* state = <InlineState*>PyCapsule_Import(b"arenalib._arena._C_API", 0)
+    # The fingerprint is the state's first word: readable whatever the rest of the layout is.
+    if state.abi_fingerprint != abi_fingerprint():
+        arenalib_abi_verdict = -1
         raise ImportError(
             f"a Cython extension was compiled against another arenalib C ABI (fingerprint "
-            f"{abi_fingerprint():#018x}; this arenalib has "
-            f"{arenalib._arena._abi_fingerprint():#018x}): rebuild the extension against the "
-            "arenalib it runs with")
-    arenalib_abi_accepted = True
+            f"{abi_fingerprint():#018x}; this arenalib has {state.abi_fingerprint:#018x}): rebuild "
+            "the extension against the arenalib it runs with")
+    arenalib_abi_verdict = 1
+    arenalib_inline_state_ptr = state
     return 0
 
 
 cdef inline ArenaCore* arena_core(object arena) except NULL:
     """The C handle of an open Arena, ConfinedArena or SlicingArena (keep a reference to it)."""
     abi_check()
-    return inline_state().functions.core_of(arena)
+    return (<InlineState*>arenalib_inline_state_ptr).functions.core_of(arena)
 
 
 cdef inline int arena_raise(int code) except -1:
@@ -689,7 +691,7 @@ cdef inline int arena_raise(int code) except -1:
     if code == ARENA_OK:
         return 0
     abi_check()
-    return inline_state().functions.raise_error(code)
+    return (<InlineState*>arenalib_inline_state_ptr).functions.raise_error(code)
 
 
 cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
@@ -704,7 +706,7 @@ cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
     if INLINE_PARKING and kind == ARENA_KIND_CONFINED and max_bytes < 0 and not core.open:
         if state.parked_idle:
             state.parked_idle = False
-            core_init(core, state.parked, kind, -1, 0, 0)
+            core_init(core, state, state.parked, kind, -1, 0, 0)
             state.arenas_opened += 1
             return 0
     return state.functions.open_slow(core, kind, max_bytes, chunk_size)
@@ -713,9 +715,9 @@ cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
 cdef inline int arena_close(ArenaCore* core) except -1:
     """Free every allocation at once and give the memory back (GIL held); idempotent.  Raises
     WrongThreadError for a confined arena of another thread, BufferError while exports live."""
-    cdef InlineState* state
-    abi_check()
-    state = <InlineState*>arenalib_inline_state_ptr
-    if close_small_scope(core, state):
+    if not core.open:
         return 0
-    return state.functions.close_slow(core)
+    abi_check()
+    if close_small_scope(core):
+        return 0
+    return core.state.functions.close_slow(core)

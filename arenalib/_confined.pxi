@@ -40,7 +40,7 @@ cdef inline void confined_close(ArenaCore* core, size_t* stale, size_t* churn) n
     else:
         # A small scope: its few blocks go straight back to the slot's cache, warm for the next
         # scope, and no reset is ever needed for them.
-        recent_blocks_to_cache(core, _inline_state)
+        recent_blocks_to_cache(core)
         stale[0] = 0
 
 

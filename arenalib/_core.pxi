@@ -77,6 +77,7 @@ cdef int arena_reset_checked(ArenaCore* core) noexcept nogil:
     if core.kind == ARENA_KIND_SLICING:
         return slicing_reset(core)  # takes the busy lock: may refuse with ARENA_EBUSY
     slot_reset(core.slot)           # confined and shared: the whole jemalloc arena at once
+    core.shared.reserved_bytes = 0  # a shared arena's reservations against max_bytes go too
     core.life.generation += 1
     core.books.live_bytes = 0
     core.books.live_segments = 0
@@ -96,8 +97,8 @@ cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
     cdef ArenaSlot* slot = slot_acquire()
     if kind == ARENA_KIND_SHARED:
         shared_open(slot)
-    core_init(core, slot, kind, max_bytes, chunk_size if chunk_size else DEFAULT_CHUNK_SIZE,
-              _next_serial)
+    core_init(core, _inline_state, slot, kind, max_bytes,
+              chunk_size if chunk_size else DEFAULT_CHUNK_SIZE, _next_serial)
     _next_serial += 1
     _inline_state.arenas_opened += 1
     return 0
@@ -121,7 +122,7 @@ cdef void core_close(ArenaCore* core) noexcept:
     """Close without checks: every allocation goes back at once (also for an arena collected while
     open).  Each kind says what its live memory becomes: the slot's stale garbage, dropped later in
     bulk by a jemalloc arena reset (see _slots.pxi), or blocks handed back now."""
-    if not core.open or close_small_scope(core, _inline_state):
+    if not core.open or close_small_scope(core):
         return
     core.fast_owner = 0
     core.open = False

@@ -48,6 +48,10 @@ cdef int raise_error(int code, ArenaBase arena, str context) except -1:
     if code <= ARENA_OK or code >= ARENA_ERROR_CODES:
         raise ArenaError(f"unknown arenalib error code {code}")
     exc_type, message = _ERROR_TABLE[code]
-    if arena is not None:
-        message = _with_figures(code, arena, message)
-    raise exc_type(f"{context}: {message}" if context else message)
+    if arena is None:
+        raise exc_type(f"{context}: {message}" if context else message)
+    message = _with_figures(code, arena, message)
+    # A closed arena or a wrong thread is said the same whatever was being done.
+    if context and code != ARENA_ECLOSED and code != ARENA_EWRONGTHREAD:
+        message = f"{context}: {message}"
+    raise exc_type(message)

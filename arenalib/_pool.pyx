@@ -33,6 +33,10 @@ from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, U
 cdef extern from "sys/mman.h" nogil:
     int mincore(void* addr, size_t length, unsigned char* vec)
 
+cdef extern from "unistd.h" nogil:
+    long sysconf(int name)
+    int _SC_PAGESIZE
+
 cdef size_t REGION_ALIGN = 4096
 
 # Buffer states.  Free buffers that were never handed out since the region was zeroed need no memset
@@ -388,18 +392,23 @@ cdef class BufferPool(SegmentOwner):
         return result
 
     cdef size_t _resident_bytes(self):
-        """Bytes of the region's pages that are in RAM (mincore)."""
-        cdef size_t start = <size_t>self._base & ~(REGION_ALIGN - 1)
-        cdef size_t end = <size_t>self._base + self._stride * <size_t>self._count
-        cdef size_t pages = (end - start + REGION_ALIGN - 1) // REGION_ALIGN
+        """Bytes of the region in RAM: the bytes of it on resident pages (mincore)."""
+        cdef size_t page = <size_t>sysconf(_SC_PAGESIZE)
+        cdef size_t region_start = <size_t>self._base
+        cdef size_t region_end = region_start + self._stride * <size_t>self._count
+        cdef size_t start = region_start & ~(page - 1)
+        cdef size_t pages = (region_end - start + page - 1) // page
         cdef bytearray vector = bytearray(pages)
         cdef unsigned char* flags = vector
-        cdef size_t i, resident = 0
-        if mincore(<void*>start, end - start, flags) != 0:
+        cdef size_t i, first, last, resident = 0
+        if mincore(<void*>start, region_end - start, flags) != 0:
             return 0
         for i in range(pages):
-            resident += flags[i] & 1
-        return resident * REGION_ALIGN
+            if flags[i] & 1:  # the part of page i that is the region's
+                first = max(start + i * page, region_start)
+                last = min(start + (i + 1) * page, region_end)
+                resident += last - first
+        return resident
 
     def __repr__(self):
         if not self._open:

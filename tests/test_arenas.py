@@ -996,3 +996,16 @@ def test_pooled_slots_pass_between_kinds_safely():
         assert seg.tobytes() == bytes([value]) * len(seg)
     for a in outer:
         a.close()
+
+
+def test_reset_gives_back_what_counted_against_max_bytes():
+    """After reset() every byte that counted against max_bytes is free again, for every kind (a
+    shared Arena reserves against the limit in a counter of its own)."""
+    for kind in KINDS:
+        with kind(max_bytes=1000) as arena:
+            for _ in range(5):
+                arena.allocate(600)
+                with pytest.raises(MemoryError, match="max_bytes=1000"):
+                    arena.allocate(600)
+                arena.reset()
+            assert arena.stats()["live_bytes"] == 0

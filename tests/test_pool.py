@@ -167,6 +167,10 @@ def test_stats_describe_the_region():
     pool.close()
     stats = pool.stats()
     assert (stats["live_bytes"], stats["resident"], stats["closed"]) == (0, 0, True)
+    # A region smaller than a page counts only its own bytes.
+    with BufferPool(100, 3, align=64) as small:
+        small.acquire().fill(1)
+        assert small.stats()["resident"] == small.nbytes == 384
 
 
 # -- acquire / release -----------------------------------------------------------------------------
