@@ -392,7 +392,7 @@ cdef void arena_slot_free(ArenaSlot* slot, void* ptr) noexcept nogil:
 cdef int _capi_init() except -1:
     """Fill the function table, digest the C ABI, and publish both as arenalib._arena._C_API."""
     cdef InlineState* state = _inline_state
-    state.abi_fingerprint = abi_fingerprint()
+    state.abi_fingerprint = abi_fingerprint(state)
     state.functions.open_slow = arena_open_slow
     state.functions.close_slow = arena_close_slow
     state.functions.allocate_slow = arena_allocate_slow

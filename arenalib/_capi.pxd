@@ -251,6 +251,10 @@ cdef extern from *:
        cores handed to this module (0: not judged yet, 1: same as ours, -1: another). */
     static void *arenalib_inline_state_ptr = 0;
     static int arenalib_abi_verdict = 0;
+    /* The two slow paths the fast paths fall to most, copied out of the table by abi_check(): one
+       load to reach them, as a cimported function would take. */
+    static void *arenalib_allocate_slow_fn = 0;
+    static void *arenalib_free_slow_fn = 0;
     """
     unsigned long thread_ident "arenalib_thread_ident"() noexcept nogil
     int arenalib_clz(unsigned long long x) noexcept nogil
@@ -258,6 +262,8 @@ cdef extern from *:
     void arenalib_unlock(int* flag) noexcept nogil
     void* arenalib_inline_state_ptr
     int arenalib_abi_verdict
+    void* arenalib_allocate_slow_fn
+    void* arenalib_free_slow_fn
     unsigned long arenalib_load_owner(unsigned long* owner) noexcept nogil
     void arenalib_store_owner(unsigned long* owner, unsigned long value) noexcept nogil
     void* arenalib_load_carving(void** flag) noexcept nogil
@@ -416,7 +422,7 @@ cdef inline InlineState* core_state(ArenaCore* core) noexcept nogil:
     if state == NULL or arenalib_abi_verdict == 1:
         return state
     if arenalib_abi_verdict == 0:
-        arenalib_abi_verdict = 1 if state.abi_fingerprint == abi_fingerprint() else -1
+        arenalib_abi_verdict = 1 if state.abi_fingerprint == abi_fingerprint(state) else -1
     return state if arenalib_abi_verdict == 1 else NULL
 
 
@@ -451,7 +457,9 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
         if ptr != NULL:
             out[0] = ptr
             return ARENA_OK
-    state = core_state(core)
+    if arenalib_allocate_slow_fn != NULL:
+        return (<allocate_fn>arenalib_allocate_slow_fn)(core, size, align, zero, out)
+    state = core_state(core)  # a core handed to a module that never called abi_check()
     if state == NULL:
         return ARENA_ECLOSED  # never opened, or by an arenalib of another C ABI
     return state.functions.allocate_slow(core, size, align, zero, out)
@@ -464,6 +472,8 @@ cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nog
             and cache_push(&core.slot.cache, ptr, size)):
         confined_count_free(core, ptr, size)
         return ARENA_OK
+    if arenalib_free_slow_fn != NULL:
+        return (<free_fn>arenalib_free_slow_fn)(core, ptr, size)
     state = core_state(core)
     if state == NULL:
         return ARENA_ECLOSED
@@ -522,12 +532,13 @@ cdef inline void recent_blocks_to_cache(ArenaCore* core) noexcept nogil:
             core.state.functions.slot_free(slot, ptr)
 
 
-cdef inline bint close_small_scope(ArenaCore* core) noexcept nogil:
+cdef inline bint close_small_scope(ArenaCore* core, InlineState* state) noexcept nogil:
     """Close a ConfinedArena of the calling thread that holds at most RECENT_MAX blocks and was
     opened on the parked slot: its blocks go to the slot's cache and the slot is idle again, warm
-    for the next arena.  False (nothing done) in any other case.  The caller holds the GIL."""
+    for the next arena.  False (nothing done) in any other case.  The caller holds the GIL.
+    ``state`` is the module's own pointer (arena_close() has made sure of it), not core.state,
+    which the open has only just stored."""
     cdef ArenaSlot* slot = core.slot
-    cdef InlineState* state = core.state
     if (not INLINE_PARKING or core.fast_owner != thread_ident() or core.confined.recent_overflowed
             or core.life.exports or core.books.allocated_total > PURGE_LIMIT
             or state.parked != slot):
@@ -547,96 +558,75 @@ cdef inline uint64_t _abi_mix(uint64_t h, uint64_t value) noexcept nogil:
     return (h ^ value) * <uint64_t>1099511628211ULL  # FNV-1a, a word at a time
 
 
-cdef inline uint64_t _abi_at(uint64_t h, void* base, void* field) noexcept nogil:
-    return _abi_mix(h, <uint64_t>(<char*>field - <char*>base))
+cdef inline uint64_t _abi_offsets(uint64_t h, void* base, void** fields, int count) noexcept nogil:
+    """``h`` mixed with the offset of each of ``count`` fields from the start of their struct."""
+    cdef int i
+    for i in range(count):
+        h = _abi_mix(h, <uint64_t>(<char*>fields[i] - <char*>base))
+    return h
 
 
-cdef inline uint64_t abi_fingerprint() noexcept nogil:
+cdef inline uint64_t abi_fingerprint(InlineState* st) noexcept nogil:
     """A digest of all that this file bakes into a module that cimports it: the size and field
     offsets of every struct, the constants and error codes, the size-class and alignment rules, and
     whether the interpreter is free-threaded.  A module whose digest differs from arenalib's own is
-    refused (abi_check), so no change to this surface goes unnoticed; nobody bumps a number."""
+    refused (abi_check), so no change to this surface goes unnoticed; nobody bumps a number.
+
+    ``st`` is arenalib's InlineState (only the place of its fields is read): the offsets of its
+    16 KiB of carver records are taken from it, not from a copy on the stack."""
     cdef ArenaCore c
     cdef ArenaSlot s
-    cdef FreeBlocks f
-    cdef InlineState st
-    cdef CarverRecord r
+    cdef FreeBlocks* f = &s.cache
+    cdef CarverRecord* r = &st.carvers[0]
     cdef ThreadCache t
+    cdef void* c_fields[31]
+    cdef void* s_fields[8]
+    cdef void* t_fields[5]
+    cdef void* f_fields[5]
+    cdef void* st_fields[14]
+    cdef void* r_fields[2]
     cdef uint64_t constants[24]
     cdef uint64_t h = <uint64_t>14695981039346656037ULL
     cdef size_t size
     cdef int b
     h = _abi_mix(h, sizeof(ArenaCore))
-    h = _abi_at(h, &c, &c.state)
-    h = _abi_at(h, &c, &c.fast_owner)
-    h = _abi_at(h, &c, &c.carve_owner)
-    h = _abi_at(h, &c, &c.life.generation)
-    h = _abi_at(h, &c, &c.life.exports)
-    h = _abi_at(h, &c, &c.life.owner)
-    h = _abi_at(h, &c, &c.kind)
-    h = _abi_at(h, &c, &c.open)
-    h = _abi_at(h, &c, &c.slot)
-    h = _abi_at(h, &c, &c.serial)
-    h = _abi_at(h, &c, &c.max_bytes)
-    h = _abi_at(h, &c, &c.books.live_bytes)
-    h = _abi_at(h, &c, &c.books.live_segments)
-    h = _abi_at(h, &c, &c.books.peak_bytes)
-    h = _abi_at(h, &c, &c.books.allocated_total)
-    h = _abi_at(h, &c, &c.confined.recent_count)
-    h = _abi_at(h, &c, &c.confined.recent_overflowed)
-    h = _abi_at(h, &c, &c.confined.recent)
-    h = _abi_at(h, &c, &c.confined.recent_sizes)
-    h = _abi_at(h, &c, &c.shared.reserved_bytes)
-    h = _abi_at(h, &c, &c.slicing.busy)
-    h = _abi_at(h, &c, &c.slicing.carve_record)
-    h = _abi_at(h, &c, &c.slicing.chunk_size)
-    h = _abi_at(h, &c, &c.slicing.chunks)
-    h = _abi_at(h, &c, &c.slicing.chunk_sizes)
-    h = _abi_at(h, &c, &c.slicing.nchunks)
-    h = _abi_at(h, &c, &c.slicing.chunks_capacity)
-    h = _abi_at(h, &c, &c.slicing.current)
-    h = _abi_at(h, &c, &c.slicing.cursor)
-    h = _abi_at(h, &c, &c.slicing.cursor_end)
-    h = _abi_at(h, &c, &c.slicing.chunk_bytes)
+    c_fields[:] = [
+        <void*>&c.state, <void*>&c.fast_owner, <void*>&c.carve_owner, <void*>&c.life.generation,
+        <void*>&c.life.exports, <void*>&c.life.owner, <void*>&c.kind, <void*>&c.open,
+        <void*>&c.slot, <void*>&c.serial, <void*>&c.max_bytes, <void*>&c.books.live_bytes,
+        <void*>&c.books.live_segments, <void*>&c.books.peak_bytes, <void*>&c.books.allocated_total,
+        <void*>&c.confined.recent_count, <void*>&c.confined.recent_overflowed,
+        <void*>&c.confined.recent, <void*>&c.confined.recent_sizes, <void*>&c.shared.reserved_bytes,
+        <void*>&c.slicing.busy, <void*>&c.slicing.carve_record, <void*>&c.slicing.chunk_size,
+        <void*>&c.slicing.chunks, <void*>&c.slicing.chunk_sizes, <void*>&c.slicing.nchunks,
+        <void*>&c.slicing.chunks_capacity, <void*>&c.slicing.current, <void*>&c.slicing.cursor,
+        <void*>&c.slicing.cursor_end, <void*>&c.slicing.chunk_bytes]
+    h = _abi_offsets(h, &c, c_fields, 31)
     h = _abi_mix(h, sizeof(ArenaSlot))
-    h = _abi_at(h, &s, &s.arena_index)
-    h = _abi_at(h, &s, &s.tcache_index)
-    h = _abi_at(h, &s, &s.stale_bytes)
-    h = _abi_at(h, &s, &s.churn_bytes)
-    h = _abi_at(h, &s, &s.cache)
-    h = _abi_at(h, &s, &s.threads)
-    h = _abi_at(h, &s, &s.thread_count)
-    h = _abi_at(h, &s, &s.threads_lock)
+    s_fields[:] = [
+        <void*>&s.arena_index, <void*>&s.tcache_index, <void*>&s.stale_bytes, <void*>&s.churn_bytes,
+        <void*>&s.cache, <void*>&s.threads, <void*>&s.thread_count, <void*>&s.threads_lock]
+    h = _abi_offsets(h, &s, s_fields, 8)
     h = _abi_mix(h, sizeof(ThreadCache))
-    h = _abi_at(h, &t, &t.next)
-    h = _abi_at(h, &t, &t.thread)
-    h = _abi_at(h, &t, &t.tcache_index)
-    h = _abi_at(h, &t, &t.books)
-    h = _abi_at(h, &t, &t.cache)
+    t_fields[:] = [
+        <void*>&t.next, <void*>&t.thread, <void*>&t.tcache_index, <void*>&t.books, <void*>&t.cache]
+    h = _abi_offsets(h, &t, t_fields, 5)
     h = _abi_mix(h, sizeof(FreeBlocks))
-    h = _abi_at(h, &f, &f.cached_bytes)
-    h = _abi_at(h, &f, &f.hot)
-    h = _abi_at(h, &f, &f.hot_tag)
-    h = _abi_at(h, &f, &f.heads)
-    h = _abi_at(h, &f, &f.counts)
+    f_fields[:] = [
+        <void*>&f.cached_bytes, <void*>&f.hot, <void*>&f.hot_tag, <void*>&f.heads, <void*>&f.counts]
+    h = _abi_offsets(h, f, f_fields, 5)
     h = _abi_mix(h, sizeof(InlineState))
-    h = _abi_at(h, &st, &st.abi_fingerprint)
-    h = _abi_at(h, &st, &st.functions.open_slow)
-    h = _abi_at(h, &st, &st.functions.close_slow)
-    h = _abi_at(h, &st, &st.functions.allocate_slow)
-    h = _abi_at(h, &st, &st.functions.free_slow)
-    h = _abi_at(h, &st, &st.functions.reset)
-    h = _abi_at(h, &st, &st.functions.raise_error)
-    h = _abi_at(h, &st, &st.functions.core_of)
-    h = _abi_at(h, &st, &st.functions.slot_free)
-    h = _abi_at(h, &st, &st.parked)
-    h = _abi_at(h, &st, &st.parked_idle)
-    h = _abi_at(h, &st, &st.arenas_opened)
-    h = _abi_at(h, &st, &st.arenas_closed)
-    h = _abi_at(h, &st, &st.carvers)
+    st_fields[:] = [
+        <void*>&st.abi_fingerprint, <void*>&st.functions.open_slow, <void*>&st.functions.close_slow,
+        <void*>&st.functions.allocate_slow, <void*>&st.functions.free_slow,
+        <void*>&st.functions.reset, <void*>&st.functions.raise_error, <void*>&st.functions.core_of,
+        <void*>&st.functions.slot_free, <void*>&st.parked, <void*>&st.parked_idle,
+        <void*>&st.arenas_opened, <void*>&st.arenas_closed, <void*>&st.carvers]
+    h = _abi_offsets(h, st, st_fields, 14)
     h = _abi_mix(h, sizeof(CarverRecord))
-    h = _abi_at(h, &r, &r.thread)
-    h = _abi_at(h, &r, &r.carving)
+    r_fields[:] = [
+        <void*>&r.thread, <void*>&r.carving]
+    h = _abi_offsets(h, r, r_fields, 2)
     constants[:] = [
         CACHE_BINS, CACHE_MAX_SIZE, CACHE_MAX_BYTES, CACHE_MAX_PER_BIN, NO_HOT_BLOCK, PURGE_LIMIT,
         SLICE_DEFAULT_ALIGN, RECENT_MAX, CARVER_RECORDS, ARENA_KIND_SHARED, ARENA_KIND_CONFINED,
@@ -655,34 +645,38 @@ cdef inline uint64_t abi_fingerprint() noexcept nogil:
 
 
 cdef inline void adopt_inline_state(InlineState* state) noexcept nogil:
-    """For arenalib itself, which made ``state``: its own inline functions use it as it is."""
+    """Make ``state`` this module's (once its fingerprint is accepted)."""
     global arenalib_inline_state_ptr, arenalib_abi_verdict
-    arenalib_inline_state_ptr = state
+    global arenalib_allocate_slow_fn, arenalib_free_slow_fn
+    arenalib_allocate_slow_fn = <void*>state.functions.allocate_slow
+    arenalib_free_slow_fn = <void*>state.functions.free_slow
     arenalib_abi_verdict = 1
+    arenalib_inline_state_ptr = state
 
 
 cdef inline int abi_check() except -1:
     """Once per module, with the GIL: find arenalib's InlineState (importing arenalib), and raise
     ImportError if this module was compiled against another arenalib's C ABI."""
-    global arenalib_inline_state_ptr, arenalib_abi_verdict
+    global arenalib_abi_verdict
     if arenalib_inline_state_ptr != NULL:
         return 0
     cdef InlineState* state = <InlineState*>PyCapsule_Import(b"arenalib._arena._C_API", 0)
     # The fingerprint is the state's first word: readable whatever the rest of the layout is.
-    if state.abi_fingerprint != abi_fingerprint():
+    cdef uint64_t ours = abi_fingerprint(state)
+    if state.abi_fingerprint != ours:
         arenalib_abi_verdict = -1
         raise ImportError(
             f"a Cython extension was compiled against another arenalib C ABI (fingerprint "
-            f"{abi_fingerprint():#018x}; this arenalib has {state.abi_fingerprint:#018x}): rebuild "
+            f"{ours:#018x}; this arenalib has {state.abi_fingerprint:#018x}): rebuild "
             "the extension against the arenalib it runs with")
-    arenalib_abi_verdict = 1
-    arenalib_inline_state_ptr = state
+    adopt_inline_state(state)
     return 0
 
 
 cdef inline ArenaCore* arena_core(object arena) except NULL:
     """The C handle of an open Arena, ConfinedArena or SlicingArena (keep a reference to it)."""
-    abi_check()
+    if arenalib_inline_state_ptr == NULL:
+        abi_check()
     return (<InlineState*>arenalib_inline_state_ptr).functions.core_of(arena)
 
 
@@ -690,7 +684,8 @@ cdef inline int arena_raise(int code) except -1:
     """Raise the Python exception for an error code of the nogil functions (with the GIL held)."""
     if code == ARENA_OK:
         return 0
-    abi_check()
+    if arenalib_inline_state_ptr == NULL:
+        abi_check()
     return (<InlineState*>arenalib_inline_state_ptr).functions.raise_error(code)
 
 
@@ -701,7 +696,8 @@ cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
     no limit; chunk_size: the SlicingArena chunk size (0 for the default).  Needs the GIL;
     arena_close() undoes it."""
     cdef InlineState* state
-    abi_check()
+    if arenalib_inline_state_ptr == NULL:  # the first time only (abi_check() is not small)
+        abi_check()
     state = <InlineState*>arenalib_inline_state_ptr
     if INLINE_PARKING and kind == ARENA_KIND_CONFINED and max_bytes < 0 and not core.open:
         if state.parked_idle:
@@ -717,7 +713,8 @@ cdef inline int arena_close(ArenaCore* core) except -1:
     WrongThreadError for a confined arena of another thread, BufferError while exports live."""
     if not core.open:
         return 0
-    abi_check()
-    if close_small_scope(core):
+    if arenalib_inline_state_ptr == NULL:
+        abi_check()
+    if close_small_scope(core, <InlineState*>arenalib_inline_state_ptr):
         return 0
     return core.state.functions.close_slow(core)

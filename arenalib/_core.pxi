@@ -122,7 +122,7 @@ cdef void core_close(ArenaCore* core) noexcept:
     """Close without checks: every allocation goes back at once (also for an arena collected while
     open).  Each kind says what its live memory becomes: the slot's stale garbage, dropped later in
     bulk by a jemalloc arena reset (see _slots.pxi), or blocks handed back now."""
-    if not core.open or close_small_scope(core):
+    if not core.open or close_small_scope(core, _inline_state):
         return
     core.fast_owner = 0
     core.open = False
