@@ -60,7 +60,8 @@ cdef struct Lifetime:
 
 
 cdef struct Books:
-    # Accounting of the sizes asked for; changed by books_add()/books_remove() only.
+    # Accounting of the sizes asked for; changed by books_add()/books_remove() only (peak_bytes by
+    # books_note_peak(), for books that are the arena's own and not one thread's share of it).
     Py_ssize_t live_bytes
     Py_ssize_t live_segments
     Py_ssize_t peak_bytes
@@ -348,6 +349,10 @@ cdef inline void books_add(Books* books, size_t size) noexcept nogil:
     books.live_bytes += size
     books.live_segments += 1
     books.allocated_total += size
+
+
+cdef inline void books_note_peak(Books* books) noexcept nogil:
+    """Bring peak_bytes up to live_bytes."""
     if books.live_bytes > books.peak_bytes:
         books.peak_bytes = books.live_bytes
 
@@ -375,6 +380,7 @@ cdef inline void confined_count_allocation(ArenaCore* core, void* ptr, size_t si
     else:
         confined.recent_overflowed = True
     books_add(&core.books, size)
+    books_note_peak(&core.books)
 
 
 cdef inline void confined_count_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:

@@ -48,10 +48,11 @@ cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint ze
         return ARENA_EINVAL
     if size > MAX_SIZE:
         return ARENA_ENOMEM
-    if core.kind == ARENA_KIND_CONFINED:
-        return confined_allocate(core, size, align, zero, out)
+    # Shared first: its every call comes here, where a confined arena's common case stays inline.
     if core.kind == ARENA_KIND_SHARED:
         return shared_allocate(core, size, align, zero, out)
+    if core.kind == ARENA_KIND_CONFINED:
+        return confined_allocate(core, size, align, zero, out)
     return slicing_allocate(core, size, align, zero, out)
 
 
@@ -60,10 +61,10 @@ cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil
     cdef int err = _usable(core)
     if err:
         return err
-    if core.kind == ARENA_KIND_CONFINED:
-        return confined_free(core, ptr, size)
     if core.kind == ARENA_KIND_SHARED:
         return shared_free(core, ptr, size)
+    if core.kind == ARENA_KIND_CONFINED:
+        return confined_free(core, ptr, size)
     return ARENA_EUNSUPPORTED
 
 

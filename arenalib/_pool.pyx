@@ -189,13 +189,15 @@ cdef class BufferPool(SegmentOwner):
         return self._acquire(False)
 
     cdef Segment _acquire(self, bint raise_exhausted):
-        self._check_open()
+        if not self._open:  # inline: the hot path
+            raise ArenaClosedError("BufferPool is closed")
         if self._nfree == 0:
             return self._exhaust(raise_exhausted)
         # Made first, with no address: this may run the garbage collector and with it any Python code
         # (another thread included), so the state is read only afterwards, with nothing in between.
         cdef Segment seg = make_segment(self, self._buffer_size)
-        self._check_open()
+        if not self._open:  # inline: the hot path
+            raise ArenaClosedError("BufferPool is closed")
         if self._nfree == 0:
             return self._exhaust(raise_exhausted)
         self._nfree -= 1
@@ -240,7 +242,8 @@ cdef class BufferPool(SegmentOwner):
             raise ValueError("the segment does not belong to this BufferPool")
         if seg._root is not None:
             raise ValueError("a slice cannot be released; release the segment acquire() returned")
-        self._check_open()
+        if not self._open:  # inline: the hot path
+            raise ArenaClosedError("BufferPool is closed")
         if seg._freed:
             raise ArenaClosedError("the segment was already released")
         if seg._generation != self._lifetime.generation:

@@ -97,7 +97,7 @@ cdef inline int shared_allocate(ArenaCore* core, size_t size, size_t align, bint
         if core.max_bytes >= 0:
             arenalib_atomic_add(&core.shared.reserved_bytes, -<Py_ssize_t>size)
         return ARENA_ENOMEM
-    books_add(&tc.books, size)
+    books_add(&tc.books, size)  # a thread's share: the arena's peak is shared_update_peak()'s
     out[0] = ptr
     return ARENA_OK
 
