@@ -3,6 +3,7 @@
 
 import ctypes
 import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil
@@ -168,7 +169,9 @@ def test_sdist_builds_without_network_or_package_cache(tmp_path):
     wheel_dir = tmp_path / "wheel"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            # any attempt to download would go nowhere
-           "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+           "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
+           # jemalloc built from the sdist's own source, not taken from the machine's build cache
+           "ARENALIB_BUILD_CACHE": "off"}
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
          "-w", str(wheel_dir), str(sdist)], capture_output=True, text=True, env=env)
@@ -182,3 +185,43 @@ def test_sdist_builds_without_network_or_package_cache(tmp_path):
     assert "arenalib/__init__.pxd" in files
     # nothing of jemalloc is installed: no headers, no archive, no library
     assert not [f for f in files if "jemalloc" in f.lower() and not f.endswith((".pxd", ".c"))]
+
+
+def _jemalloc_build_script():
+    path = ROOT / "subprojects" / "packagefiles" / "jemalloc" / "build_jemalloc.py"
+    spec = importlib.util.spec_from_file_location("build_jemalloc", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_jemalloc_build_cache_is_keyed_by_what_makes_the_build(tmp_path, monkeypatch):
+    """The cache of built jemalloc archives (outside the checkout) keys each entry by the release,
+    the configure line, the flags and the compiler, honours ARENALIB_BUILD_CACHE (off: no cache),
+    and stores an entry whole or not at all."""
+    script = _jemalloc_build_script()
+    source = tmp_path / "jemalloc"
+    source.mkdir()
+    (source / "VERSION").write_text("5.3.0-0-g0\n")
+    (source / "configure").write_text("#!/bin/sh\n")
+    cc = ["cc"]
+    key = script.build_key(source, "--with-jemalloc-prefix=arenalib_je_", "-g0", cc)
+    assert key == script.build_key(source, "--with-jemalloc-prefix=arenalib_je_", "-g0", cc)
+    assert key != script.build_key(source, "--with-jemalloc-prefix=arenalib_je_",
+                                   "-g0 -fsanitize=address", cc)
+    assert key != script.build_key(source, "--enable-debug", "-g0", cc)
+    (source / "configure").write_text("#!/bin/sh\n# another release\n")
+    assert key != script.build_key(source, "--with-jemalloc-prefix=arenalib_je_", "-g0", cc)
+    monkeypatch.setenv("ARENALIB_BUILD_CACHE", "off")
+    assert script.cache_dir(key) is None
+    monkeypatch.setenv("ARENALIB_BUILD_CACHE", str(tmp_path / "cache"))
+    entry = script.cache_dir(key)
+    assert entry == tmp_path / "cache" / "jemalloc" / key
+    build = tmp_path / "build"
+    for built in script.OUTPUTS.values():
+        (build / built).parent.mkdir(parents=True, exist_ok=True)
+        (build / built).write_bytes(b"archive or header")
+    script.store(entry, build)
+    assert sorted(p.name for p in entry.iterdir()) == sorted(script.OUTPUTS)
+    script.store(entry, build)  # stored already: kept, nothing half-written left beside it
+    assert [p.name for p in entry.parent.iterdir()] == [key]

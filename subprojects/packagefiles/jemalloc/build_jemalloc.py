@@ -2,13 +2,21 @@
 
 Run by the overlay meson.build as a custom_target.  jemalloc's own make install is never used: its
 Makefile hard-sets DESTDIR, so it would write into the real /usr/local when run as root.
+
+The two outputs are cached outside the checkout, keyed by everything that makes them (the release,
+the configure line, the flags, the compiler and this script): a fresh clone, and each of CI's build
+variants, then links a jemalloc built once per machine instead of building it again (minutes on a
+slow machine).  The cache is $ARENALIB_BUILD_CACHE, else $XDG_CACHE_HOME/arenalib, else
+~/.cache/arenalib; ARENALIB_BUILD_CACHE=off builds every time.
 """
 
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -17,6 +25,45 @@ def copy_if_changed(src: Path, dest: Path) -> None:
     if dest.exists() and dest.read_bytes() == src.read_bytes():
         return
     shutil.copyfile(src, dest)
+
+
+OUTPUTS = {"libjemalloc_pic.a": Path("lib") / "libjemalloc_pic.a",
+           "jemalloc.h": Path("include") / "jemalloc" / "jemalloc.h"}
+
+
+def cache_dir(key: str) -> Path | None:
+    """Where the outputs built for ``key`` are kept, or None when caching is off."""
+    root = os.environ.get("ARENALIB_BUILD_CACHE")
+    if root == "off":
+        return None
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        root = Path(base) / "arenalib"
+    return Path(root) / "jemalloc" / key
+
+
+def build_key(source: Path, signature: str, extra: str, cc: list[str]) -> str:
+    """A digest of everything the outputs depend on."""
+    digest = hashlib.sha256()
+    compiler = subprocess.run([*cc, "--version"], capture_output=True, text=True).stdout
+    for part in (signature, extra, compiler, (source / "VERSION").read_text(),
+                 hashlib.sha256((source / "configure").read_bytes()).hexdigest(),
+                 hashlib.sha256(Path(__file__).read_bytes()).hexdigest()):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+def store(cached: Path, build: Path) -> None:
+    """Put the outputs in the cache at once (a rename), so a half-written entry is never used."""
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=cached.parent))
+    for name, built in OUTPUTS.items():
+        shutil.copyfile(build / built, staging / name)
+    try:
+        staging.rename(cached)
+    except OSError:  # another build stored it first
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def main() -> int:
@@ -54,17 +101,27 @@ def main() -> int:
         configure.append("--enable-debug")
     env = dict(os.environ, CC=" ".join(args.cc))
     signature = "\n".join([*configure, env["CC"], args.cflags])
+    extra = " ".join(["-g0", args.cflags]) if not args.debug else " ".join(["-g", args.cflags])
+    args.out.mkdir(parents=True, exist_ok=True)
+    cached = cache_dir(build_key(source, signature, extra, args.cc))
+    if cached is not None and all((cached / name).exists() for name in OUTPUTS):
+        for name in OUTPUTS:
+            copy_if_changed(cached / name, args.out / name)
+        return 0
     stamp = build / "arenalib-configure.stamp"
     if not stamp.exists() or stamp.read_text() != signature:
         subprocess.run(configure, cwd=build, env=env, check=True, stdout=subprocess.DEVNULL)
         stamp.write_text(signature)
     jobs = str(os.cpu_count() or 2)
-    extra = " ".join(["-g0", args.cflags]) if not args.debug else " ".join(["-g", args.cflags])
     subprocess.run(["make", "-j", jobs, f"EXTRA_CFLAGS={extra}", "lib/libjemalloc_pic.a"],
                    cwd=build, env=env, check=True, stdout=subprocess.DEVNULL)
-    args.out.mkdir(parents=True, exist_ok=True)
-    copy_if_changed(build / "lib" / "libjemalloc_pic.a", args.out / "libjemalloc_pic.a")
-    copy_if_changed(build / "include" / "jemalloc" / "jemalloc.h", args.out / "jemalloc.h")
+    for name, built in OUTPUTS.items():
+        copy_if_changed(build / built, args.out / name)
+    if cached is not None:
+        try:
+            store(cached, build)
+        except OSError as exc:  # a read-only or full cache never fails the build
+            print(f"build_jemalloc: not cached ({exc})", file=sys.stderr)
     return 0
 
 
