@@ -350,6 +350,7 @@ def test_more_than_2047_arenas():
     assert int(out) >= 2100
 
 
+@pytest.mark.slow  # ~4000 arenas and tcaches from 8 threads: about 3 minutes under ASan
 def test_arena_limit_with_shared_arenas_used_from_many_threads():
     # A shared Arena may give each thread that uses it resources of its own (a jemalloc tcache):
     # many arenas used from many threads must run into a clean MemoryError too, never an abort,
