@@ -111,6 +111,8 @@ def ensure_requirements(venv: Path, groups: list[str]) -> None:
 def ensure_build(venv: Path, tag: str, setup_args: list[str]) -> Path:
     """Install arenalib in editable mode; later source edits are rebuilt on import."""
     fetch_jemalloc.ensure_tarball()
+    for name in fetch_jemalloc.refresh_overlay():
+        say(f"jemalloc overlay file {name} changed: copied into the extracted source")
     stamp = venv / ".arenalib-editable"
     value = digest([ROOT / p for p in BUILD_INPUTS]) + str(ROOT) + " ".join(setup_args)
     build_dir = ROOT / "build" / tag

@@ -225,3 +225,25 @@ def test_jemalloc_build_cache_is_keyed_by_what_makes_the_build(tmp_path, monkeyp
     assert sorted(p.name for p in entry.iterdir()) == sorted(script.OUTPUTS)
     script.store(entry, build)  # stored already: kept, nothing half-written left beside it
     assert [p.name for p in entry.parent.iterdir()] == [key]
+
+
+def test_an_edited_jemalloc_overlay_reaches_an_extracted_source(tmp_path, monkeypatch):
+    """meson copies the wrap's overlay (patch_directory) only when it extracts the source:
+    refresh_overlay() copies what changed since, and only that, so that dev.py builds with it."""
+    spec = importlib.util.spec_from_file_location("fetch_jemalloc", ROOT / "tools" / "fetch_jemalloc.py")
+    fetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch)
+    subprojects = tmp_path / "subprojects"
+    (subprojects / "packagefiles" / "jemalloc").mkdir(parents=True)
+    (subprojects / "jemalloc-5.3.0").mkdir()
+    (subprojects / "jemalloc.wrap").write_text(
+        "[wrap-file]\ndirectory = jemalloc-5.3.0\npatch_directory = jemalloc\n")
+    monkeypatch.setattr(fetch, "ROOT", tmp_path)
+    monkeypatch.setattr(fetch, "WRAP", subprojects / "jemalloc.wrap")
+    (subprojects / "packagefiles" / "jemalloc" / "build_jemalloc.py").write_text("new\n")
+    (subprojects / "packagefiles" / "jemalloc" / "meson.build").write_text("same\n")
+    (subprojects / "jemalloc-5.3.0" / "build_jemalloc.py").write_text("old\n")
+    (subprojects / "jemalloc-5.3.0" / "meson.build").write_text("same\n")
+    assert fetch.refresh_overlay() == ["build_jemalloc.py"]
+    assert (subprojects / "jemalloc-5.3.0" / "build_jemalloc.py").read_text() == "new\n"
+    assert fetch.refresh_overlay() == []

@@ -107,6 +107,25 @@ def fetch_from_debian(dest: Path, wanted_hash: str) -> None:
         raise RuntimeError("Debian's orig tarball does not match the wrap's source_hash")
 
 
+def refresh_overlay() -> list[str]:
+    """Copy the overlay files (subprojects/packagefiles/jemalloc/) over an already extracted source
+    tree where they differ: meson applies a wrap's patch_directory only when it extracts, so an
+    edited overlay would otherwise never reach an existing checkout's build.  Returns what it copied."""
+    wrap = read_wrap()
+    extracted = ROOT / "subprojects" / wrap["directory"].strip()
+    overlay = ROOT / "subprojects" / "packagefiles" / wrap["patch_directory"].strip()
+    copied = []
+    if not extracted.is_dir():
+        return copied
+    for source in sorted(overlay.rglob("*")):
+        target = extracted / source.relative_to(overlay)
+        if source.is_file() and (not target.exists() or target.read_bytes() != source.read_bytes()):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            copied.append(str(source.relative_to(overlay)))
+    return copied
+
+
 def ensure_tarball(try_url: bool = True) -> Path:
     wrap = read_wrap()
     wanted = wrap["source_hash"].strip()
