@@ -7,6 +7,28 @@ from libc.stdint cimport uint64_t
 
 from arenalib._capi cimport ArenaCore, Books, Lifetime
 
+cdef extern from *:
+    """
+    /* Segment._freed of a root segment: a free under way is FREEING until it is done or undone. */
+    #define ARENALIB_SEG_ALIVE 0
+    #define ARENALIB_SEG_FREED 1
+    #define ARENALIB_SEG_FREEING 2
+    /* Counters several threads may change at once (exports, live objects): atomic where no GIL
+       serialises them. */
+    #if ARENALIB_FREE_THREADED
+    #define arenalib_count(p, v) ((void)__atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST))
+    #define arenalib_read(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    #else
+    #define arenalib_count(p, v) ((void)(*(p) += (v)))
+    #define arenalib_read(p) (*(p))
+    #endif
+    """
+    int SEG_ALIVE "ARENALIB_SEG_ALIVE"
+    int SEG_FREED "ARENALIB_SEG_FREED"
+    int SEG_FREEING "ARENALIB_SEG_FREEING"
+    void count_add "arenalib_count"(Py_ssize_t* counter, Py_ssize_t delta) noexcept nogil
+    Py_ssize_t count_read "arenalib_read"(Py_ssize_t* counter) noexcept nogil
+
 cdef enum:
     # tracemalloc domain of the memory handed out through the Python API ("ARNA").
     TRACE_DOMAIN = 0x41524E41
@@ -35,11 +57,13 @@ cdef class Segment:
         Segment _root           # the segment that owns the memory; None when this one does
         uint64_t _generation    # the owner's generation when allocated: stale after a reset/close
         Py_ssize_t _exports     # live buffer exports and pins; counted on the root only
-        bint _freed
+        int _freed              # SEG_ALIVE, SEG_FREED, or SEG_FREEING while a free is under way
 
     cdef int _check(self) except -1
-    cdef int _pin(self) except -1
-    cdef void _unpin(self) noexcept
+    cdef int _status(self) noexcept
+    cdef int _raise_status(self, int status) except -1
+    cdef int _pin(self, void** token) except -1
+    cdef void _unpin(self, void* token) noexcept
     cdef Segment _owner_segment(self)
 
 
@@ -55,6 +79,8 @@ cdef class ArenaBase(SegmentOwner):
     cdef int _close(self) except -1
     cdef int _check_usable(self) except -1
     cdef void _untrack_all(self) noexcept
+    cdef void _start_tracing(self) noexcept
+    cdef int _trace(self, size_t address, size_t size, bint track) except -1
 
 
 cdef class Arena(ArenaBase):
@@ -77,3 +103,10 @@ cdef size_t parse_align(object align) except 0
 cdef void* region_allocate(size_t size, size_t align, bint zero) noexcept nogil
 cdef void region_free(void* ptr) noexcept nogil
 cdef void count_open_pools(int delta) noexcept
+# Accessing-now records (_access.pxi): what keeps memory from going while another thread touches it.
+cdef void* access_enter(Lifetime* life, void* seg, int* seg_state) noexcept nogil
+cdef void access_exit(void* token) noexcept nogil
+cdef void exclusive_begin(Lifetime* life) noexcept nogil
+cdef void exclusive_end(Lifetime* life) noexcept nogil
+cdef bint free_begin(Lifetime* life, Segment root, void* my_token) noexcept
+cdef void free_end(Segment root, bint freed) noexcept

@@ -5,6 +5,7 @@ The one extension that links the private jemalloc.  Its parts, in the order they
 
     _error_table.pxi  error code -> exception and message, for Python and the C API alike
     _slots.pxi        the pool of jemalloc arenas and tcaches behind every arena object
+    _access.pxi       accessing-now records: no free, reset or close under another thread's access
     _core.pxi         the thin core: validate once, dispatch once on the kind; the C API entry points
     _segment.pxi      Segment, and SegmentOwner (what segments need of whoever hands them out)
     (this file)       ArenaBase: the lifecycle, stats and Python API every arena kind shares
@@ -40,6 +41,7 @@ cdef extern from "Python.h":
 
 include "_error_table.pxi"
 include "_slots.pxi"
+include "_access.pxi"
 include "_core.pxi"
 include "_segment.pxi"
 
@@ -66,14 +68,14 @@ def jemalloc_version():
 def live_objects():
     """Counts of open arenas and pools, Segment objects and buffer exports alive now (for leak
     checks)."""
-    return {"open_arenas": _inline_state.arenas_opened - _inline_state.arenas_closed,
-            "open_pools": _open_pools, "segments": _live_segment_objects, "exports": _live_exports}
+    return {"open_arenas": count_read(&_inline_state.arenas_opened)
+            - count_read(&_inline_state.arenas_closed), "open_pools": count_read(&_open_pools),
+            "segments": count_read(&_live_segment_objects), "exports": count_read(&_live_exports)}
 
 
 cdef void count_open_pools(int delta) noexcept:
     """BufferPool's open and close, for live_objects()."""
-    global _open_pools
-    _open_pools += delta
+    count_add(&_open_pools, delta)
 
 
 # -- arguments -------------------------------------------------------------------------------------
@@ -186,32 +188,66 @@ cdef class ArenaBase(SegmentOwner):
         # then the memory, then the segment bound to it with nothing in between that calls back.
         # Untracking address 0 tells whether tracemalloc is tracing (-2 when it is not).
         if self._traced is None and PyTraceMalloc_Untrack(TRACE_DOMAIN, 0) == 0:
-            self._traced = set()
+            self._start_tracing()
         cdef Segment seg = make_segment(self, size)
         cdef void* ptr
+        # Another thread's reset or close waits until the segment is bound to this generation.
+        cdef void* token = access_enter(&self._core.life, NULL, NULL)
         cdef int err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
         if err:
+            access_exit(token)
             self._raise(err, f"cannot allocate {size} bytes (align={align})")
         if self._core.kind == ARENA_KIND_SHARED:
             shared_update_peak(&self._core)
-        if self._traced is not None and PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, <size_t>size) == 0:
-            self._traced.add(<size_t>ptr)
         seg._ptr = <char*>ptr
         seg._generation = self._core.life.generation
+        access_exit(token)
+        if self._traced is not None:
+            self._trace(<size_t>ptr, <size_t>size, True)
         return seg
 
     cdef int _free_segment(self, Segment seg) except -1:
-        if seg._exports:
+        # Segment.free() checked the segment; another thread may have freed it, or reset or closed
+        # the arena, since: judged again once no reset or close can run (see _access.pxi).
+        cdef Lifetime* life = &self._core.life
+        cdef void* token = access_enter(life, NULL, NULL)
+        if not free_begin(life, seg, token):
+            access_exit(token)
+            return seg._raise_status(SEGMENT_DEAD)
+        if life.generation != seg._generation:
+            free_end(seg, False)
+            access_exit(token)
+            return seg._raise_status(SEGMENT_DEAD)
+        cdef Py_ssize_t exports = count_read(&seg._exports)
+        cdef int err = ARENA_EEXPORTED if exports else arena_free(&self._core, seg._ptr, <size_t>seg._size)
+        free_end(seg, err == ARENA_OK)
+        access_exit(token)
+        if err == ARENA_EEXPORTED:
             raise BufferError(
-                f"cannot free a segment while {seg._exports} buffer export(s) of it "
+                f"cannot free a segment while {exports} buffer export(s) of it "
                 "(memoryview, NumPy array ...) are alive; release them first")
-        cdef int err = arena_free(&self._core, seg._ptr, <size_t>seg._size)
         if err:
             self._raise(err, "cannot free this segment")
-        seg._freed = True
         if self._traced is not None:
-            PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>seg._ptr)
-            self._traced.discard(<size_t>seg._ptr)
+            self._trace(<size_t>seg._ptr, 0, False)
+        return 0
+
+    cdef void _start_tracing(self) noexcept:
+        with cython.critical_section(self):  # several threads may allocate at once
+            if self._traced is None:
+                self._traced = set()
+
+    cdef int _trace(self, size_t address, size_t size, bint track) except -1:
+        """Report a block to tracemalloc (track) or its end (not track), and remember which."""
+        with cython.critical_section(self):  # _untrack_all() of another thread may drop the set
+            if self._traced is None:
+                return 0
+            if track:
+                if PyTraceMalloc_Track(TRACE_DOMAIN, address, size) == 0:
+                    self._traced.add(address)
+            else:
+                PyTraceMalloc_Untrack(TRACE_DOMAIN, address)
+                self._traced.discard(address)
         return 0
 
     cdef int _raise(self, int code, str context) except -1:
@@ -231,8 +267,14 @@ cdef class ArenaBase(SegmentOwner):
 
     def purge(self):
         """Hand the arena's unused dirty pages back to the OS now (live segments stay)."""
-        self._check_usable()
-        slot_purge(self._core.slot)
+        # It flushes the thread caches of a shared arena's threads: none may allocate meanwhile.
+        exclusive_begin(&self._core.life)
+        cdef int err = _usable(&self._core)
+        if not err:
+            slot_purge(self._core.slot)
+        exclusive_end(&self._core.life)
+        if err:
+            self._raise(err, None)
 
     def close(self):
         """Free every segment and give the memory back; idempotent.
@@ -257,9 +299,11 @@ cdef class ArenaBase(SegmentOwner):
         """Tell tracemalloc that every traced block of the arena is gone."""
         if self._traced is None:
             return
-        for address in self._traced:
-            PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>address)
-        self._traced = None
+        with cython.critical_section(self):
+            if self._traced is not None:
+                for address in self._traced:
+                    PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>address)
+                self._traced = None
 
     @property
     def closed(self):
@@ -288,8 +332,10 @@ cdef class ArenaBase(SegmentOwner):
         cdef size_t figures[4]
         cdef int i
         result = {}  # made first: the GC it may start can close the arena, which the reads must see
+        cdef void* token = access_enter(&self._core.life, NULL, NULL)  # no close meanwhile
         read_books(&self._core, &books)
         jemalloc_arena_figures(&self._core, figures)
+        access_exit(token)
         result["live_bytes"] = books.live_bytes
         result["live_segments"] = books.live_segments
         result["peak_bytes"] = books.peak_bytes
@@ -307,7 +353,9 @@ cdef class ArenaBase(SegmentOwner):
             return f"<arenalib.{name} closed>"
         # The arena's own books: jemalloc's statistics cost milliseconds once arenas are many.
         cdef Books books
+        cdef void* token = access_enter(&self._core.life, NULL, NULL)
         read_books(&self._core, &books)
+        access_exit(token)
         return f"<arenalib.{name} {books.live_segments} segments, {books.live_bytes} bytes>"
 
     def __reduce__(self):

@@ -57,6 +57,7 @@ cdef struct Lifetime:
     uint64_t generation       # bumped by open, reset and close, never lowered
     Py_ssize_t exports        # live buffer exports and pins of the segments: reset/close refuse
     unsigned long owner       # the one thread allowed (a ConfinedArena's); 0: any thread
+    int busy                  # free-threaded builds: a reset or close is at work (_access.pxi)
 
 
 cdef struct Books:
@@ -272,6 +273,7 @@ cdef extern from *:
     void arenalib_clear_carving(void** flag) noexcept nogil
     void arenalib_compiler_fence() noexcept nogil
     int ARENALIB_FREE_THREADED
+    bint FREE_THREADED "ARENALIB_FREE_THREADED"
     bint INLINE_PARKING "ARENALIB_INLINE_PARKING"
 
 

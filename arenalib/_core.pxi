@@ -18,7 +18,6 @@ from arenalib._capi cimport (
 cdef size_t MAX_ALIGN = 1 << 30
 cdef size_t MAX_SIZE = <size_t>PY_SSIZE_T_MAX
 cdef size_t PAGE = 4096
-cdef uint64_t _next_serial = 1
 
 
 cdef inline bint over_limit(ArenaCore* core, size_t size) noexcept nogil:
@@ -69,7 +68,15 @@ cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil
 
 
 cdef int arena_reset_checked(ArenaCore* core) noexcept nogil:
-    """Free every allocation at once and keep the arena open (no other thread may use it now)."""
+    """Free every allocation at once and keep the arena open, once no other thread's Python-level
+    access of it is under way (see _access.pxi)."""
+    exclusive_begin(&core.life)
+    cdef int err = _reset(core)
+    exclusive_end(&core.life)
+    return err
+
+
+cdef int _reset(ArenaCore* core) noexcept nogil:
     cdef int err = _usable(core)
     if err:
         return err
@@ -90,33 +97,36 @@ cdef int arena_reset_checked(ArenaCore* core) noexcept nogil:
 cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
                          size_t chunk_size) except -1:
     """arena_open() for every kind and case (the inline fast path calls it)."""
-    global _next_serial
     if core.open:
         raise ValueError("this ArenaCore is open already")
     if kind != ARENA_KIND_SHARED and kind != ARENA_KIND_CONFINED and kind != ARENA_KIND_SLICING:
         raise ValueError(f"kind must be one of ARENA_KIND_SHARED, _CONFINED, _SLICING, not {kind}")
-    cdef ArenaSlot* slot = slot_acquire()
+    cdef uint64_t serial
+    cdef ArenaSlot* slot = slot_acquire(&serial)
     if kind == ARENA_KIND_SHARED:
         shared_open(slot)
     core_init(core, _inline_state, slot, kind, max_bytes,
-              chunk_size if chunk_size else DEFAULT_CHUNK_SIZE, _next_serial)
-    _next_serial += 1
-    _inline_state.arenas_opened += 1
+              chunk_size if chunk_size else DEFAULT_CHUNK_SIZE, serial)
+    count_add(&_inline_state.arenas_opened, 1)
     return 0
 
 
 cdef int arena_close_checked(ArenaCore* core) noexcept:
     """Close ``core`` if the calling thread may and no export is alive; an error code otherwise.
-    The one close path of the Python classes and of the C API."""
+    The one close path of the Python classes and of the C API.  On a free-threaded build it waits
+    for other threads' Python-level accesses to end (see _access.pxi)."""
     if not core.open:
         return ARENA_OK
-    cdef int err = _usable(core)
-    if err:
-        return err
-    if core.life.exports:
-        return ARENA_EEXPORTED
-    core_close(core)
-    return ARENA_OK
+    exclusive_begin(&core.life)
+    cdef int err = ARENA_OK
+    if core.open:  # a rival close may have won
+        err = _usable(core)
+        if not err and core.life.exports:
+            err = ARENA_EEXPORTED
+        if not err:
+            core_close(core)
+    exclusive_end(&core.life)
+    return err
 
 
 cdef void core_close(ArenaCore* core) noexcept:
@@ -128,7 +138,7 @@ cdef void core_close(ArenaCore* core) noexcept:
     core.fast_owner = 0
     core.open = False
     core.life.generation += 1
-    _inline_state.arenas_closed += 1
+    count_add(&_inline_state.arenas_closed, 1)
     cdef size_t stale, churn
     if core.kind == ARENA_KIND_CONFINED:
         confined_close(core, &stale, &churn)

@@ -31,10 +31,12 @@ cdef class BufferPool(SegmentOwner):
 
     cdef void _reset_buffers(self, bint fresh) noexcept
     cdef Segment _acquire(self, bint raise_exhausted)
+    cdef int _take(self, Segment seg) noexcept
     cdef Segment _exhaust(self, bint raise_exhausted)
     cdef int _release(self, Segment seg) except -1
     cdef Py_ssize_t _index_of(self, Segment seg) except -1
     cdef int _check_open(self) except -1
     cdef void _close_now(self) noexcept
-    cdef str _exports_alive(self, str context)
+    cdef str _exports_alive(self, str context, Py_ssize_t exports)
+    cdef int _figures(self, dict result) except -1
     cdef size_t _resident_bytes(self)

@@ -7,12 +7,12 @@ hook) holding one region of the private jemalloc, outside every arena, handed ba
 acquire() makes a new Segment over a free buffer; release() marks that Segment freed, so a stale
 handle raises ArenaClosedError even after the same buffer is acquired again.
 
-Thread safety: every method runs holding the GIL and never releases it between reading and writing
-the pool's state, so acquire and release are serialised by the GIL itself and need no lock.  The one
-call that can run Python code (making the Segment object may start the garbage collector, and with
-it finalizers that may switch threads or use this pool) happens before the state is touched, and the
-state is checked again after it.  (The module is not declared free-threading compatible, so a
-free-threaded CPython keeps the GIL enabled for it.)
+Thread safety: the pool's state is read and written inside a critical section on the pool (the
+GIL on a GIL build, the pool object's own lock on a free-threaded one).  The one call that can run
+Python code (making the Segment object may start the garbage collector, and with it finalizers
+that may switch threads or use this pool) happens before the state is touched, and the state is
+checked again after it.  Segments' accesses of the buffers take no lock: release(), reset() and
+close() wait for the accesses under way to end (the accessing-now records of _access.pxi).
 """
 
 cimport cython
@@ -22,8 +22,9 @@ from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.string cimport memset
 
 from arenalib._arena cimport (
-    TRACE_DOMAIN, PyTraceMalloc_Track, PyTraceMalloc_Untrack, Segment, SegmentOwner,
-    count_open_pools, make_segment, parse_align, parse_size, region_allocate, region_free,
+    SEG_FREED, TRACE_DOMAIN, PyTraceMalloc_Track, PyTraceMalloc_Untrack, Segment, SegmentOwner, count_open_pools,
+    count_read, exclusive_begin, exclusive_end, free_begin, free_end, make_segment, parse_align,
+    parse_size, region_allocate, region_free,
 )
 
 import warnings
@@ -45,6 +46,11 @@ cdef enum:
     FREE_ZERO = 0
     IN_USE = 1
     FREE_DIRTY = 2
+
+cdef enum:  # what BufferPool._take() found
+    TAKEN
+    POOL_CLOSED
+    POOL_EXHAUSTED
 
 
 cdef Py_ssize_t _positive(object value, str name) except -1:
@@ -70,7 +76,7 @@ cdef class BufferPool(SegmentOwner):
     zero=False (the default, for I/O that overwrites the buffer anyway): a buffer is handed out as the
     previous user left it.  zero=True: a buffer is zero-filled at each acquire.
 
-    Thread-safe: acquire and release may be called from any thread (they are serialised by the GIL).
+    Thread-safe: every method may be called from any thread, with or without the GIL.
     close() (or the end of a with-block) gives the region back; it raises BufferError while a buffer
     export (memoryview ...) of an acquired segment is alive.
     """
@@ -118,11 +124,16 @@ cdef class BufferPool(SegmentOwner):
 
         Raises BufferError, changing nothing, while a buffer export (memoryview ...) of an acquired
         segment is alive."""
-        if not self._open:
-            return
-        if self._lifetime.exports:
-            raise BufferError(self._exports_alive("cannot close BufferPool"))
-        self._close_now()
+        cdef Py_ssize_t exports = 0
+        with cython.critical_section(self):
+            if self._open:
+                exclusive_begin(&self._lifetime)  # accesses under way end first
+                exports = count_read(&self._lifetime.exports)
+                if not exports:
+                    self._close_now()
+                exclusive_end(&self._lifetime)
+        if exports:
+            raise BufferError(self._exports_alive("cannot close BufferPool", exports))
 
     cdef void _close_now(self) noexcept:
         """Every segment dead, the region untracked and let go (it goes when no raw view holds it)."""
@@ -134,8 +145,8 @@ cdef class BufferPool(SegmentOwner):
         self._region = None
         count_open_pools(-1)
 
-    cdef str _exports_alive(self, str context):
-        return (f"{context}: {self._lifetime.exports} buffer export(s) of its segments (memoryview, "
+    cdef str _exports_alive(self, str context, Py_ssize_t exports):
+        return (f"{context}: {exports} buffer export(s) of its segments (memoryview, "
                 "NumPy array ...) are alive; release them first")
 
     @property
@@ -189,17 +200,28 @@ cdef class BufferPool(SegmentOwner):
         return self._acquire(False)
 
     cdef Segment _acquire(self, bint raise_exhausted):
-        if not self._open:  # inline: the hot path
+        if not self._open:  # a first look, without the lock: judged again below
             raise ArenaClosedError("BufferPool is closed")
         if self._nfree == 0:
             return self._exhaust(raise_exhausted)
         # Made first, with no address: this may run the garbage collector and with it any Python code
         # (another thread included), so the state is read only afterwards, with nothing in between.
         cdef Segment seg = make_segment(self, self._buffer_size)
-        if not self._open:  # inline: the hot path
+        cdef int outcome
+        with cython.critical_section(self):
+            outcome = self._take(seg)
+        if outcome == TAKEN:
+            return seg
+        if outcome == POOL_CLOSED:
             raise ArenaClosedError("BufferPool is closed")
+        return self._exhaust(raise_exhausted)
+
+    cdef int _take(self, Segment seg) noexcept:
+        """Bind ``seg`` to a free buffer (in the pool's critical section)."""
+        if not self._open:
+            return POOL_CLOSED
         if self._nfree == 0:
-            return self._exhaust(raise_exhausted)
+            return POOL_EXHAUSTED
         self._nfree -= 1
         cdef Py_ssize_t i = self._free_stack[self._nfree]
         cdef char* ptr = self._base + <size_t>i * self._stride
@@ -212,10 +234,11 @@ cdef class BufferPool(SegmentOwner):
             self._high_water = self._in_use
         seg._ptr = ptr
         seg._generation = self._lifetime.generation
-        return seg
+        return TAKEN
 
     cdef Segment _exhaust(self, bint raise_exhausted):
-        self._exhausted += 1
+        with cython.critical_section(self):
+            self._exhausted += 1
         if raise_exhausted:
             raise PoolExhaustedError(
                 f"all {self._count} buffers of {self._buffer_size} bytes of the BufferPool are in use")
@@ -242,24 +265,32 @@ cdef class BufferPool(SegmentOwner):
             raise ValueError("the segment does not belong to this BufferPool")
         if seg._root is not None:
             raise ValueError("a slice cannot be released; release the segment acquire() returned")
-        if not self._open:  # inline: the hot path
-            raise ArenaClosedError("BufferPool is closed")
-        if seg._freed:
-            raise ArenaClosedError("the segment was already released")
-        if seg._generation != self._lifetime.generation:
-            raise ArenaClosedError("the segment is stale: the BufferPool was reset since it was acquired")
-        if seg._exports:
-            raise BufferError(
-                f"cannot release a buffer while {seg._exports} buffer export(s) of it (memoryview, "
-                "NumPy array ...) are alive; release them first")
         cdef Py_ssize_t i = self._index_of(seg)
-        if seg._ptr != self._base + <size_t>i * self._stride or self._state[i] != IN_USE:
-            raise ArenaError(f"internal error: buffer {i} of the BufferPool is not in use")
-        seg._freed = True
-        self._state[i] = FREE_DIRTY
-        self._free_stack[self._nfree] = i
-        self._nfree += 1
-        self._in_use -= 1
+        cdef Py_ssize_t exports
+        with cython.critical_section(self):
+            if not self._open:
+                raise ArenaClosedError("BufferPool is closed")
+            if seg._freed == SEG_FREED:
+                raise ArenaClosedError("the segment was already released")
+            if seg._generation != self._lifetime.generation:
+                raise ArenaClosedError("the segment is stale: the BufferPool was reset since it was acquired")
+            # Accesses of this buffer under way end first; new ones wait, then find it released.
+            if not free_begin(&self._lifetime, seg, NULL):
+                raise ArenaClosedError("the segment was already released")
+            exports = count_read(&seg._exports)
+            if exports:
+                free_end(seg, False)
+                raise BufferError(
+                    f"cannot release a buffer while {exports} buffer export(s) of it (memoryview, "
+                    "NumPy array ...) are alive; release them first")
+            if seg._ptr != self._base + <size_t>i * self._stride or self._state[i] != IN_USE:
+                free_end(seg, False)
+                raise ArenaError(f"internal error: buffer {i} of the BufferPool is not in use")
+            self._state[i] = FREE_DIRTY
+            self._free_stack[self._nfree] = i
+            self._nfree += 1
+            self._in_use -= 1
+            free_end(seg, True)
         return 0
 
     cdef Py_ssize_t _index_of(self, Segment seg) except -1:
@@ -274,11 +305,17 @@ cdef class BufferPool(SegmentOwner):
         """Release every acquired buffer at once: each of their segments is dead from now on.
 
         Raises BufferError, changing nothing, while a buffer export of a segment is alive."""
-        self._check_open()
-        if self._lifetime.exports:
-            raise BufferError(self._exports_alive("cannot reset BufferPool"))
-        self._lifetime.generation += 1
-        self._reset_buffers(False)
+        cdef Py_ssize_t exports = 0
+        with cython.critical_section(self):
+            self._check_open()
+            exclusive_begin(&self._lifetime)  # accesses under way end first
+            exports = count_read(&self._lifetime.exports)
+            if not exports:
+                self._lifetime.generation += 1
+                self._reset_buffers(False)
+            exclusive_end(&self._lifetime)
+        if exports:
+            raise BufferError(self._exports_alive("cannot reset BufferPool", exports))
 
     def allocate(self, size, *, zero=True, align=None):
         """Not supported: a BufferPool hands out its fixed buffers with acquire()."""
@@ -337,8 +374,10 @@ cdef class BufferPool(SegmentOwner):
         acquired Segment.  They do not block release() or close() (liburing never lets go of them),
         but they keep the region's memory itself allocated, unused by anything else, for as long as
         they live: a late write through one is harmless, never a write into freed memory."""
-        self._check_open()
-        cdef _Region region = self._region  # held here: a GC in the loop below may close the pool
+        cdef _Region region
+        with cython.critical_section(self):
+            self._check_open()
+            region = self._region  # held here: a GC in the loop below may close the pool
         cdef Py_ssize_t i
         return [memoryview(_PoolBufferView._make(region, self._base + <size_t>i * self._stride,
                                                  self._buffer_size))
@@ -381,9 +420,14 @@ cdef class BufferPool(SegmentOwner):
         high_water (most buffers in use at once) and exhausted (acquire()/try_acquire() calls that
         found no free buffer)."""
         result = {}  # made first: the GC it may start can close the pool, which the reads must see
+        with cython.critical_section(self):  # figures of one moment
+            self._figures(result)
+        return result
+
+    cdef int _figures(self, dict result) except -1:
         result["live_bytes"] = self.nbytes if self._open else 0
         result["resident"] = self._resident_bytes() if self._open else 0
-        result["exports"] = self._lifetime.exports
+        result["exports"] = count_read(&self._lifetime.exports)
         result["closed"] = not self._open
         result["buffers"] = self._count
         result["buffer_size"] = self._buffer_size
@@ -392,7 +436,7 @@ cdef class BufferPool(SegmentOwner):
         result["acquisitions"] = self._acquisitions
         result["high_water"] = self._high_water
         result["exhausted"] = self._exhausted
-        return result
+        return 0
 
     cdef size_t _resident_bytes(self):
         """Bytes of the region in RAM: the bytes of it on resident pages (mincore)."""

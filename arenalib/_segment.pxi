@@ -9,8 +9,8 @@
 #
 # THE RULE of every method that touches the memory: convert, then check, then touch.  All that can
 # run Python code (argument conversion, __index__, slice.indices, buffer acquisition, object creation,
-# which can start a GC) comes first; then _pin() checks liveness and holds the memory as a one-call
-# export; then only C that cannot call back runs until _unpin().
+# which can start a GC) comes first; then _pin() announces the access and checks liveness; then only
+# C that cannot call back runs until _unpin().  _access.pxi says how this holds with the GIL off.
 
 cimport cython
 from cpython.buffer cimport (
@@ -36,6 +36,12 @@ cdef Py_ssize_t _ITEMSIZE_ONE = 1
 cdef Py_ssize_t _live_segment_objects = 0
 cdef Py_ssize_t _live_exports = 0
 cdef char* _FORMAT_BYTE = b"B"
+
+cdef enum:  # what Segment._status() finds
+    SEGMENT_USABLE = 0
+    SEGMENT_NOT_FROM_ARENA
+    SEGMENT_DEAD
+    SEGMENT_WRONG_THREAD
 
 
 cdef inline Py_ssize_t _as_byte(object value) except -1:
@@ -128,36 +134,61 @@ cdef class Segment:
     cdef Segment _owner_segment(self):
         return self if self._root is None else self._root
 
-    cdef int _pin(self) except -1:
-        """The last step before touching the memory (see THE RULE above): check that it is still
-        there, then count the access as an export of the root and of the arena until _unpin(),
-        which free/release (root exports) and reset/close (arena exports) refuse to break."""
-        self._check()
+    cdef int _pin(self, void** token) except -1:
+        """The last step before touching the memory (see THE RULE above): announce the access (on a
+        free-threaded build, for owners any thread may use: see _access.pxi), then check that the
+        memory is still there.  Until _unpin(token), no free, release, reset or close can take it:
+        on a GIL build the access counts as an export of the root and of the owner, which they
+        refuse to break; on a free-threaded build they wait for the access to end."""
         cdef Segment owner = self._owner_segment()
-        owner._exports += 1
-        self._life.exports += 1
+        cdef Lifetime* life = self._life
+        token[0] = access_enter(life, <void*>owner, &owner._freed) if life != NULL else NULL
+        cdef int status = self._status()
+        if status:
+            access_exit(token[0])
+            return self._raise_status(status)
+        if not _any_thread(life):
+            count_add(&owner._exports, 1)
+            count_add(&life.exports, 1)
         return 0
 
-    cdef void _unpin(self) noexcept:
+    cdef void _unpin(self, void* token) noexcept:
         cdef Segment owner = self._owner_segment()
-        owner._exports -= 1
-        self._life.exports -= 1
+        if not _any_thread(self._life):
+            count_add(&owner._exports, -1)
+            count_add(&self._life.exports, -1)
+        access_exit(token)
 
-    cdef int _check(self) except -1:
+    cdef int _status(self) noexcept:
+        """SEGMENT_USABLE when the calling thread may touch the memory now, else what is wrong."""
         cdef Lifetime* life = self._life
         if life == NULL:
-            raise TypeError("this Segment was not made by an arena")
-        if life.generation != self._generation or (
-                self._root is not None and self._root._freed) or self._freed:
-            raise _dead_segment_error(self)
+            return SEGMENT_NOT_FROM_ARENA
+        if life.generation != self._generation or self._freed or (
+                self._root is not None and self._root._freed):
+            return SEGMENT_DEAD
         if life.owner and life.owner != thread_ident():
-            raise _wrong_thread_error(self._arena)
+            return SEGMENT_WRONG_THREAD
+        return SEGMENT_USABLE
+
+    cdef int _raise_status(self, int status) except -1:
+        if status == SEGMENT_NOT_FROM_ARENA:
+            raise TypeError("this Segment was not made by an arena")
+        if status == SEGMENT_DEAD:
+            raise _dead_segment_error(self)
+        raise _wrong_thread_error(self._arena)
+
+    cdef int _check(self) except -1:
+        cdef int status = self._status()
+        if status:
+            return self._raise_status(status)
         return 0
 
     # -- buffer protocol -------------------------------------------------------------------------
 
     def __getbuffer__(self, Py_buffer* view, int flags):
-        self._check()
+        cdef void* token
+        self._pin(&token)
         view.buf = self._ptr
         view.len = self._size
         view.readonly = 0
@@ -170,17 +201,16 @@ cdef class Segment:
         view.internal = NULL
         view.obj = self
         cdef Segment owner = self._owner_segment()
-        owner._exports += 1
-        self._life.exports += 1
-        global _live_exports
-        _live_exports += 1
+        count_add(&owner._exports, 1)
+        count_add(&self._life.exports, 1)
+        count_add(&_live_exports, 1)
+        self._unpin(token)
 
     def __releasebuffer__(self, Py_buffer* view):
         cdef Segment owner = self._owner_segment()
-        owner._exports -= 1
-        self._life.exports -= 1
-        global _live_exports
-        _live_exports -= 1
+        count_add(&owner._exports, -1)
+        count_add(&self._life.exports, -1)
+        count_add(&_live_exports, -1)
 
     # -- properties ------------------------------------------------------------------------------
 
@@ -211,7 +241,7 @@ cdef class Segment:
     @property
     def exports(self):
         """Number of live buffer exports (memoryviews, NumPy arrays ...) of this segment's memory."""
-        return self._owner_segment()._exports
+        return count_read(&self._owner_segment()._exports)
 
     def __len__(self):
         return self._size
@@ -221,17 +251,19 @@ cdef class Segment:
     def fill(self, value):
         """Set every byte to ``value`` (an int in range(0, 256)); returns the segment."""
         cdef int byte = <int>_as_byte(value)
-        self._pin()
+        cdef void* token
+        self._pin(&token)
         memset(self._ptr, byte, <size_t>self._size)
-        self._unpin()
+        self._unpin(token)
         return self
 
     def tobytes(self):
         """A bytes copy of the whole segment."""
         cdef bytes copy = PyBytes_FromStringAndSize(NULL, self._size)
-        self._pin()
+        cdef void* token
+        self._pin(&token)
         memcpy(PyBytes_AS_STRING(copy), self._ptr, <size_t>self._size)
-        self._unpin()
+        self._unpin(token)
         return copy
 
     def slice(self, offset, size):
@@ -266,20 +298,21 @@ cdef class Segment:
         cdef Py_ssize_t start, step, length, i
         cdef bytes copy
         cdef unsigned char byte
+        cdef void* token
         if isinstance(key, slice):
             length = _slice_length(key, self._size, &start, &step)
             copy = PyBytes_FromStringAndSize(NULL, length)
-            self._pin()
+            self._pin(&token)
             _gather(PyBytes_AS_STRING(copy), self._ptr + start, length, step)
-            self._unpin()
+            self._unpin(token)
             return copy
         i = _position(key, self._size)
-        self._pin()
+        self._pin(&token)
         if i < 0:
-            self._unpin()
+            self._unpin(token)
             raise IndexError("segment index out of range")
         byte = <unsigned char>self._ptr[i]
-        self._unpin()
+        self._unpin(token)
         return byte
 
     def __setitem__(self, key, value):
@@ -288,15 +321,16 @@ cdef class Segment:
         cdef Py_buffer source
         cdef const char* data
         cdef bytes copy
+        cdef void* token
         if not isinstance(key, slice):
             i = _position(key, self._size)
             byte = <int>_as_byte(value)
-            self._pin()
+            self._pin(&token)
             if i < 0:
-                self._unpin()
+                self._unpin(token)
                 raise IndexError("segment index out of range")
             self._ptr[i] = <char>byte
-            self._unpin()
+            self._unpin(token)
             return
         length = _slice_length(key, self._size, &start, &step)
         _acquire_source(value, &source)
@@ -309,13 +343,13 @@ cdef class Segment:
                 copy = PyBytes_FromStringAndSize(NULL, length)
                 PyBuffer_ToContiguous(PyBytes_AS_STRING(copy), &source, length, b"C")
                 data = PyBytes_AS_STRING(copy)
-            self._pin()
+            self._pin(&token)
             if source.len != length:
-                self._unpin()
+                self._unpin(token)
                 raise ValueError(f"segment slice assignment needs {length} bytes, got {source.len}; "
                                  "the size of a segment cannot change")
             _scatter(self._ptr + start, data, length, step)
-            self._unpin()
+            self._unpin(token)
         finally:
             PyBuffer_Release(&source)
 
@@ -335,9 +369,8 @@ cdef class Segment:
                 f"{kind}{type(arena).__name__} {id(arena):#x}, {state}>")
 
     def __dealloc__(self):
-        global _live_segment_objects
         if self._arena is not None:
-            _live_segment_objects -= 1
+            count_add(&_live_segment_objects, -1)
 
     def __reduce__(self):
         raise TypeError("a Segment views native memory and cannot be pickled or copied; "
@@ -349,12 +382,11 @@ cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size):
 
     Made before the memory is taken: creating the object may start a GC, and with it any Python
     code, which must not run between taking the memory and handing it out."""
-    global _live_segment_objects
     cdef Segment seg = Segment.__new__(Segment)
     seg._size = size
     seg._arena = arena
     seg._life = arena._life
-    _live_segment_objects += 1
+    count_add(&_live_segment_objects, 1)
     return seg
 
 

@@ -34,6 +34,17 @@ cdef extern from *:
         e->cache = cache;
     }
     #define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
+    /* The thread list is walked without its lock by shared_update_peak(): a node is published
+       whole (release) and read so (acquire). */
+    #define arenalib_publish(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+    #define arenalib_follow(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    /* *peak = max(*peak, value), against other threads doing the same. */
+    static inline void arenalib_raise_peak(Py_ssize_t *peak, Py_ssize_t value) {
+        Py_ssize_t seen = __atomic_load_n(peak, __ATOMIC_RELAXED);
+        while (value > seen && !__atomic_compare_exchange_n(peak, &seen, value, 1, __ATOMIC_RELAXED,
+                                                            __ATOMIC_RELAXED))
+            ;
+    }
     /* Add size to *counter unless that would take it past limit; 0 (nothing added) when it would. */
     static inline int arenalib_reserve(Py_ssize_t *counter, size_t size, Py_ssize_t limit) {
         Py_ssize_t live = __atomic_load_n(counter, __ATOMIC_RELAXED);
@@ -48,6 +59,9 @@ cdef extern from *:
     void* arenalib_tls_get(uint64_t serial) noexcept nogil
     void arenalib_tls_set(uint64_t serial, void* cache) noexcept nogil
     Py_ssize_t arenalib_atomic_add(Py_ssize_t* counter, Py_ssize_t value) noexcept nogil
+    void arenalib_publish(ThreadCache** head, ThreadCache* node) noexcept nogil
+    ThreadCache* arenalib_follow(ThreadCache** link) noexcept nogil
+    void arenalib_raise_peak(Py_ssize_t* peak, Py_ssize_t value) noexcept nogil
     bint arenalib_reserve(Py_ssize_t* counter, size_t size, Py_ssize_t limit) noexcept nogil
 
 cdef int MAX_THREAD_CACHES = 8         # per slot, kept warm across shared arenas
@@ -70,7 +84,7 @@ cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
             tcache_take(&tc.tcache_index)  # NO_TCACHE when none can be had: slower, still right
             tc.thread = me
             tc.next = slot.threads
-            slot.threads = tc
+            arenalib_publish(&slot.threads, tc)
             slot.thread_count += 1
     PyThread_release_lock(<PyThread_type_lock>slot.threads_lock)
     if tc != NULL:
@@ -137,18 +151,19 @@ cdef void shared_totals(ArenaCore* core, Books* totals, size_t* cached=NULL) noe
     PyThread_release_lock(<PyThread_type_lock>core.slot.threads_lock)
 
 
-cdef void shared_update_peak(ArenaCore* core) noexcept:
+cdef void shared_update_peak(ArenaCore* core) noexcept nogil:
     """Bring peak_bytes up to the live bytes of all threads (after each Python allocate()).
 
-    Walked without the lock: nodes are only freed by close(), which needs the GIL we hold, and a
-    node a nogil thread is adding right now is missed at worst."""
+    Walked without the lock (a lock every thread takes on every allocate would undo the per-thread
+    caches): nodes are only freed by close(), which waits for this Python-level allocate to end
+    (or needs the GIL it holds), and a node another thread is adding right now is missed at worst.
+    The other threads' live bytes are read while they change: a figure, not an invariant."""
     cdef Py_ssize_t live = 0
-    cdef ThreadCache* tc = core.slot.threads
+    cdef ThreadCache* tc = arenalib_follow(&core.slot.threads)
     while tc != NULL:
         live += tc.books.live_bytes
-        tc = tc.next
-    if live > core.books.peak_bytes:
-        core.books.peak_bytes = live
+        tc = arenalib_follow(&tc.next)
+    arenalib_raise_peak(&core.books.peak_bytes, live)
 
 
 cdef void shared_open(ArenaSlot* slot) noexcept nogil:

@@ -12,8 +12,10 @@
 # churned more than PURGE_LIMIT closes, and when a slot drops out of the WARM_SLOTS most recently used
 # ones: memory parked in idle slots stays bounded by about WARM_SLOTS * STALE_LIMIT.
 #
-# The slot pool is used with the GIL held (arena objects are made and closed by Python code).  The
-# spare tcaches of shared arenas are taken from nogil code too, so they have a lock of their own.
+# The slot pool is used with the GIL held on a GIL build; on a free-threaded build it is under
+# pool_lock() (taken by slot_acquire, slot_release, trim and pool_stats, never while anything can
+# run Python code).  The spare tcaches of shared arenas are taken from nogil code too, so they have
+# a lock of their own.
 
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawRealloc
 from cpython.pythread cimport (
@@ -36,8 +38,22 @@ from arenalib._jemalloc cimport (
 cdef extern from *:
     """
     #define arenalib_ctz(x) __builtin_ctzll(x)
+    #if ARENALIB_FREE_THREADED
+    #include <pthread.h>
+    static pthread_mutex_t arenalib_pool_mutex = PTHREAD_MUTEX_INITIALIZER;
+    #define arenalib_pool_lock() pthread_mutex_lock(&arenalib_pool_mutex)
+    #define arenalib_pool_unlock() pthread_mutex_unlock(&arenalib_pool_mutex)
+    #define arenalib_pool_lock_reinit() pthread_mutex_init(&arenalib_pool_mutex, NULL)
+    #else  /* the GIL serialises the slot pool */
+    #define arenalib_pool_lock() ((void)0)
+    #define arenalib_pool_unlock() ((void)0)
+    #define arenalib_pool_lock_reinit() ((void)0)
+    #endif
     """
     int arenalib_ctz(unsigned long long x) noexcept nogil
+    void pool_lock "arenalib_pool_lock"() noexcept nogil
+    void pool_unlock "arenalib_pool_unlock"() noexcept nogil
+    void pool_lock_reinit "arenalib_pool_lock_reinit"() noexcept nogil
 
 # A slot or thread without an explicit tcache (none could be had: jemalloc allows ~4094, and after a
 # fork the parent's are unusable) allocates with MALLOCX_TCACHE_NONE: slower, never wrong.
@@ -95,6 +111,8 @@ cdef int slots_init() except -1:
     global _inline_state, _spare_tcache_lock, _pid
     _inline_state = <InlineState*>arenalib_cache_aligned(sizeof(InlineState))
     _spare_tcache_lock = PyThread_allocate_lock()
+    if arenalib_records_init() != 0:
+        raise MemoryError("cannot create the thread key of arenalib's access records")
     if _inline_state == NULL or _spare_tcache_lock == NULL:
         raise ImportError("arenalib: cannot allocate its shared state")
     if (je_mallctlnametomib(b"arena.0.reset", _mib_reset, &_mib_reset_len)
@@ -125,8 +143,35 @@ cdef void _flush_tcache(unsigned tcache_index) noexcept nogil:
                     &tcache_index, sizeof(unsigned))
 
 
-cdef ArenaSlot* slot_acquire() except NULL:
-    """A warm pooled slot, or a new jemalloc arena with its tcache."""
+cdef uint64_t _next_serial = 1
+
+
+cdef ArenaSlot* slot_acquire(uint64_t* serial) except NULL:
+    """A warm pooled slot, or a new jemalloc arena with its tcache; ``serial`` gets the arena's
+    serial number (unique for the process's life)."""
+    global _next_serial
+    cdef int err = 0
+    pool_lock()
+    cdef ArenaSlot* slot = _slot_take(&err)
+    serial[0] = _next_serial
+    _next_serial += 1
+    pool_unlock()
+    if slot != NULL:
+        return slot
+    if err == -1:
+        raise MemoryError(
+            f"{_slots_created} arenas are open, the most arenalib opens at once; "
+            "close arenas that are no longer needed")
+    if err == -2:
+        raise MemoryError("cannot allocate an arena slot")
+    raise MemoryError(
+        f"jemalloc cannot create another arena (error {err}): {_slots_created} are in use; "
+        "close arenas that are no longer needed")
+
+
+cdef ArenaSlot* _slot_take(int* err) noexcept:
+    """slot_acquire() under the pool lock: NULL with ``err`` -1 at MAX_SLOTS, -2 without memory,
+    else jemalloc's error."""
     global _free_count, _slots_created
     if _inline_state.parked_idle:
         _inline_state.parked_idle = False
@@ -136,14 +181,11 @@ cdef ArenaSlot* slot_acquire() except NULL:
         return _free_slots[_free_count]
     cdef unsigned arena_index, tcache_index
     if _slots_created >= MAX_SLOTS:
-        raise MemoryError(
-            f"{_slots_created} arenas are open, the most arenalib opens at once; "
-            "close arenas that are no longer needed")
-    cdef int err = _mallctl_read_unsigned(b"arenas.create", &arena_index)
-    if err:
-        raise MemoryError(
-            f"jemalloc cannot create another arena (error {err}): {_slots_created} are in use; "
-            "close arenas that are no longer needed")
+        err[0] = -1
+        return NULL
+    err[0] = _mallctl_read_unsigned(b"arenas.create", &arena_index)
+    if err[0]:
+        return NULL
     if tcache_take(&tcache_index) != 0:
         tcache_index = NO_TCACHE
     cdef ArenaSlot* slot = <ArenaSlot*>PyMem_RawCalloc(1, sizeof(ArenaSlot))
@@ -156,7 +198,8 @@ cdef ArenaSlot* slot_acquire() except NULL:
         if slot != NULL and slot.threads_lock != NULL:
             PyThread_free_lock(<PyThread_type_lock>slot.threads_lock)
         PyMem_RawFree(slot)
-        raise MemoryError("cannot allocate an arena slot")
+        err[0] = -2
+        return NULL
     slot.arena_index = arena_index
     slot.tcache_index = tcache_index
     _slots_created += 1
@@ -175,7 +218,7 @@ cdef ArenaSlot** _all_slots = NULL   # every slot ever made, idle or in use (for
 cdef Py_ssize_t _all_slots_count = 0
 
 
-cdef bint _remember_slot(ArenaSlot* slot) noexcept:
+cdef bint _remember_slot(ArenaSlot* slot) noexcept nogil:
     global _all_slots, _all_slots_count
     cdef ArenaSlot** grown = <ArenaSlot**>PyMem_RawRealloc(
         _all_slots, <size_t>(_all_slots_count + 1) * sizeof(ArenaSlot*))
@@ -211,6 +254,8 @@ def _after_fork_in_child():
     cdef ThreadCache* tc
     _spare_tcache_count = 0
     _spare_tcache_lock = PyThread_allocate_lock()
+    pool_lock_reinit()
+    arenalib_records_after_fork()
     slicing_after_fork()
     for i in range(_all_slots_count):
         slot = _all_slots[i]
@@ -291,9 +336,15 @@ cdef void slot_wipe(ArenaSlot* slot) noexcept nogil:
         slot_purge(slot)
 
 
-cdef void slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept:
+cdef void slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept nogil:
     """Give a slot back to the pool; ``stale`` bytes of it were left allocated by its last user,
     which allocated ``churn`` bytes in all."""
+    pool_lock()
+    _slot_give_back(slot, stale, churn)
+    pool_unlock()
+
+
+cdef void _slot_give_back(ArenaSlot* slot, size_t stale, size_t churn) noexcept nogil:
     global _free_slots, _free_count, _free_capacity
     cdef ArenaSlot** grown
     slot.stale_bytes += stale
@@ -362,16 +413,21 @@ def trim():
     """Reset and purge every idle pooled jemalloc arena: all memory not held by an open arena goes
     back to the OS (open arenas are not touched; see their purge())."""
     cdef Py_ssize_t i
-    if _inline_state.parked_idle:
-        slot_wipe(_inline_state.parked)
-    for i in range(_free_count):
-        slot_wipe(_free_slots[i])
+    with nogil:
+        pool_lock()
+        if _inline_state.parked_idle:
+            slot_wipe(_inline_state.parked)
+        for i in range(_free_count):
+            slot_wipe(_free_slots[i])
+        pool_unlock()
 
 
 def pool_stats():
     """Figures of the pool of jemalloc arenas shared by all arena objects (for tests and tuning)."""
     cdef Py_ssize_t i
     cdef size_t stale = 0, cached = 0
+    cdef Py_ssize_t idle
+    pool_lock()
     cdef ArenaSlot* parked = _inline_state.parked if _inline_state.parked_idle else NULL
     if parked != NULL:
         stale += parked.stale_bytes
@@ -379,9 +435,11 @@ def pool_stats():
     for i in range(_free_count):
         stale += _free_slots[i].stale_bytes
         cached += cache_held_bytes(&_free_slots[i].cache)
+    idle = _free_count + (parked != NULL)
+    pool_unlock()
     return {
         "slots_created": _slots_created,
-        "slots_idle": _free_count + (parked != NULL),
+        "slots_idle": idle,
         "stale_bytes": stale,
         "cached_bytes": cached,
         "spare_tcaches": _spare_tcache_count,

@@ -72,8 +72,12 @@ def _source_entries() -> list[str]:
     return [f"{kind}\0{body}" for kind, body in entries]
 
 
-def fetch_from_debian(dest: Path, wanted_hash: str) -> None:
-    """Download Debian's source package with apt into a scratch folder and take its orig tarball."""
+def fetch_from_debian(dest: Path, wanted_hash: str, package: str = DEBIAN_SOURCE_PACKAGE,
+                      sources: list[str] | None = None) -> None:
+    """Download Debian's source ``package`` with apt into a scratch folder and take its orig tarball.
+
+    ``sources`` are one-line deb-src entries to use instead of the system's own suites (a newer
+    release's suite, say); by default the system's binary sources are rewritten as deb-src."""
     if shutil.which("apt-get") is None:
         raise RuntimeError("apt-get is not available")
     with tempfile.TemporaryDirectory(prefix="arenalib-apt-") as tmp:
@@ -82,7 +86,8 @@ def fetch_from_debian(dest: Path, wanted_hash: str) -> None:
         for sub in ("sources.list.d", "lists/partial", "cache/archives/partial", "download"):
             (tmpdir / sub).mkdir(parents=True)
         list_lines = []
-        for n, entry in enumerate(_source_entries()):
+        entries = [f"list\0{line}" for line in sources] if sources is not None else _source_entries()
+        for n, entry in enumerate(entries):
             kind, body = entry.split("\0", 1)
             if kind == "list":
                 list_lines.append(body)
@@ -98,7 +103,7 @@ def fetch_from_debian(dest: Path, wanted_hash: str) -> None:
             "-o", "APT::Sandbox::User=root",
         ]
         subprocess.run([*apt, "update"], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run([*apt, "source", "--download-only", DEBIAN_SOURCE_PACKAGE],
+        subprocess.run([*apt, "source", "--download-only", package],
                        check=True, cwd=tmpdir / "download", stdout=subprocess.DEVNULL)
         for candidate in sorted((tmpdir / "download").glob("*.orig.tar.*")):
             if sha256_of(candidate) == wanted_hash:
@@ -126,19 +131,20 @@ def refresh_overlay() -> list[str]:
     return copied
 
 
-def ensure_tarball(try_url: bool = True) -> Path:
-    wrap = read_wrap()
-    wanted = wrap["source_hash"].strip()
-    dest = CACHE / wrap["source_filename"].strip()
+def obtain_tarball(dest: Path, wanted: str, url: str | None, debian_package: str,
+                   debian_sources: list[str] | None = None) -> Path:
+    """``dest`` with sha256 ``wanted``: kept if already there, else from ``url``, else from the orig
+    tarball of Debian's source package ``debian_package`` (see fetch_from_debian)."""
     if dest.exists() and sha256_of(dest) == wanted:
         return dest
-    CACHE.mkdir(parents=True, exist_ok=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_suffix(dest.suffix + ".part")
     errors = []
     attempts = []
-    if try_url:
-        attempts.append(("source_url", lambda: fetch_from_url(wrap["source_url"].strip(), partial)))
-    attempts.append(("Debian source package", lambda: fetch_from_debian(partial, wanted)))
+    if url:
+        attempts.append(("source URL", lambda: fetch_from_url(url, partial)))
+    attempts.append(("Debian source package",
+                     lambda: fetch_from_debian(partial, wanted, debian_package, debian_sources)))
     for name, attempt in attempts:
         partial.unlink(missing_ok=True)
         try:
@@ -149,14 +155,20 @@ def ensure_tarball(try_url: bool = True) -> Path:
         got = sha256_of(partial)
         if got == wanted:
             partial.replace(dest)
-            print(f"jemalloc tarball from {name}: {dest.relative_to(ROOT)} (sha256 ok)")
+            print(f"{dest.name} from {name} (sha256 ok)")
             return dest
         errors.append(f"{name}: sha256 {got} != {wanted}")
     partial.unlink(missing_ok=True)
     raise SystemExit(
-        "could not obtain the jemalloc tarball:\n  " + "\n  ".join(errors)
-        + f"\nPut {dest.name} (sha256 {wanted}) into {CACHE} by hand and run again."
+        f"could not obtain {dest.name}:\n  " + "\n  ".join(errors)
+        + f"\nPut {dest.name} (sha256 {wanted}) into {dest.parent} by hand and run again."
     )
+
+
+def ensure_tarball(try_url: bool = True) -> Path:
+    wrap = read_wrap()
+    return obtain_tarball(CACHE / wrap["source_filename"].strip(), wrap["source_hash"].strip(),
+                          wrap["source_url"].strip() if try_url else None, DEBIAN_SOURCE_PACKAGE)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, freethreading_compatible=True
 """A test-only consumer of arenalib's C-level API (tests/test_capi.py, issue 11; built by
 tests/cython/meson.build): an ArenaCore on the stack, full of garbage, made ready for arena_open()
 by arena_core_init()."""

@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, freethreading_compatible=True
 """A test-only consumer of arenalib's C-level API (built by tests/cython/meson.build) that never calls
 arena_core(), arena_open() or arena_raise(): it is handed an ArenaCore's address by another module
 and allocates through it without the GIL, so its first call past the inline fast path has to fetch

@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, freethreading_compatible=True
 """A test-only consumer of arenalib's C-level API (issue 11; built by tests/cython/meson.build): the
 inline fast paths' argument checks (tests/test_capi.py), and closing and re-opening an arena
 object's core from C (tests/test_safety.py)."""

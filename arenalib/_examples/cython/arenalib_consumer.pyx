@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, freethreading_compatible=True
 """An example consumer of arenalib's C-level API: nogil allocation loops with content checks."""
 
 from libc.stdint cimport uint64_t

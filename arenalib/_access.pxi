@@ -1,0 +1,262 @@
+# Accessing-now records: what keeps a segment's memory from going away while another thread is
+# touching it, on a free-threaded CPython (on a GIL build every function here compiles to nothing,
+# and the GIL does that job: nothing between a liveness check and the memory access releases it).
+#
+# Who needs them: the owners any thread may use (Arena, SlicingArena, BufferPool).  A ConfinedArena
+# is used by its owner thread only, so its frees, resets and closes never run beside an access.
+#
+# The protocol (a Dekker handshake, each side a full fence):
+# - A reader (fill, a slice copy, a buffer export, an allocate, a free) writes the Lifetime and the
+#   root segment it is about to use into its thread's record, fences, and then checks: if a writer
+#   is at work on that Lifetime (``busy``) or a free of that segment is under way (FREEING), it
+#   clears its record, waits for the writer and tries again.  Otherwise it checks liveness as
+#   always and touches the memory, then clears its record.
+# - A writer (reset, close) sets ``busy``, fences, then waits until no record names its Lifetime;
+#   a free of one segment sets the segment FREEING, fences, and waits until no record names that
+#   segment.  Either way, every access that saw the old state has finished, and every later one
+#   sees the new state (and raises) before it touches anything.
+# Each thread writes only its own record, on a cache line of its own: readers of one Arena on two
+# threads share no written cache line (what lets them scale), and a writer's cost is a scan of the
+# records in use.  Threads beyond ACCESS_RECORDS take one process-wide mutex instead: slower,
+# never wrong.  Records go back at thread exit (a pthread key destructor) and in a fork's child.
+#
+# Why not a lock per arena: two threads using one Arena would then write the same cache line on
+# every call (a reader-writer lock's reader count, or a PyMutex per object), the cost this
+# library's per-thread caches exist to avoid.  DESIGN.md has the measurements.
+
+cdef extern from *:
+    """
+    #include <pthread.h>
+    #include <sched.h>
+    #define ARENALIB_ACCESS_RECORDS 1024
+
+    #if ARENALIB_FREE_THREADED
+    typedef struct {
+        void *life;           /* the Lifetime this thread is accessing now, or NULL */
+        void *seg;            /* the root segment it is accessing now, or NULL */
+        int taken;            /* the record belongs to a live thread */
+        char padding[64 - 2 * sizeof(void *) - sizeof(int)];
+    } __attribute__((aligned(64))) arenalib_access_record;
+
+    static arenalib_access_record arenalib_records[ARENALIB_ACCESS_RECORDS];
+    static int arenalib_records_used;      /* records ever taken: [0, used) is scanned */
+    static pthread_mutex_t arenalib_overflow_lock = PTHREAD_MUTEX_INITIALIZER;
+    static char arenalib_overflow_token;   /* the token of a thread without a record */
+    static pthread_key_t arenalib_record_key;
+    static __thread arenalib_access_record *arenalib_my_record;
+    static __thread int arenalib_no_record;  /* the table was full when this thread looked */
+
+    static void arenalib_record_release(void *record) {
+        arenalib_access_record *r = (arenalib_access_record *)record;
+        __atomic_store_n(&r->seg, NULL, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->life, NULL, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->taken, 0, __ATOMIC_RELEASE);
+    }
+
+    static int arenalib_records_init(void) {
+        return pthread_key_create(&arenalib_record_key, arenalib_record_release);
+    }
+
+    static arenalib_access_record *arenalib_record_claim(void) {
+        int i, expected, used;
+        for (i = 0; i < ARENALIB_ACCESS_RECORDS; i++) {
+            expected = 0;
+            if (__atomic_load_n(&arenalib_records[i].taken, __ATOMIC_RELAXED) == 0
+                    && __atomic_compare_exchange_n(&arenalib_records[i].taken, &expected, 1, 0,
+                                                   __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+                used = __atomic_load_n(&arenalib_records_used, __ATOMIC_RELAXED);
+                while (used < i + 1 && !__atomic_compare_exchange_n(
+                        &arenalib_records_used, &used, i + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+                    ;
+                if (pthread_setspecific(arenalib_record_key, &arenalib_records[i]) != 0) {
+                    arenalib_record_release(&arenalib_records[i]);
+                    break;
+                }
+                arenalib_my_record = &arenalib_records[i];
+                return arenalib_my_record;
+            }
+        }
+        arenalib_no_record = 1;
+        return NULL;
+    }
+
+    static inline int arenalib_access_blocked(int *busy, int *seg_state) {
+        return __atomic_load_n(busy, __ATOMIC_ACQUIRE)
+            || (seg_state && __atomic_load_n(seg_state, __ATOMIC_ACQUIRE) == ARENALIB_SEG_FREEING);
+    }
+
+    static inline void arenalib_access_exit(void *token) {
+        arenalib_access_record *r = (arenalib_access_record *)token;
+        if (token == (void *)&arenalib_overflow_token) {
+            pthread_mutex_unlock(&arenalib_overflow_lock);
+        } else if (r != NULL) {
+            __atomic_store_n(&r->seg, NULL, __ATOMIC_RELEASE);
+            __atomic_store_n(&r->life, NULL, __ATOMIC_RELEASE);
+        }
+    }
+
+    /* Announce an access of ``life`` (and of root segment ``seg`` with state ``seg_state``, or
+       NULL), once no writer is at work on either; the token goes to arenalib_access_exit(). */
+    static inline void *arenalib_access_enter(void *life, int *busy, void *seg, int *seg_state) {
+        arenalib_access_record *r = arenalib_my_record;
+        void *token;
+        if (r == NULL && !arenalib_no_record)
+            r = arenalib_record_claim();
+        for (;;) {
+            if (r != NULL) {
+                __atomic_store_n(&r->seg, seg, __ATOMIC_RELAXED);
+                __atomic_store_n(&r->life, life, __ATOMIC_RELAXED);
+                __atomic_thread_fence(__ATOMIC_SEQ_CST);
+                token = r;
+            } else {
+                pthread_mutex_lock(&arenalib_overflow_lock);
+                token = &arenalib_overflow_token;
+            }
+            if (!arenalib_access_blocked(busy, seg_state))
+                return token;
+            arenalib_access_exit(token);
+            while (arenalib_access_blocked(busy, seg_state))
+                sched_yield();
+        }
+    }
+
+    /* Wait until no other thread's record names ``life`` (or, when life is NULL, ``seg``). */
+    static void arenalib_wait_readers(void *life, void *seg, void *my_token) {
+        int i, used = __atomic_load_n(&arenalib_records_used, __ATOMIC_ACQUIRE);
+        arenalib_access_record *r;
+        for (i = 0; i < used; i++) {
+            r = &arenalib_records[i];
+            if ((void *)r == my_token)
+                continue;
+            if (life != NULL)
+                while (__atomic_load_n(&r->life, __ATOMIC_ACQUIRE) == life)
+                    sched_yield();
+            else
+                while (__atomic_load_n(&r->seg, __ATOMIC_ACQUIRE) == seg)
+                    sched_yield();
+        }
+        /* Threads without a record access under the overflow lock: wait for the one inside, unless
+           it is this thread (a free holds its own access of the arena while it waits). */
+        if (my_token != (void *)&arenalib_overflow_token) {
+            pthread_mutex_lock(&arenalib_overflow_lock);
+            pthread_mutex_unlock(&arenalib_overflow_lock);
+        }
+    }
+
+    /* Exclusive use of ``life`` (a reset or a close) against every reader. */
+    static void arenalib_exclusive_begin(void *life, int *busy) {
+        int expected;
+        for (;;) {
+            expected = 0;
+            if (__atomic_compare_exchange_n(busy, &expected, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+                break;
+            sched_yield();  /* another reset or close of the same owner is at work */
+        }
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        arenalib_wait_readers(life, NULL, NULL);
+    }
+
+    static inline void arenalib_exclusive_end(int *busy) {
+        __atomic_store_n(busy, 0, __ATOMIC_RELEASE);
+    }
+
+    /* Start freeing a root segment: 0 when it is freed already (by this call's rival, say). */
+    static int arenalib_free_begin(int *seg_state, void *seg, void *my_token) {
+        int expected;
+        for (;;) {
+            expected = ARENALIB_SEG_ALIVE;
+            if (__atomic_compare_exchange_n(seg_state, &expected, ARENALIB_SEG_FREEING, 0,
+                                            __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+                break;
+            if (expected == ARENALIB_SEG_FREED)
+                return 0;
+            sched_yield();  /* another thread is freeing it: see whether it stays freed */
+        }
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        arenalib_wait_readers(NULL, seg, my_token);
+        return 1;
+    }
+
+    static inline void arenalib_free_end(int *seg_state, int freed) {
+        __atomic_store_n(seg_state, freed ? ARENALIB_SEG_FREED : ARENALIB_SEG_ALIVE, __ATOMIC_RELEASE);
+    }
+
+    /* In a fork's child only the calling thread is left: the others' records are free. */
+    static void arenalib_records_after_fork(void) {
+        int i;
+        for (i = 0; i < ARENALIB_ACCESS_RECORDS; i++) {
+            if (&arenalib_records[i] != arenalib_my_record)
+                arenalib_record_release(&arenalib_records[i]);
+        }
+        pthread_mutex_init(&arenalib_overflow_lock, NULL);
+    }
+    #else  /* the GIL orders every access before every free: nothing to do */
+    static inline int arenalib_records_init(void) { return 0; }
+    static inline void *arenalib_access_enter(void *l, int *b, void *s, int *st) { return NULL; }
+    static inline void arenalib_access_exit(void *token) { }
+    static inline void arenalib_exclusive_begin(void *life, int *busy) { }
+    static inline void arenalib_exclusive_end(int *busy) { }
+    static inline int arenalib_free_begin(int *st, void *seg, void *token) {
+        if (*st == ARENALIB_SEG_FREED) return 0;
+        *st = ARENALIB_SEG_FREEING;
+        return 1;
+    }
+    static inline void arenalib_free_end(int *st, int freed) { *st = freed ? ARENALIB_SEG_FREED : ARENALIB_SEG_ALIVE; }
+    static inline void arenalib_records_after_fork(void) { }
+    #endif
+    """
+    int arenalib_records_init() noexcept nogil
+    void* arenalib_access_enter(void* life, int* busy, void* seg, int* seg_state) noexcept nogil
+    void arenalib_access_exit(void* token) noexcept nogil
+    void arenalib_exclusive_begin(void* life, int* busy) noexcept nogil
+    void arenalib_exclusive_end(int* busy) noexcept nogil
+    bint arenalib_free_begin(int* seg_state, void* seg, void* my_token) noexcept nogil
+    void arenalib_free_end(int* seg_state, bint freed) noexcept nogil
+    void arenalib_records_after_fork() noexcept nogil
+
+
+from arenalib._capi cimport FREE_THREADED, Lifetime
+
+
+cdef inline bint _any_thread(Lifetime* life) noexcept nogil:
+    """The owner's segments may be used by several threads at once (all but a ConfinedArena's)."""
+    return FREE_THREADED and life.owner == 0
+
+
+cdef void* access_enter(Lifetime* life, void* seg, int* seg_state) noexcept nogil:
+    """Announce an access of ``life``'s memory (of root segment ``seg`` when not NULL); a token for
+    access_exit().  Nothing on a GIL build or for a ConfinedArena."""
+    if not _any_thread(life):
+        return NULL
+    return arenalib_access_enter(life, &life.busy, seg, seg_state)
+
+
+cdef void access_exit(void* token) noexcept nogil:
+    arenalib_access_exit(token)
+
+
+cdef void exclusive_begin(Lifetime* life) noexcept nogil:
+    """Wait until no thread accesses ``life``'s memory, and keep new accesses waiting until
+    exclusive_end() (for reset and close)."""
+    if _any_thread(life):
+        arenalib_exclusive_begin(life, &life.busy)
+
+
+cdef void exclusive_end(Lifetime* life) noexcept nogil:
+    if _any_thread(life):
+        arenalib_exclusive_end(&life.busy)
+
+
+cdef bint free_begin(Lifetime* life, Segment root, void* my_token) noexcept:
+    """Mark ``root`` as being freed and wait for its accesses to finish; False when it is freed
+    already.  free_end() says whether it stayed freed."""
+    if not _any_thread(life):
+        if root._freed == SEG_FREED:
+            return False
+        root._freed = SEG_FREEING
+        return True
+    return arenalib_free_begin(&root._freed, <void*>root, my_token)
+
+
+cdef void free_end(Segment root, bint freed) noexcept:
+    arenalib_free_end(&root._freed, freed)
