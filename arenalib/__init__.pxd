@@ -10,13 +10,27 @@
 #         err = arena_free(core, ptr, 512)
 #     arena_raise(err)                      # the matching Python exception, if any
 #
-# The nogil functions never raise: they return ARENA_OK or an error code.  A ConfinedArena's core
-# fails with ARENA_EWRONGTHREAD on any thread but its owner; a SlicingArena's with ARENA_EBUSY when
-# another thread is carving from it at that moment; an Arena's is free for all threads (each gets
-# its own thread cache).  arena_free() takes the size given to arena_allocate().  Close and reset
-# must not race with allocations on other threads, nor with any use of the arena's segments from
-# Python on another thread (a segment access counts itself in the arena's exports, but without a
-# memory barrier that a nogil thread could rely on).  For a scope without any Python object, put an
+# The nogil functions never raise: they return ARENA_OK or an error code.  arena_free() takes the
+# size given to arena_allocate().
+#
+# Threads.  The same contract holds with the GIL and on a free-threaded CPython (3.13t), where nogil
+# code and Python threads truly run at once:
+# - an Arena's core: arena_allocate() and arena_free() from any threads at once (each thread has
+#   its own thread cache);
+# - a ConfinedArena's core: its owner thread only; any other gets ARENA_EWRONGTHREAD;
+# - a SlicingArena's core: any thread, one carving at a time; the others get ARENA_EBUSY;
+# - arena_close() and arena_reset(), and the Python close(), reset() and purge(), must come after
+#   every nogil arena_allocate()/arena_free() of that core on other threads has returned (join
+#   your workers first): arenalib does not track C-level callers.  Python-level users need no such
+#   care: close, reset, purge, free and release wait for Python-level accesses of the memory under
+#   way on other threads, and those that come later raise (arenalib/_access.pxi);
+# - arena_core() and arena_open()/arena_close() need the GIL (an attached thread state);
+# - a segment's memory you write from nogil code is yours while the segment is alive: arenalib
+#   does not stop another Python thread from freeing it under you.
+# The inline paths honour this: they read and write only the calling thread's state (a confined
+# core's free lists, a SlicingArena's carve by its biased thread), and on a free-threaded build the
+# inline open and close of a confined scope leave the shared parked slot to arenalib's functions,
+# which lock the slot pool.  For a scope without any Python object, put an
 # ArenaCore on the stack, prepare it once with arena_core_init(), then use arena_open() /
 # arena_close() (both need the GIL).
 #

@@ -7,6 +7,10 @@ Every test is followed by a leak check: once the garbage is collected, as many p
 must be in use (held by open arenas) as before the test.  An arena left open and unreachable would
 also emit a ResourceWarning, which the pytest configuration turns into an error.
 
+On a free-threaded CPython (3.13t: ``python3 dev.py test --python 3.13t``) the GIL must stay off: it
+is checked once arenalib is imported (session start), once the test consumers of tests/cython are
+loaded, and at the end of the session, which fails if any module imported on the way turned it on.
+
 The helpers the test modules share are in tests/support.py.
 """
 
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
+import sysconfig
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -30,6 +36,63 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("ARENALIB_HYPOTHESIS_PROFILE", "default"))
+
+FREE_THREADED = sysconfig.get_config_var("Py_GIL_DISABLED") == 1
+_GIL_PROBLEM = pytest.StashKey[str]()
+_GIL_TURNED_ON_IN = pytest.StashKey[str]()
+
+
+def _gil_enabled_by() -> str | None:
+    """None while the GIL is off (or on a GIL build, where there is nothing to check), else why it is on."""
+    if not FREE_THREADED or not sys._is_gil_enabled():
+        return None
+    if os.environ.get("PYTHON_GIL", "") not in ("", "0"):
+        return f"PYTHON_GIL={os.environ['PYTHON_GIL']} is set in the environment"
+    # Python cannot say which module it was: name the extension modules from outside the standard library.
+    stdlib = sysconfig.get_config_var("DESTSHARED") or sysconfig.get_path("platstdlib")
+    loaded = sorted(name for name, module in list(sys.modules.items())
+                    if (path := getattr(module, "__file__", None) or "").endswith(".so")
+                    and not path.startswith(stdlib))
+    return ("an extension module that does not declare free-threading support (Py_mod_gil, Cython's "
+            "freethreading_compatible directive) turned it on: its import raised \"RuntimeWarning: The "
+            "global interpreter lock (GIL) has been enabled to load module ...\" (an error under this "
+            "suite's filterwarnings), or, with that warning not an error, it is one of these loaded ones: "
+            + (", ".join(loaded) or "none"))
+
+
+def pytest_sessionstart(session):
+    # conftest has imported arenalib (and tests/support.py) by now.
+    why = _gil_enabled_by()
+    if why is not None:
+        pytest.exit(f"free-threaded CPython, but the GIL is enabled at session start: {why}",
+                    returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Note the first test (setup, call or teardown, its fixtures included) that turned the GIL on."""
+    was_on = FREE_THREADED and sys._is_gil_enabled()
+    result = yield
+    if FREE_THREADED and not was_on and sys._is_gil_enabled():
+        item.config.stash.setdefault(_GIL_TURNED_ON_IN, item.nodeid)
+    return result
+
+
+def pytest_sessionfinish(session, exitstatus):
+    why = _gil_enabled_by()
+    if why is not None:
+        culprit = session.config.stash.get(_GIL_TURNED_ON_IN, None)
+        if culprit is not None:
+            why = f"it went on during {culprit}: {why}"
+        session.config.stash[_GIL_PROBLEM] = why
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    why = config.stash.get(_GIL_PROBLEM, None)
+    if why is not None:
+        terminalreporter.section("free-threading", sep="=", red=True, bold=True)
+        terminalreporter.write_line(f"FAILED: the GIL was enabled during the session: {why}", red=True)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -88,4 +151,8 @@ def arena(kind):
 def cython_consumers(tmp_path_factory):
     """The test-only Cython consumers of the C API (tests/cython), built once: see
     support.build_test_consumers."""
-    return build_test_consumers(tmp_path_factory.mktemp("cython_consumers"))
+    was_on = FREE_THREADED and sys._is_gil_enabled()  # (if so, the session's end reports it)
+    consumers = build_test_consumers(tmp_path_factory.mktemp("cython_consumers"))
+    why = None if was_on else _gil_enabled_by()
+    assert why is None, f"loading the test consumers of tests/cython turned the GIL on: {why}"
+    return consumers

@@ -90,6 +90,8 @@ IMPORT_ORDERS = [
 ]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None,
+                    reason="pyarrow is not installed (no wheel for free-threaded CPython)")
 @pytest.mark.parametrize("order", IMPORT_ORDERS, ids="-".join)
 def test_side_by_side_with_numpy_and_pyarrow(order):
     # pyarrow carries its own jemalloc (je_arrow_ prefix): both must work in one process.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 import safety_child
@@ -138,6 +139,12 @@ RACES = {
     "race-slicing-signal": {"kills": 1000, "dead_writes": 500},
     "race-finalizer": {"kills": 5000, "dead_writes": 1000},
 }
+if sysconfig.get_config_var("Py_GIL_DISABLED") == 1:
+    # 3.13t's collector looks at its threshold once per 512 allocations of a thread, and each
+    # collection scans the whole heap (no generations): a collection cannot be placed at a chosen
+    # allocation, so the finalizer kills between calls (~700 in 3 s), never with a call's segment
+    # dead on arrival.  The calls racing with kills on that build are the threads' races.
+    RACES["race-finalizer"] = {"kills": 200}
 
 
 @pytest.mark.parametrize("race", RACES)

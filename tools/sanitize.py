@@ -58,3 +58,27 @@ def sanitizer_env(build_dir: Path) -> dict[str, str]:
         "ARENALIB_SANITIZE": "1",
     })
     return env
+
+
+# ThreadSanitizer findings that are not arenalib's data races, each with its reason.
+TSAN_SUPPRESSIONS = """\
+# The arena's figures (live bytes of other threads' books, read by stats() and by the peak after an
+# allocate) are read while their threads change them: documented as figures, not invariants.
+race:*shared_update_peak*
+race:*shared_totals*
+"""
+
+
+def tsan_env(build_dir: Path) -> dict[str, str]:
+    """The environment of `dev.py tsan`: the interpreter is built with ThreadSanitizer (its runtime
+    is loaded with it), so only the options and the suppressions are set here."""
+    env = dict(os.environ)
+    suppressions = build_dir / "tsan-suppressions.txt"
+    suppressions.write_text(TSAN_SUPPRESSIONS)
+    env.update({
+        # halt_on_error: a report fails the test run instead of scrolling past.
+        "TSAN_OPTIONS": f"halt_on_error=1:second_deadlock_stack=1:suppressions={suppressions}",
+        "PYTHON_GIL": "0",
+        "ARENALIB_SANITIZE": "1",
+    })
+    return env

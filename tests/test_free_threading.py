@@ -1,0 +1,369 @@
+"""Races that only threads truly in parallel produce (free-threaded CPython, issue 13), run on every
+interpreter (with the GIL they interleave at every switch instead).
+
+The property behind each test: a write through a stale handle never lands in memory that someone
+else owns now.  Owners write their own byte into memory they own and check it is still there after
+attackers have hammered stale handles of the same memory (the handles die by free, release, reset
+or close while the attackers write); a single foreign byte is a use after free.
+"""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+import threading
+import time
+
+import pytest
+from support import run_threads
+
+import arenalib
+from arenalib import Arena, ArenaClosedError, BufferPool, SlicingArena
+
+FREE_THREADED = sysconfig.get_config_var("Py_GIL_DISABLED") == 1
+ATTACK = 0xEE          # what attackers write through stale handles; owners never write it
+ROUNDS = 300 if FREE_THREADED else 120
+SIZES = (64, 4096, 65536)
+
+
+@pytest.fixture(autouse=True)
+def _fast_thread_switching():
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(interval)
+
+
+def test_gil_is_off_on_free_threaded_builds():
+    """arenalib's modules declare themselves free-threading compatible: importing them (and using
+    them from threads) leaves the GIL off."""
+    if not FREE_THREADED:
+        pytest.skip("a GIL build")
+    import arenalib._pool  # noqa: F401
+
+    assert sys._is_gil_enabled() is False
+
+
+class Attackers:
+    """Threads writing ATTACK through every handle published to them, until stopped; a dead handle
+    raises ArenaClosedError (anything else is an error of the test)."""
+
+    def __init__(self, n: int = 2):
+        self.handles: list = []
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.writes = 0
+        self.refused = 0
+        self.threads = [threading.Thread(target=self._run) for _ in range(n)]
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        if self.errors:
+            raise self.errors[0]
+
+    def _run(self):
+        try:
+            while not self.stop.is_set():
+                for seg in self.handles[-4:]:
+                    try:
+                        seg.fill(ATTACK)
+                        seg[0] = ATTACK
+                        self.writes += 1
+                    except ArenaClosedError:
+                        self.refused += 1
+        except BaseException as exc:
+            self.errors.append(exc)
+
+
+def assert_own(seg, byte):
+    data = seg.tobytes()
+    assert data == bytes([byte]) * len(data), (
+        f"{data.count(ATTACK)} of {len(data)} bytes were written through a stale handle")
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_stale_writes_never_reach_the_next_owner_after_free(size):
+    """Owner threads free segments that attackers are writing into, then take the same memory
+    again (jemalloc hands the block just freed back first) and check it holds their own byte."""
+    with Arena() as arena, Attackers() as attackers:
+
+        def owner(index):
+            own = 1 + index
+            for _ in range(ROUNDS):
+                victim = arena.allocate(size, zero=False)
+                victim.fill(own)
+                attackers.handles.append(victim)
+                time.sleep(0)
+                try:
+                    victim.free()  # waits for a write under way; later writes raise
+                except ArenaClosedError:
+                    pytest.fail("a segment only its owner frees was freed twice")
+                mine = arena.allocate(size, zero=False)
+                mine.fill(own)
+                for _ in range(3):
+                    time.sleep(0)
+                    assert_own(mine, own)
+                mine.free()
+
+        run_threads(owner, n=2)
+    assert attackers.refused > 0  # the attack did meet dead handles
+
+
+def test_stale_writes_never_reach_the_next_owner_after_release():
+    """A BufferPool hands the buffer released last out first: a stale handle's write would land in
+    the next owner's buffer at once."""
+    with BufferPool(4096, 8) as pool, Attackers() as attackers:
+
+        def owner(index):
+            own = 1 + index
+            for _ in range(ROUNDS):
+                victim = pool.acquire()
+                victim.fill(own)
+                attackers.handles.append(victim)
+                time.sleep(0)
+                pool.release(victim)
+                mine = pool.acquire()
+                mine.fill(own)
+                for _ in range(3):
+                    time.sleep(0)
+                    assert_own(mine, own)
+                pool.release(mine)
+
+        run_threads(owner, n=2)
+    assert attackers.refused > 0
+
+
+@pytest.mark.parametrize("kind", [Arena, SlicingArena])
+def test_stale_writes_never_reach_memory_after_reset(kind):
+    """A reset under the attackers' writes: the arena's next segments (the same memory) keep their
+    owner's byte."""
+    with kind() as arena, Attackers() as attackers:
+        for step in range(ROUNDS):
+            own = 1 + step % 200
+            for _ in range(4):
+                seg = arena.allocate(4096, zero=False)
+                seg.fill(own)
+                attackers.handles.append(seg)
+            time.sleep(0)
+            arena.reset()  # waits for writes under way; later ones raise
+            fresh = [arena.allocate(4096, zero=False) for _ in range(4)]
+            for seg in fresh:
+                seg.fill(own)
+            time.sleep(0)
+            for seg in fresh:
+                assert_own(seg, own)
+            arena.reset()
+    assert attackers.refused > 0
+
+
+@pytest.mark.parametrize("kind", [Arena, SlicingArena])
+def test_stale_writes_never_reach_the_next_arena_after_close(kind):
+    """Arenas closed under the attackers' writes; the next arena (often on the same jemalloc arena,
+    the same pages) keeps its owner's byte."""
+    with Attackers() as attackers:
+        for step in range(ROUNDS // 2):
+            own = 1 + step % 200
+            arena = kind()
+            for _ in range(4):
+                seg = arena.allocate(4096, zero=False)
+                seg.fill(own)
+                attackers.handles.append(seg)
+            time.sleep(0)
+            arena.close()
+            with kind() as successor:
+                fresh = [successor.allocate(4096, zero=False) for _ in range(4)]
+                for seg in fresh:
+                    seg.fill(own)
+                time.sleep(0)
+                for seg in fresh:
+                    assert_own(seg, own)
+    assert attackers.refused > 0
+
+
+def _one_of(outcomes, *allowed):
+    def attempt(function, *args):
+        try:
+            function(*args)
+            outcomes["ok"] = outcomes.get("ok", 0) + 1
+        except allowed as exc:
+            outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+    return attempt
+
+
+def test_shared_arena_every_operation_from_four_threads():
+    """allocate/free/fill/memoryview/reset/close/stats/live_objects on one Arena from four threads:
+    every call either works or raises one of the documented exceptions, and what a thread wrote
+    into a segment it owns is still there when it checks."""
+    arena = Arena()
+    outcomes: dict = {}
+    attempt = _one_of(outcomes, ArenaClosedError, BufferError)
+    deadline = time.monotonic() + (3.0 if FREE_THREADED else 2.0)
+
+    def worker(index):
+        own = 1 + index
+        while time.monotonic() < deadline:
+            segs = []
+            try:
+                for size in (32, 4096, 70000):
+                    seg = arena.allocate(size, zero=False)
+                    segs.append(seg)
+                    seg.fill(own)
+            except ArenaClosedError:
+                pass  # thread 0 reset the arena between the allocate and the fill
+            for seg in segs:
+                try:
+                    with memoryview(seg) as view:
+                        assert view[0] == own and view[-1] == own
+                        assert_own(seg, own)
+                except ArenaClosedError:
+                    pass  # thread 0 reset the arena: the segment is dead
+            if index == 0 and segs:
+                attempt(arena.reset)
+            if index == 1:
+                arena.stats()
+                arenalib.live_objects()
+            for seg in segs:
+                attempt(seg.free)
+        return True
+
+    assert all(run_threads(worker))
+    try:
+        arena.close()
+    finally:
+        assert arena.closed or arena.stats()["exports"] == 0
+    assert outcomes.get("ok", 0) > 0
+
+
+def test_shared_arena_close_against_exports_from_other_threads():
+    """close() from one thread while others take and drop memoryviews: it raises BufferError while
+    one is alive and changes nothing; once it succeeds, no thread gets a view of the memory."""
+    for _ in range(20 if FREE_THREADED else 5):
+        _close_against_exports()
+
+
+def _close_against_exports():
+    arena = Arena()
+    segs = [arena.allocate(4096, zero=False) for _ in range(8)]
+    for seg in segs:
+        seg.fill(7)
+    closed = threading.Event()
+    views_after_close = []
+
+    def exporter(index):
+        while not closed.is_set():
+            for seg in segs[index::3]:
+                try:
+                    with memoryview(seg) as view:
+                        if closed.is_set() and arena.closed:
+                            views_after_close.append(bytes(view[:1]))
+                        assert view[0] == 7
+                except ArenaClosedError:
+                    pass
+
+    def closer_or_exporter(index):
+        if index < 3:
+            return exporter(index)
+        refused = 0
+        while True:
+            try:
+                arena.close()
+                break
+            except BufferError:
+                refused += 1
+                time.sleep(0)
+        closed.set()
+        return refused
+
+    run_threads(closer_or_exporter)
+    assert arena.closed
+    assert views_after_close == []
+    assert all(not seg.alive for seg in segs)
+
+
+def test_buffer_pool_every_operation_from_four_threads():
+    """acquire/release/fill/memoryview/reset/stats on one BufferPool from four threads: acquired
+    buffers are never handed out twice (each holds its owner's byte while owned), and the pool's
+    counts add up at the end."""
+    pool = BufferPool(1024, 16)
+    outcomes: dict = {}
+    attempt = _one_of(outcomes, ArenaClosedError, BufferError)
+    deadline = time.monotonic() + (3.0 if FREE_THREADED else 2.0)
+
+    def worker(index):
+        own = 1 + index
+        while time.monotonic() < deadline:
+            held = []
+            for _ in range(3):
+                seg = pool.try_acquire()
+                if seg is not None:
+                    held.append(seg)
+                    attempt(seg.fill, own)  # thread 0 may have reset the pool since
+            for seg in held:
+                try:
+                    with memoryview(seg) as view:
+                        assert view[0] == own
+                    assert_own(seg, own)
+                except ArenaClosedError:
+                    pass  # reset by thread 0
+            if index == 0:
+                attempt(pool.reset)
+            if index == 1:
+                pool.stats()
+                arenalib.live_objects()
+            for seg in held:
+                attempt(pool.release, seg)
+        return True
+
+    try:
+        assert all(run_threads(worker))
+        stats = pool.stats()
+        assert stats["in_use"] + stats["available"] == stats["buffers"]
+        assert stats["exports"] == 0
+    finally:
+        pool.close()
+    assert outcomes.get("ok", 0) > 0
+
+
+def test_double_free_from_two_threads_frees_once():
+    """Two threads free the same segment at once: one succeeds, the other gets ArenaClosedError;
+    the arena's books count one free."""
+    with Arena() as arena:
+        for _ in range(ROUNDS):
+            seg = arena.allocate(256, zero=False)
+            outcomes = run_threads(lambda i, seg=seg: _free_outcome(seg), n=2)
+            assert sorted(outcomes) == ["dead", "freed"]
+        assert arena.stats()["live_segments"] == 0
+
+
+def _free_outcome(seg):
+    try:
+        seg.free()
+        return "freed"
+    except ArenaClosedError:
+        return "dead"
+
+
+def test_one_arena_per_thread_scopes_in_parallel():
+    """Scopes of every kind opened and closed in four threads at once: the slot pool hands each
+    arena its own jemalloc arena, and every scope's memory holds its owner's byte."""
+
+    def worker(index):
+        own = 1 + index
+        for step in range(ROUNDS):
+            kind = (arenalib.ConfinedArena, Arena, SlicingArena)[step % 3]
+            with kind() as arena:
+                segs = [arena.allocate(size, zero=False) for size in SIZES]
+                for seg in segs:
+                    seg.fill(own)
+                for seg in segs:
+                    assert_own(seg, own)
+        return True
+
+    assert all(run_threads(worker))
