@@ -42,6 +42,7 @@ cdef extern from *:
     static int arenalib_records_used;      /* records ever taken: [0, used) is scanned */
     static pthread_mutex_t arenalib_overflow_lock = PTHREAD_MUTEX_INITIALIZER;
     static char arenalib_overflow_token;   /* the token of a thread without a record */
+    static int arenalib_overflow_users;    /* threads inside the overflow lock: writers lock it only then */
     static pthread_key_t arenalib_record_key;
     static __thread arenalib_access_record *arenalib_my_record;
     static __thread int arenalib_no_record;  /* the table was full when this thread looked */
@@ -88,6 +89,7 @@ cdef extern from *:
     static inline void arenalib_access_exit(void *token) {
         arenalib_access_record *r = (arenalib_access_record *)token;
         if (token == (void *)&arenalib_overflow_token) {
+            __atomic_sub_fetch(&arenalib_overflow_users, 1, __ATOMIC_RELEASE);
             pthread_mutex_unlock(&arenalib_overflow_lock);
         } else if (r != NULL) {
             __atomic_store_n(&r->seg, NULL, __ATOMIC_RELEASE);
@@ -110,6 +112,7 @@ cdef extern from *:
                 token = r;
             } else {
                 pthread_mutex_lock(&arenalib_overflow_lock);
+                __atomic_add_fetch(&arenalib_overflow_users, 1, __ATOMIC_SEQ_CST);
                 token = &arenalib_overflow_token;
             }
             if (!arenalib_access_blocked(busy, seg_state))
@@ -137,7 +140,8 @@ cdef extern from *:
         }
         /* Threads without a record access under the overflow lock: wait for the one inside, unless
            it is this thread (a free holds its own access of the arena while it waits). */
-        if (my_token != (void *)&arenalib_overflow_token) {
+        if (my_token != (void *)&arenalib_overflow_token
+                && __atomic_load_n(&arenalib_overflow_users, __ATOMIC_SEQ_CST)) {
             pthread_mutex_lock(&arenalib_overflow_lock);
             pthread_mutex_unlock(&arenalib_overflow_lock);
         }
@@ -189,6 +193,7 @@ cdef extern from *:
                 arenalib_record_release(&arenalib_records[i]);
         }
         pthread_mutex_init(&arenalib_overflow_lock, NULL);
+        arenalib_overflow_users = 0;
     }
     #else  /* the GIL orders every access before every free: nothing to do */
     static inline int arenalib_records_init(void) { return 0; }
@@ -213,6 +218,7 @@ cdef extern from *:
     bint arenalib_free_begin(int* seg_state, void* seg, void* my_token) noexcept nogil
     void arenalib_free_end(int* seg_state, bint freed) noexcept nogil
     void arenalib_records_after_fork() noexcept nogil
+    void arenalib_yield "sched_yield"() noexcept nogil
 
 
 from arenalib._capi cimport FREE_THREADED, Lifetime

@@ -27,7 +27,7 @@ from libc.string cimport memcpy
 import warnings
 
 from arenalib._capi cimport (
-    ARENA_KIND_SHARED, ArenaCore, Books, InlineState, abi_fingerprint, adopt_inline_state,
+    ARENA_EBUSY, ARENA_KIND_SHARED, FREE_THREADED, ArenaCore, Books, InlineState, abi_fingerprint, adopt_inline_state,
     arena_allocate, arena_free, arena_open,
 )
 from arenalib._jemalloc cimport JEMALLOC_VERSION, je_mallctl, je_mallctlbymib, je_mallctlnametomib
@@ -194,6 +194,11 @@ cdef class ArenaBase(SegmentOwner):
         # Another thread's reset or close waits until the segment is bound to this generation.
         cdef void* token = access_enter(&self._core.life, NULL, NULL)
         cdef int err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
+        while err == ARENA_EBUSY and FREE_THREADED:
+            # Another thread is carving from this SlicingArena: with the GIL off, Python threads
+            # meet here; wait for the carve (microseconds) rather than raise.
+            arenalib_yield()
+            err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
         if err:
             access_exit(token)
             self._raise(err, f"cannot allocate {size} bytes (align={align})")
@@ -210,10 +215,11 @@ cdef class ArenaBase(SegmentOwner):
         # Segment.free() checked the segment; another thread may have freed it, or reset or closed
         # the arena, since: judged again once no reset or close can run (see _access.pxi).
         cdef Lifetime* life = &self._core.life
-        cdef void* token = access_enter(life, NULL, NULL)
-        if not free_begin(life, seg, token):
-            access_exit(token)
+        # The segment first (waiting for its accesses holds nothing), then the arena against reset
+        # and close: a thread waiting never holds what another waits for.
+        if not free_begin(life, seg, NULL):
             return seg._raise_status(SEGMENT_DEAD)
+        cdef void* token = access_enter(life, NULL, NULL)
         if life.generation != seg._generation:
             free_end(seg, False)
             access_exit(token)
@@ -416,13 +422,16 @@ cdef void jemalloc_arena_figures(ArenaCore* core, size_t* figures) noexcept:
     cdef int i
     for i in range(4):
         figures[i] = 0
-    if not core.open:
+    # Read once: a ConfinedArena's owner may close it while another thread asks (slots are never
+    # freed, so the one read stays valid).
+    cdef ArenaSlot* slot = core.slot
+    if not core.open or slot == NULL:
         return
     # Statistics are snapshots: advancing the epoch refreshes them.
     je_mallctl(b"epoch", NULL, NULL, &epoch, sizeof(epoch))
     for i in range(4):
         memcpy(mib, _mib_figures[i], _mib_figures_len[i] * sizeof(size_t))
-        mib[2] = core.slot.arena_index
+        mib[2] = slot.arena_index
         size = sizeof(size_t)
         if je_mallctlbymib(mib, _mib_figures_len[i], &figures[i], &size, NULL, 0):
             figures[i] = 0

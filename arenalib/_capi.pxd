@@ -455,16 +455,19 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
         # record, then check that the arena was not taken over meanwhile (a thread taking it over
         # clears carve_owner, runs membarrier(), then reads the record: one of the two sees the
         # other).  No atomic read-modify-write, no fence instruction.
+        # The record read here may already be the next owner's (or none): a thread only ever
+        # announces a carve in its own record, else it takes the slow path.
         record = core.slicing.carve_record
-        arenalib_set_carving(&record.carving, core)
-        arenalib_compiler_fence()
-        ptr = NULL
-        if arenalib_load_owner(&core.carve_owner) == me:
-            ptr = slicing_carve_current(core, size, SLICE_DEFAULT_ALIGN, zero)
-        arenalib_clear_carving(&record.carving)
-        if ptr != NULL:
-            out[0] = ptr
-            return ARENA_OK
+        if record != NULL and record.thread == me:
+            arenalib_set_carving(&record.carving, core)
+            arenalib_compiler_fence()
+            ptr = NULL
+            if arenalib_load_owner(&core.carve_owner) == me:
+                ptr = slicing_carve_current(core, size, SLICE_DEFAULT_ALIGN, zero)
+            arenalib_clear_carving(&record.carving)
+            if ptr != NULL:
+                out[0] = ptr
+                return ARENA_OK
     if arenalib_allocate_slow_fn != NULL:
         return (<allocate_fn>arenalib_allocate_slow_fn)(core, size, align, zero, out)
     state = core_state(core)  # a core handed to a module that never called abi_check()

@@ -164,8 +164,9 @@ cdef class Segment:
         cdef Lifetime* life = self._life
         if life == NULL:
             return SEGMENT_NOT_FROM_ARENA
-        if life.generation != self._generation or self._freed or (
-                self._root is not None and self._root._freed):
+        # A free under way (SEG_FREEING) may still be refused: alive until it is done.
+        if life.generation != self._generation or self._freed == SEG_FREED or (
+                self._root is not None and self._root._freed == SEG_FREED):
             return SEGMENT_DEAD
         if life.owner and life.owner != thread_ident():
             return SEGMENT_WRONG_THREAD
@@ -236,7 +237,8 @@ cdef class Segment:
     def alive(self):
         """True while the memory is there: not freed, reset or closed with its arena."""
         return (self._life != NULL and self._life.generation == self._generation
-                and not self._freed and (self._root is None or not self._root._freed))
+                and self._freed != SEG_FREED
+                and (self._root is None or self._root._freed != SEG_FREED))
 
     @property
     def exports(self):

@@ -298,14 +298,19 @@ cdef class SlicingArena(ArenaBase):
 
     def purge(self):
         """Give back the chunks not in use (those past the current one) and purge dirty pages."""
-        self._check_usable()
-        cdef int err = slicing_lock(&self._core)
+        # Chunks and thread caches go: no other thread's Python-level access, reset or close meanwhile.
+        exclusive_begin(&self._core.life)
+        cdef int err = _usable(&self._core)
+        if not err:
+            err = slicing_lock(&self._core)
+        if not err:
+            slicing_free_chunks(&self._core,
+                                self._core.slicing.current + 1 if self._core.slicing.nchunks else 0)
+            slicing_unlock(&self._core)
+            slot_purge(self._core.slot)
+        exclusive_end(&self._core.life)
         if err:
             self._raise(err, "cannot purge")
-        slicing_free_chunks(&self._core,
-                            self._core.slicing.current + 1 if self._core.slicing.nchunks else 0)
-        slicing_unlock(&self._core)
-        slot_purge(self._core.slot)
 
     def stats(self):
         """As ArenaBase.stats(), plus the chunks held."""

@@ -308,24 +308,22 @@ cdef size_t slot_flush_threads(ArenaSlot* slot, FlushMode mode) noexcept nogil:
 
 cdef void slot_reset(ArenaSlot* slot) noexcept nogil:
     """Discard every allocation of the slot's arena at once (pages stay warm)."""
-    global _resets
     # jemalloc requires every tcache that touched the arena to be flushed before a reset.
     _flush_tcache(slot.tcache_index)
     slot_flush_threads(slot, FLUSH_AND_FORGET)
     _cache_forget(&slot.cache)
     _arena_ctl(_mib_reset, _mib_reset_len, slot.arena_index)
     slot.stale_bytes = 0
-    _resets += 1
+    count_add(&_resets, 1)
 
 
 cdef void slot_purge(ArenaSlot* slot) noexcept nogil:
     """Hand the arena's unused dirty pages back to the OS now."""
-    global _purges
     _flush_tcache(slot.tcache_index)
     slot_flush_threads(slot, FLUSH_ONLY)
     _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
     slot.churn_bytes = 0
-    _purges += 1
+    count_add(&_purges, 1)
 
 
 cdef void slot_wipe(ArenaSlot* slot) noexcept nogil:

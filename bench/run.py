@@ -10,7 +10,7 @@ every figure and PNG plots.
 Experiments (each module's docstring says what it measures and how):
     roundtrip.py   allocate + fill(3) + free per op, 8 B to 1 MiB: ns/op, ops/ms, ratio to bytearray
     memory.py      RSS through a fragmenting ~1.5 GB workload, a fresh process per candidate
-    threads.py     1 and 2 Python threads allocating: ops/s and scaling
+    threads.py     1 and 2 Python threads allocating: ops/s, scaling, single-thread ratio to bytearray
 
 Each experiment runs in a child process of its own (``run.py --child NAME``): one that dies (a signal,
 such as SIGILL from an extension built for another CPU) or raises is reported by name with the reason,
@@ -170,18 +170,43 @@ def memory_table(mem: dict, markdown: bool = False) -> str:
     return title + "\n" + table(heads, rows, markdown)
 
 
+def threads_title(th: dict) -> str:
+    """Which interpreter measured the threads table, and what bounds its scaling."""
+    interp = th["method"].get("interpreter")
+    if interp is None:  # a results.json from before the interpreter was recorded: a GIL build
+        return "a GIL build (interpreter not recorded): Python threads share the GIL, scaling at most ~1.0"
+    where = interp["description"]
+    if interp["gil_enabled"]:
+        return f"{where}: Python threads share the GIL, scaling at most ~1.0 at Python level"
+    if not interp.get("specialising_interpreter", True):
+        where += ", no specialising interpreter"
+    return f"{where}: Python threads run in parallel"
+
+
 def threads_table(th: dict, markdown: bool = False) -> str:
     rows = []
     for key, c in th["candidates"].items():
+        if c.get("skipped") or key not in th["cells"]:
+            continue
         for n in th["method"]["sizes"]:
             cell = th["cells"][key][str(n)]
+            ratio = (cell.get("ratio_to_baseline") or {}).get("1")
+            ratio_repeat = (cell.get("ratio_to_bytearray_repeat") or {}).get("1")
+            target = cell.get("target")
             rows.append([c["label"], fmt_size(n),
                          f"{cell['1']['ops_per_s']['median'] / 1e6:.2f}",
                          f"{cell['2']['ops_per_s']['median'] / 1e6:.2f}",
-                         f"{cell['scaling']['median']:.2f}"])
-    title = (("### " if markdown else "") + "Threads: total Mops/s with 1 and 2 Python threads; "
-             "scaling = 2 threads / 1 thread (GIL-bound: at most ~1.0 at Python level)")
-    return title + "\n" + table(["candidate", "size", "1 thread", "2 threads", "scaling"], rows, markdown)
+                         f"{cell['scaling']['median']:.2f}",
+                         f"{ratio['median']:.2f}" if ratio else "",
+                         f"{ratio_repeat['median']:.2f}" if ratio_repeat else "",
+                         f">= {target['min_scaling']}: {target['status']}" if target else ""])
+    title = (("### " if markdown else "") + f"Threads, {threads_title(th)}.  Total Mops/s with 1 and 2 "
+             "threads; scaling = 2 threads / 1 thread; 1T/x = time per op with 1 thread over x's "
+             "(same round)")
+    heads = ["candidate", "size", "1 thread", "2 threads", "scaling", "1T/bytearray", "1T/bytearray*n",
+             "target (issue 13)"]
+    keep = [i for i in range(len(heads)) if i < 5 or any(r[i] for r in rows)]  # older JSON lacks some
+    return title + "\n" + table([heads[i] for i in keep], [[r[i] for i in keep] for r in rows], markdown)
 
 
 def targets_text(checks: list[dict], markdown: bool = False) -> str:
@@ -332,7 +357,8 @@ def markdown_report(res: dict, checks: list[dict], pngs: list[str]) -> str:
     if "memory" in res:
         parts += ["## 2. Memory handed back", "", memory_table(res["memory"], markdown=True), ""]
     if "threads" in res:
-        parts += ["## 3. Threads", "", threads_table(res["threads"], markdown=True), ""]
+        parts += ["## 3. Threads", "", threads_table(res["threads"], markdown=True), "",
+                  res["threads"]["method"].get("note", ""), ""]
     if checks:
         parts += ["## Targets (issue 6), from ratios measured in this run", "",
                   targets_text(checks, markdown=True), ""]
