@@ -206,7 +206,9 @@ cdef extern from *:
         *st = ARENALIB_SEG_FREEING;
         return 1;
     }
-    static inline void arenalib_free_end(int *st, int freed) { *st = freed ? ARENALIB_SEG_FREED : ARENALIB_SEG_ALIVE; }
+    static inline void arenalib_free_end(int *st, int freed) {
+        *st = freed ? ARENALIB_SEG_FREED : ARENALIB_SEG_ALIVE;
+    }
     static inline void arenalib_records_after_fork(void) { }
     #endif
     """

@@ -27,8 +27,8 @@ from libc.string cimport memcpy
 import warnings
 
 from arenalib._capi cimport (
-    ARENA_EBUSY, ARENA_KIND_SHARED, FREE_THREADED, ArenaCore, Books, InlineState, abi_fingerprint, adopt_inline_state,
-    arena_allocate, arena_free, arena_open,
+    ARENA_EBUSY, ARENA_KIND_SHARED, FREE_THREADED, ArenaCore, Books, InlineState, abi_fingerprint,
+    adopt_inline_state, arena_allocate, arena_free, arena_open,
 )
 from arenalib._jemalloc cimport JEMALLOC_VERSION, je_mallctl, je_mallctlbymib, je_mallctlnametomib
 

@@ -22,7 +22,8 @@ from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.string cimport memset
 
 from arenalib._arena cimport (
-    SEG_FREED, TRACE_DOMAIN, PyTraceMalloc_Track, PyTraceMalloc_Untrack, Segment, SegmentOwner, count_open_pools,
+    SEG_FREED, TRACE_DOMAIN, PyTraceMalloc_Track, PyTraceMalloc_Untrack, Segment, SegmentOwner,
+    count_open_pools,
     count_read, exclusive_begin, exclusive_end, free_begin, free_end, make_segment, parse_align,
     parse_size, region_allocate, region_free,
 )
