@@ -28,6 +28,7 @@ cdef extern from *:
     int SEG_FREEING "ARENALIB_SEG_FREEING"
     void count_add "arenalib_count"(Py_ssize_t* counter, Py_ssize_t delta) noexcept nogil
     Py_ssize_t count_read "arenalib_read"(Py_ssize_t* counter) noexcept nogil
+    int state_read "arenalib_read"(int* state) noexcept nogil
 
 cdef enum:
     # tracemalloc domain of the memory handed out through the Python API ("ARNA").
@@ -61,6 +62,7 @@ cdef class Segment:
 
     cdef int _check(self) except -1
     cdef int _status(self) noexcept
+    cdef bint _dead_root(self) noexcept
     cdef int _raise_status(self, int status) except -1
     cdef int _pin(self, void** token) except -1
     cdef void _unpin(self, void* token) noexcept

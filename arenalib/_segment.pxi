@@ -165,12 +165,16 @@ cdef class Segment:
         if life == NULL:
             return SEGMENT_NOT_FROM_ARENA
         # A free under way (SEG_FREEING) may still be refused: alive until it is done.
-        if life.generation != self._generation or self._freed == SEG_FREED or (
-                self._root is not None and self._root._freed == SEG_FREED):
+        if life.generation != self._generation or self._dead_root():
             return SEGMENT_DEAD
         if life.owner and life.owner != thread_ident():
             return SEGMENT_WRONG_THREAD
         return SEGMENT_USABLE
+
+    cdef bint _dead_root(self) noexcept:
+        """The memory was freed or released (read while another thread may be freeing it)."""
+        cdef Segment owner = self._owner_segment()
+        return state_read(&owner._freed) == SEG_FREED
 
     cdef int _raise_status(self, int status) except -1:
         if status == SEGMENT_NOT_FROM_ARENA:
@@ -237,8 +241,7 @@ cdef class Segment:
     def alive(self):
         """True while the memory is there: not freed, reset or closed with its arena."""
         return (self._life != NULL and self._life.generation == self._generation
-                and self._freed != SEG_FREED
-                and (self._root is None or self._root._freed != SEG_FREED))
+                and not self._dead_root())
 
     @property
     def exports(self):
@@ -424,7 +427,7 @@ cdef object _dead_segment_error(Segment seg):
     cdef SegmentOwner arena = seg._arena
     if not arena._is_open():
         why = f"its {type(arena).__name__} is closed"
-    elif seg._freed or (seg._root is not None and seg._root._freed):
+    elif seg._dead_root():
         why = "it was freed or released"
     else:
         why = f"its {type(arena).__name__} was reset"
