@@ -7,6 +7,7 @@ runs as a script in a child interpreter and does without it."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import os
@@ -89,6 +90,18 @@ def assert_ok(result: subprocess.CompletedProcess) -> str:
 # -- threads ------------------------------------------------------------------------------------------
 
 N_THREADS = 4
+
+
+@contextlib.contextmanager
+def switching_every(seconds: float):
+    """Threads switch every ``seconds`` (instead of 5 ms) inside the block: with the GIL, threads
+    interleave at many more points."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def run_threads(target, n: int = N_THREADS) -> list:

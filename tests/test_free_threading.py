@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from support import run_threads
+from support import run_threads, switching_every
 
 import arenalib
 from arenalib import Arena, ArenaClosedError, BufferPool, SlicingArena
@@ -28,10 +28,8 @@ SIZES = (64, 4096, 65536)
 
 @pytest.fixture(autouse=True)
 def _fast_thread_switching():
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(interval)
+    with switching_every(1e-6):
+        yield
 
 
 def test_gil_is_off_on_free_threaded_builds():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import ROOT, assert_ok, run_python
+from support import ROOT, assert_ok, run_python, switching_every
 
 import arenalib
 from arenalib import (
@@ -398,16 +398,12 @@ def test_threads_never_share_a_buffer():
             except BaseException as e:  # pragma: no cover - reported below
                 errors.append(e)
 
-        sys_interval = sys.getswitchinterval()
-        sys.setswitchinterval(1e-6)
-        try:
+        with switching_every(1e-6):
             threads = [threading.Thread(target=worker, args=(k,)) for k in range(nthreads)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-        finally:
-            sys.setswitchinterval(sys_interval)
         assert not errors, errors[0]
         stats = p.stats()
         assert stats["in_use"] == 0 and p.available == 6

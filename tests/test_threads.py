@@ -6,13 +6,12 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
-from support import KINDS, N_THREADS, run_threads
+from support import KINDS, N_THREADS, run_threads, switching_every
 
 import arenalib
 from arenalib import Arena, ArenaClosedError, ConfinedArena, WrongThreadError
@@ -26,11 +25,8 @@ def kind_any(request):
 
 @pytest.fixture(autouse=True)
 def _fast_thread_switching():
-    """Switch threads every 10 us instead of 5 ms, so that threads interleave at many more points."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(interval)
+    with switching_every(1e-5):
+        yield
 
 
 def in_other_thread(function):
