@@ -245,6 +245,15 @@ cdef extern from *:
     #else
     #define ARENALIB_FREE_THREADED 0
     #endif
+    /* Counters one thread writes and others read (a shared Arena's per-thread books): relaxed
+       atomics where threads run at once (plain moves on x86-64), plain elsewhere. */
+    #if ARENALIB_FREE_THREADED
+    #define arenalib_store_relaxed(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+    #define arenalib_load_relaxed(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+    #else
+    #define arenalib_store_relaxed(p, v) (*(p) = (v))
+    #define arenalib_load_relaxed(p) (*(p))
+    #endif
     /* Whether inline code takes and parks the shared parked slot: only where the GIL serialises it. */
     #define ARENALIB_INLINE_PARKING (!ARENALIB_FREE_THREADED)
 
@@ -274,6 +283,10 @@ cdef extern from *:
     void arenalib_compiler_fence() noexcept nogil
     int ARENALIB_FREE_THREADED
     bint FREE_THREADED "ARENALIB_FREE_THREADED"
+    void store_ssize "arenalib_store_relaxed"(Py_ssize_t* counter, Py_ssize_t value) noexcept nogil
+    void store_size "arenalib_store_relaxed"(size_t* counter, size_t value) noexcept nogil
+    Py_ssize_t load_ssize "arenalib_load_relaxed"(Py_ssize_t* counter) noexcept nogil
+    size_t load_size "arenalib_load_relaxed"(size_t* counter) noexcept nogil
     bint INLINE_PARKING "ARENALIB_INLINE_PARKING"
 
 
@@ -347,10 +360,10 @@ cdef inline bint small_align(size_t align) noexcept nogil:
 
 
 cdef inline void books_add(Books* books, size_t size) noexcept nogil:
-    """Count one allocation of ``size`` bytes."""
-    books.live_bytes += size
-    books.live_segments += 1
-    books.allocated_total += size
+    """Count one allocation of ``size`` bytes (read by other threads: see store_ssize)."""
+    store_ssize(&books.live_bytes, books.live_bytes + <Py_ssize_t>size)
+    store_ssize(&books.live_segments, books.live_segments + 1)
+    store_size(&books.allocated_total, books.allocated_total + size)
 
 
 cdef inline void books_note_peak(Books* books) noexcept nogil:
@@ -361,8 +374,8 @@ cdef inline void books_note_peak(Books* books) noexcept nogil:
 
 cdef inline void books_remove(Books* books, size_t size) noexcept nogil:
     """Count one allocation of ``size`` bytes given back."""
-    books.live_bytes -= size
-    books.live_segments -= 1
+    store_ssize(&books.live_bytes, books.live_bytes - <Py_ssize_t>size)
+    store_ssize(&books.live_segments, books.live_segments - 1)
 
 
 cdef inline void books_clear(Books* books) noexcept nogil:

@@ -14,9 +14,9 @@ from libc.stdint cimport uint64_t
 
 from arenalib._capi cimport (
     ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SHARED, ARENA_OK, ArenaCore, ArenaSlot, Books,
-    ThreadCache, books_add, books_clear, books_remove, cache_held_bytes,
+    ThreadCache, books_add, books_clear, books_remove, cache_held_bytes, load_size, load_ssize,
 )
-from arenalib._jemalloc cimport MALLOCX_ARENA, MALLOCX_TCACHE_NONE, je_dallocx
+from arenalib._jemalloc cimport MALLOCX_ARENA, MALLOCX_TCACHE_NONE, je_dallocx, je_mallocx
 
 cdef extern from *:
     """
@@ -28,6 +28,8 @@ cdef extern from *:
         arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
         return e->serial == serial ? e->cache : NULL;
     }
+    /* jemalloc has initialised this thread's state fully (see _thread_cache). */
+    static __thread int arenalib_thread_ready;
     static inline void arenalib_tls_set(uint64_t serial, void *cache) {
         arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
         e->serial = serial;
@@ -58,6 +60,7 @@ cdef extern from *:
     """
     void* arenalib_tls_get(uint64_t serial) noexcept nogil
     void arenalib_tls_set(uint64_t serial, void* cache) noexcept nogil
+    int arenalib_thread_ready
     Py_ssize_t arenalib_atomic_add(Py_ssize_t* counter, Py_ssize_t value) noexcept nogil
     void arenalib_publish(ThreadCache** head, ThreadCache* node) noexcept nogil
     ThreadCache* arenalib_follow(ThreadCache** link) noexcept nogil
@@ -72,6 +75,16 @@ cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
     cdef ThreadCache* tc = <ThreadCache*>arenalib_tls_get(core.serial)
     if tc != NULL:
         return tc
+    global arenalib_thread_ready
+    cdef void* first
+    if not arenalib_thread_ready:
+        # A thread whose first jemalloc call is a free gets jemalloc's minimal per-thread state,
+        # which must not use a tcache (jemalloc --enable-debug asserts it: a thread that only frees
+        # an Arena's segments met it); one allocation gives the thread its full state first.
+        first = je_mallocx(1, MALLOCX_TCACHE_NONE)
+        if first != NULL:
+            je_dallocx(first, MALLOCX_TCACHE_NONE)
+            arenalib_thread_ready = 1
     cdef unsigned long me = thread_ident()
     cdef ArenaSlot* slot = core.slot
     PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
@@ -138,13 +151,13 @@ cdef void shared_totals(ArenaCore* core, Books* totals, size_t* cached=NULL) noe
     totals.live_bytes = 0
     totals.live_segments = 0
     totals.allocated_total = 0
-    totals.peak_bytes = core.books.peak_bytes
+    totals.peak_bytes = load_ssize(&core.books.peak_bytes)
     PyThread_acquire_lock(<PyThread_type_lock>core.slot.threads_lock, WAIT_LOCK)
     tc = core.slot.threads
-    while tc != NULL:
-        totals.live_bytes += tc.books.live_bytes
-        totals.live_segments += tc.books.live_segments
-        totals.allocated_total += tc.books.allocated_total
+    while tc != NULL:  # each thread's books change as they are read: a figure of the moment
+        totals.live_bytes += load_ssize(&tc.books.live_bytes)
+        totals.live_segments += load_ssize(&tc.books.live_segments)
+        totals.allocated_total += load_size(&tc.books.allocated_total)
         if cached != NULL:
             cached[0] += cache_held_bytes(&tc.cache)
         tc = tc.next
@@ -161,7 +174,7 @@ cdef void shared_update_peak(ArenaCore* core) noexcept nogil:
     cdef Py_ssize_t live = 0
     cdef ThreadCache* tc = arenalib_follow(&core.slot.threads)
     while tc != NULL:
-        live += tc.books.live_bytes
+        live += load_ssize(&tc.books.live_bytes)
         tc = arenalib_follow(&tc.next)
     arenalib_raise_peak(&core.books.peak_bytes, live)
 
