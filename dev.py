@@ -222,7 +222,7 @@ def main() -> int:
     if args.command == "tsan":
         run([str(venv / "bin" / "ninja"), "-C", str(build_dir)], stdout=subprocess.DEVNULL)
         return subprocess.run([vpython, "-m", "pytest", "--capture=sys", *(rest or TSAN_TESTS)],
-                              env=sanitize.tsan_env(build_dir)).returncode
+                              env=sanitize.tsan_env(build_dir, build_python.tsan_suppressions())).returncode
     if args.command == "bench":
         return subprocess.run([vpython, "bench/run.py", *(["--full"] if args.full else []), *rest]).returncode
     return subprocess.run([vpython, "tools/lint.py", *rest]).returncode

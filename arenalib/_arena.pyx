@@ -296,7 +296,9 @@ cdef class ArenaBase(SegmentOwner):
         return 0
 
     cdef int _check_usable(self) except -1:
+        cdef void* token = access_enter(&self._core.life, NULL, NULL)  # no close half done meanwhile
         cdef int err = _usable(&self._core)
+        access_exit(token)
         if err:
             self._raise(err, None)
         return 0
@@ -314,7 +316,10 @@ cdef class ArenaBase(SegmentOwner):
     @property
     def closed(self):
         """True once close() was called (or the with-block ended)."""
-        return not self._core.open
+        cdef void* token = access_enter(&self._core.life, NULL, NULL)
+        cdef bint closed = not self._core.open
+        access_exit(token)
+        return closed
 
     @property
     def max_bytes(self):

@@ -153,7 +153,8 @@ cdef class BufferPool(SegmentOwner):
     @property
     def closed(self):
         """True once close() was called (or the with-block ended)."""
-        return not self._open
+        with cython.critical_section(self):
+            return not self._open
 
     def __enter__(self):
         self._check_open()
@@ -201,10 +202,6 @@ cdef class BufferPool(SegmentOwner):
         return self._acquire(False)
 
     cdef Segment _acquire(self, bint raise_exhausted):
-        if not self._open:  # a first look, without the lock: judged again below
-            raise ArenaClosedError("BufferPool is closed")
-        if self._nfree == 0:
-            return self._exhaust(raise_exhausted)
         # Made first, with no address: this may run the garbage collector and with it any Python code
         # (another thread included), so the state is read only afterwards, with nothing in between.
         cdef Segment seg = make_segment(self, self._buffer_size)
@@ -336,7 +333,10 @@ cdef class BufferPool(SegmentOwner):
         return self._index_of(seg)
 
     cdef int _check_open(self) except -1:
-        if not self._open:
+        cdef bint is_open
+        with cython.critical_section(self):  # re-entered where the caller holds it already
+            is_open = self._open
+        if not is_open:
             raise ArenaClosedError("BufferPool is closed")
         return 0
 
@@ -412,7 +412,8 @@ cdef class BufferPool(SegmentOwner):
     @property
     def available(self):
         """Number of free buffers (0 once closed)."""
-        return self._nfree if self._open else 0
+        with cython.critical_section(self):
+            return self._nfree if self._open else 0
 
     def stats(self):
         """Figures of the pool and its region: live_bytes (the region's size; 0 once closed),

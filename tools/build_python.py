@@ -99,6 +99,16 @@ def _check(python: Path) -> None:
                          f"(Debian: apt-get install {' '.join(DEBIAN_BUILD_DEPENDS)}, then run again)")
 
 
+def tsan_suppressions() -> str:
+    """CPython's own list of ThreadSanitizer reports inside the free-threaded interpreter (races
+    its developers know of and judged benign), from the release source."""
+    tarball = fetch_jemalloc.obtain_tarball(cache_root() / TARBALL, TARBALL_SHA256, TARBALL_URL,
+                                            DEBIAN_PACKAGE, DEBIAN_SOURCES)
+    with tarfile.open(tarball) as archive:
+        member = archive.extractfile(f"Python-{VERSION}/Tools/tsan/suppressions_free_threading.txt")
+        return member.read().decode()
+
+
 def ensure_python(flavour: str = "ft") -> Path:
     """The free-threaded interpreter of ``flavour``, built first if the cache does not have it."""
     prefix = prefix_for(flavour)

@@ -65,15 +65,18 @@ def sanitizer_env(build_dir: Path) -> dict[str, str]:
 TSAN_SUPPRESSIONS = ""
 
 
-def tsan_env(build_dir: Path) -> dict[str, str]:
+def tsan_env(build_dir: Path, interpreter_suppressions: str) -> dict[str, str]:
     """The environment of `dev.py tsan`: the interpreter is built with ThreadSanitizer (its runtime
-    is loaded with it), so only the options and the suppressions are set here."""
+    is loaded with it), so only the options and the suppressions are set here: CPython's own list
+    for the interpreter (``interpreter_suppressions``), then arenalib's."""
     env = dict(os.environ)
     suppressions = build_dir / "tsan-suppressions.txt"
-    suppressions.write_text(TSAN_SUPPRESSIONS)
+    suppressions.write_text(interpreter_suppressions + "\n" + TSAN_SUPPRESSIONS)
     env.update({
-        # halt_on_error: a report fails the test run instead of scrolling past.
-        "TSAN_OPTIONS": f"halt_on_error=1:second_deadlock_stack=1:suppressions={suppressions}",
+        # halt_on_error: a report fails the test run instead of scrolling past.  detect_deadlocks=0:
+        # jemalloc's fork handler takes a mutex per arena, thousands with arenalib's slot pool, past
+        # the lock-order detector's table ("CHECK failed: sanitizer_deadlock_detector.h:67").
+        "TSAN_OPTIONS": f"halt_on_error=1:detect_deadlocks=0:suppressions={suppressions}",
         "PYTHON_GIL": "0",
         "ARENALIB_SANITIZE": "1",
     })
