@@ -70,7 +70,7 @@ def live_objects():
     checks)."""
     return {"open_arenas": count_read(&_inline_state.arenas_opened)
             - count_read(&_inline_state.arenas_closed), "open_pools": count_read(&_open_pools),
-            "segments": count_read(&_live_segment_objects), "exports": count_read(&_live_exports)}
+            "segments": shard_sum(LIVE_SEGMENTS), "exports": shard_sum(LIVE_EXPORTS)}
 
 
 cdef void count_open_pools(int delta) noexcept:

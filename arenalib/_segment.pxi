@@ -52,13 +52,50 @@ cdef extern from *:
     void user_bytes_begin "arenalib_user_bytes_begin"() noexcept nogil
     void user_bytes_end "arenalib_user_bytes_end"() noexcept nogil
 
+cdef extern from *:
+    """
+    /* Live Segment objects and exports, for live_objects(): every segment made and dropped counts,
+       so with threads in parallel each thread counts on a cache line of its own (one shared
+       counter was a line both threads wrote on every allocate: BufferPool per thread scaled
+       1.16x at 512 B), and a read sums the lines. */
+    #if ARENALIB_FREE_THREADED
+    #define ARENALIB_SHARDS 64
+    typedef struct { Py_ssize_t value; char padding[64 - sizeof(Py_ssize_t)]; }
+        __attribute__((aligned(64))) arenalib_shard;
+    static arenalib_shard arenalib_live_segments[ARENALIB_SHARDS];
+    static arenalib_shard arenalib_live_exports[ARENALIB_SHARDS];
+    static inline void arenalib_shard_add(arenalib_shard *shards, Py_ssize_t delta) {
+        unsigned long me = (unsigned long)pthread_self();
+        __atomic_add_fetch(&shards[((me >> 12) * 0x9E3779B97F4A7C15UL) >> 58].value, delta,
+                           __ATOMIC_RELAXED);
+    }
+    static inline Py_ssize_t arenalib_shard_sum(arenalib_shard *shards) {
+        Py_ssize_t total = 0;
+        int i;
+        for (i = 0; i < ARENALIB_SHARDS; i++)
+            total += __atomic_load_n(&shards[i].value, __ATOMIC_RELAXED);
+        return total;
+    }
+    #else  /* the GIL serialises one counter */
+    typedef struct { Py_ssize_t value; } arenalib_shard;
+    static arenalib_shard arenalib_live_segments[1];
+    static arenalib_shard arenalib_live_exports[1];
+    #define arenalib_shard_add(shards, delta) ((void)((shards)[0].value += (delta)))
+    #define arenalib_shard_sum(shards) ((shards)[0].value)
+    #endif
+    """
+    ctypedef struct Shards "arenalib_shard":
+        pass
+    Shards* LIVE_SEGMENTS "arenalib_live_segments"
+    Shards* LIVE_EXPORTS "arenalib_live_exports"
+    void shard_add "arenalib_shard_add"(Shards* shards, Py_ssize_t delta) noexcept nogil
+    Py_ssize_t shard_sum "arenalib_shard_sum"(Shards* shards) noexcept nogil
+
 cdef extern from "Python.h":
     Py_ssize_t PySlice_AdjustIndices(Py_ssize_t length, Py_ssize_t* start, Py_ssize_t* stop,
                                      Py_ssize_t step) noexcept
 
 cdef Py_ssize_t _ITEMSIZE_ONE = 1
-cdef Py_ssize_t _live_segment_objects = 0
-cdef Py_ssize_t _live_exports = 0
 cdef char* _FORMAT_BYTE = b"B"
 
 cdef enum:  # what Segment._status() finds
@@ -239,14 +276,14 @@ cdef class Segment:
         cdef Segment owner = self._owner_segment()
         count_add(&owner._exports, 1)
         count_add(&self._life.exports, 1)
-        count_add(&_live_exports, 1)
+        shard_add(LIVE_EXPORTS, 1)
         self._unpin(token)
 
     def __releasebuffer__(self, Py_buffer* view):
         cdef Segment owner = self._owner_segment()
         count_add(&owner._exports, -1)
         count_add(&self._life.exports, -1)
-        count_add(&_live_exports, -1)
+        shard_add(LIVE_EXPORTS, -1)
 
     # -- properties ------------------------------------------------------------------------------
 
@@ -410,7 +447,7 @@ cdef class Segment:
 
     def __dealloc__(self):
         if self._arena is not None:
-            count_add(&_live_segment_objects, -1)
+            shard_add(LIVE_SEGMENTS, -1)
 
     def __reduce__(self):
         raise TypeError("a Segment views native memory and cannot be pickled or copied; "
@@ -426,7 +463,7 @@ cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size):
     seg._size = size
     seg._arena = arena
     seg._life = arena._life
-    count_add(&_live_segment_objects, 1)
+    shard_add(LIVE_SEGMENTS, 1)
     return seg
 
 
