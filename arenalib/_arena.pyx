@@ -346,14 +346,16 @@ cdef class ArenaBase(SegmentOwner):
         cdef void* token = access_enter(&self._core.life, NULL, NULL)  # no close meanwhile
         read_books(&self._core, &books)
         jemalloc_arena_figures(&self._core, figures)
+        cdef Py_ssize_t exports = count_read(&self._core.life.exports)
+        cdef bint closed = not self._core.open
         access_exit(token)
         result["live_bytes"] = books.live_bytes
         result["live_segments"] = books.live_segments
         result["peak_bytes"] = books.peak_bytes
         result["allocated_total"] = books.allocated_total
-        result["exports"] = self._core.life.exports
+        result["exports"] = exports
         result["max_bytes"] = None if self._core.max_bytes < 0 else self._core.max_bytes
-        result["closed"] = not self._core.open
+        result["closed"] = closed
         for i in range(4):
             result[_ARENA_FIGURES[i][0]] = figures[i]
         return result
