@@ -80,7 +80,7 @@ cdef int _reset(ArenaCore* core) noexcept nogil:
     cdef int err = _usable(core)
     if err:
         return err
-    if core.life.exports:
+    if count_read(&core.life.exports):
         return ARENA_EEXPORTED
     if core.kind == ARENA_KIND_SLICING:
         return slicing_reset(core)  # takes the busy lock: may refuse with ARENA_EBUSY
@@ -121,7 +121,7 @@ cdef int arena_close_checked(ArenaCore* core) noexcept:
     cdef int err = ARENA_OK
     if core.open:  # a rival close may have won
         err = _usable(core)
-        if not err and core.life.exports:
+        if not err and count_read(&core.life.exports):
             err = ARENA_EEXPORTED
         if not err:
             core_close(core)

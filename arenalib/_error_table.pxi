@@ -37,8 +37,8 @@ cdef str _with_figures(int code, ArenaBase arena, str message):
         return (f"max_bytes={arena._core.max_bytes} of {name} would be exceeded "
                 f"({books.live_bytes} bytes in use)")
     if code == ARENA_EEXPORTED:
-        return (f"{arena._core.life.exports} buffer export(s) of its segments (memoryview, NumPy "
-                "array ...) are alive; release them first")
+        return (f"{count_read(&arena._core.life.exports)} buffer export(s) of its segments "
+                "(memoryview, NumPy array ...) are alive; release them first")
     return message
 
 
