@@ -59,6 +59,7 @@ cdef class Segment:
         uint64_t _generation    # the owner's generation when allocated: stale after a reset/close
         Py_ssize_t _exports     # live buffer exports and pins; counted on the root only
         int _freed              # SEG_ALIVE, SEG_FREED, or SEG_FREEING while a free is under way
+        void* _accessor         # whose access record names it: see _access.pxi (root only)
 
     cdef int _check(self) except -1
     cdef int _status(self) noexcept
@@ -106,7 +107,7 @@ cdef void* region_allocate(size_t size, size_t align, bint zero) noexcept nogil
 cdef void region_free(void* ptr) noexcept nogil
 cdef void count_open_pools(int delta) noexcept
 # Accessing-now records (_access.pxi): what keeps memory from going while another thread touches it.
-cdef void* access_enter(Lifetime* life, void* seg, int* seg_state) noexcept nogil
+cdef void* access_enter(Lifetime* life) noexcept nogil
 cdef void access_exit(void* token) noexcept nogil
 cdef void exclusive_begin(Lifetime* life) noexcept nogil
 cdef void exclusive_end(Lifetime* life) noexcept nogil

@@ -192,7 +192,7 @@ cdef class ArenaBase(SegmentOwner):
         cdef Segment seg = make_segment(self, size)
         cdef void* ptr
         # Another thread's reset or close waits until the segment is bound to this generation.
-        cdef void* token = access_enter(&self._core.life, NULL, NULL)
+        cdef void* token = access_enter(&self._core.life)
         cdef int err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
         while err == ARENA_EBUSY and FREE_THREADED:
             # Another thread is carving from this SlicingArena: with the GIL off, Python threads
@@ -219,7 +219,7 @@ cdef class ArenaBase(SegmentOwner):
         # and close: a thread waiting never holds what another waits for.
         if not free_begin(life, seg, NULL):
             return seg._raise_status(SEGMENT_DEAD)
-        cdef void* token = access_enter(life, NULL, NULL)
+        cdef void* token = access_enter(life)
         if life.generation != seg._generation:
             free_end(seg, False)
             access_exit(token)
@@ -296,7 +296,7 @@ cdef class ArenaBase(SegmentOwner):
         return 0
 
     cdef int _check_usable(self) except -1:
-        cdef void* token = access_enter(&self._core.life, NULL, NULL)  # no close half done meanwhile
+        cdef void* token = access_enter(&self._core.life)  # no close half done meanwhile
         cdef int err = _usable(&self._core)
         access_exit(token)
         if err:
@@ -316,7 +316,7 @@ cdef class ArenaBase(SegmentOwner):
     @property
     def closed(self):
         """True once close() was called (or the with-block ended)."""
-        cdef void* token = access_enter(&self._core.life, NULL, NULL)
+        cdef void* token = access_enter(&self._core.life)
         cdef bint closed = not self._core.open
         access_exit(token)
         return closed
@@ -343,7 +343,7 @@ cdef class ArenaBase(SegmentOwner):
         cdef size_t figures[4]
         cdef int i
         result = {}  # made first: the GC it may start can close the arena, which the reads must see
-        cdef void* token = access_enter(&self._core.life, NULL, NULL)  # no close meanwhile
+        cdef void* token = access_enter(&self._core.life)  # no close meanwhile
         read_books(&self._core, &books)
         jemalloc_arena_figures(&self._core, figures)
         cdef Py_ssize_t exports = count_read(&self._core.life.exports)
@@ -366,7 +366,7 @@ cdef class ArenaBase(SegmentOwner):
             return f"<arenalib.{name} closed>"
         # The arena's own books: jemalloc's statistics cost milliseconds once arenas are many.
         cdef Books books
-        cdef void* token = access_enter(&self._core.life, NULL, NULL)
+        cdef void* token = access_enter(&self._core.life)
         read_books(&self._core, &books)
         access_exit(token)
         return f"<arenalib.{name} {books.live_segments} segments, {books.live_bytes} bytes>"

@@ -103,6 +103,10 @@ cdef struct ThreadCache:
     ThreadCache* next
     unsigned long thread
     unsigned tcache_index
+    Py_ssize_t high_water     # the most books.live_bytes has been: see shared_update_peak()
+    # The fields above are read by other threads, the ones below written on every call: apart, so
+    # that they never share a cache line.
+    char line_apart[64]
     Books books
     FreeBlocks cache
 
@@ -605,7 +609,7 @@ cdef inline uint64_t abi_fingerprint(InlineState* st) noexcept nogil:
     cdef ThreadCache t
     cdef void* c_fields[31]
     cdef void* s_fields[8]
-    cdef void* t_fields[5]
+    cdef void* t_fields[6]
     cdef void* f_fields[5]
     cdef void* st_fields[14]
     cdef void* r_fields[2]
@@ -633,8 +637,9 @@ cdef inline uint64_t abi_fingerprint(InlineState* st) noexcept nogil:
     h = _abi_offsets(h, &s, s_fields, 8)
     h = _abi_mix(h, sizeof(ThreadCache))
     t_fields[:] = [
-        <void*>&t.next, <void*>&t.thread, <void*>&t.tcache_index, <void*>&t.books, <void*>&t.cache]
-    h = _abi_offsets(h, &t, t_fields, 5)
+        <void*>&t.next, <void*>&t.thread, <void*>&t.tcache_index, <void*>&t.high_water,
+        <void*>&t.books, <void*>&t.cache]
+    h = _abi_offsets(h, &t, t_fields, 6)
     h = _abi_mix(h, sizeof(FreeBlocks))
     f_fields[:] = [
         <void*>&f.cached_bytes, <void*>&f.hot, <void*>&f.hot_tag, <void*>&f.heads, <void*>&f.counts]

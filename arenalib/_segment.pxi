@@ -203,7 +203,7 @@ cdef class Segment:
         refuse to break; on a free-threaded build they wait for the access to end."""
         cdef Segment owner = self._owner_segment()
         cdef Lifetime* life = self._life
-        token[0] = access_enter(life, <void*>owner, &owner._freed) if life != NULL else NULL
+        token[0] = access_enter_root(life, owner) if life != NULL else NULL
         cdef int status = self._status()
         if status:
             access_exit(token[0])
@@ -250,7 +250,7 @@ cdef class Segment:
         """Raise unless the calling thread may use the segment now (read as _pin() reads, so that
         no reset or close of another thread is half done)."""
         cdef Lifetime* life = self._life
-        cdef void* token = access_enter(life, NULL, NULL) if life != NULL else NULL
+        cdef void* token = access_enter(life) if life != NULL else NULL
         cdef int status = self._status()
         access_exit(token)
         if status:
@@ -310,7 +310,7 @@ cdef class Segment:
         """True while the memory is there: not freed, reset or closed with its arena."""
         if self._life == NULL:
             return False
-        cdef void* token = access_enter(self._life, NULL, NULL)
+        cdef void* token = access_enter(self._life)
         cdef bint alive = self._life.generation == self._generation and not self._dead_root()
         access_exit(token)
         return alive
@@ -497,7 +497,7 @@ cdef Py_ssize_t _position(object index, Py_ssize_t size) except -2:
 
 cdef object _dead_segment_error(Segment seg):
     cdef SegmentOwner arena = seg._arena
-    cdef void* token = access_enter(seg._life, NULL, NULL)  # no close half done meanwhile
+    cdef void* token = access_enter(seg._life)  # no close half done meanwhile
     cdef bint arena_open = arena._is_open()
     access_exit(token)
     if not arena_open:

@@ -15,6 +15,7 @@ from libc.stdint cimport uint64_t
 from arenalib._capi cimport (
     ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SHARED, ARENA_OK, ArenaCore, ArenaSlot, Books,
     ThreadCache, books_add, books_clear, books_remove, cache_held_bytes, load_size, load_ssize,
+    store_ssize,
 )
 from arenalib._jemalloc cimport MALLOCX_ARENA, MALLOCX_TCACHE_NONE, je_dallocx, je_mallocx
 
@@ -125,6 +126,8 @@ cdef inline int shared_allocate(ArenaCore* core, size_t size, size_t align, bint
             arenalib_atomic_add(&core.shared.reserved_bytes, -<Py_ssize_t>size)
         return ARENA_ENOMEM
     books_add(&tc.books, size)  # a thread's share: the arena's peak is shared_update_peak()'s
+    if tc.books.live_bytes > tc.high_water:
+        store_ssize(&tc.high_water, tc.books.live_bytes)
     out[0] = ptr
     return ARENA_OK
 
@@ -167,12 +170,27 @@ cdef void shared_totals(ArenaCore* core, Books* totals, size_t* cached=NULL) noe
 cdef void shared_update_peak(ArenaCore* core) noexcept nogil:
     """Bring peak_bytes up to the live bytes of all threads (after each Python allocate()).
 
+    The sum cannot pass peak_bytes while this thread's live bytes plus the other threads' high
+    water marks do not: then nothing else is read.  Only otherwise are the other threads' live
+    bytes read, each a cache line its thread writes on every call (a cache miss per allocate
+    when they were read every time: a shared Arena on 2 threads scaled 1.40x).
+
     Walked without the lock (a lock every thread takes on every allocate would undo the per-thread
     caches): nodes are only freed by close(), which waits for this Python-level allocate to end
     (or needs the GIL it holds), and a node another thread is adding right now is missed at worst.
     The other threads' live bytes are read while they change: a figure, not an invariant."""
-    cdef Py_ssize_t live = 0
+    cdef ThreadCache* mine = <ThreadCache*>arenalib_tls_get(core.serial)
+    cdef Py_ssize_t peak = load_ssize(&core.books.peak_bytes)
+    cdef Py_ssize_t bound = mine.books.live_bytes if mine != NULL else 0
     cdef ThreadCache* tc = arenalib_follow(&core.slot.threads)
+    while tc != NULL and bound <= peak:
+        if tc != mine:
+            bound += load_ssize(&tc.high_water)
+        tc = arenalib_follow(&tc.next)
+    if bound <= peak and mine != NULL:
+        return
+    cdef Py_ssize_t live = 0
+    tc = arenalib_follow(&core.slot.threads)
     while tc != NULL:
         live += load_ssize(&tc.books.live_bytes)
         tc = arenalib_follow(&tc.next)
@@ -186,6 +204,7 @@ cdef void shared_open(ArenaSlot* slot) noexcept nogil:
     tc = slot.threads
     while tc != NULL:
         books_clear(&tc.books)
+        tc.high_water = 0
         tc = tc.next
     PyThread_release_lock(<PyThread_type_lock>slot.threads_lock)
 

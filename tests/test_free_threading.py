@@ -87,16 +87,18 @@ def assert_own(seg, byte):
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_stale_writes_never_reach_the_next_owner_after_free(size):
+@pytest.mark.parametrize("n_attackers", [1, 2])
+def test_stale_writes_never_reach_the_next_owner_after_free(size, n_attackers):
     """Owner threads free segments that attackers are writing into, then take the same memory
-    again (jemalloc hands the block just freed back first) and check it holds their own byte."""
-    with Arena() as arena, Attackers() as attackers:
+    again (jemalloc hands the block just freed back first) and check it holds their own byte.
+    The owner never touches a victim itself: a free waits for the one other thread that did (one
+    attacker), or for every thread (two)."""
+    with Arena() as arena, Attackers(n_attackers) as attackers:
 
         def owner(index):
             own = 1 + index
             for _ in range(ROUNDS):
                 victim = arena.allocate(size, zero=False)
-                victim.fill(own)
                 attackers.handles.append(victim)
                 time.sleep(0)
                 try:

@@ -184,6 +184,31 @@ def test_shared_arena_segments_cross_threads():
     assert in_other_thread(Arena().close)[0] == "ok"
 
 
+def test_shared_arena_peak_counts_what_threads_hold_at_once():
+    # The peak of a shared arena is of the sum over its threads, also when no thread reaches a
+    # new high of its own (allocate() reads the others' live bytes only when their high-water
+    # marks say the sum could pass the peak).
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Arena() as arena, ThreadPoolExecutor(1) as first, ThreadPoolExecutor(1) as second:
+        def on(worker, function):
+            return worker.submit(function).result()
+
+        on(first, lambda: arena.allocate(1000).free())
+        on(second, lambda: arena.allocate(3000).free())
+        assert arena.stats()["peak_bytes"] == 3000  # never both at once so far
+        held = on(second, lambda: arena.allocate(3000))
+        small = on(first, lambda: arena.allocate(1000))  # no new high for either thread
+        on(first, small.free)
+        on(second, held.free)
+        stats = arena.stats()
+        assert stats["live_bytes"] == 0 and stats["peak_bytes"] == 4000
+        held = on(second, lambda: arena.allocate(3000))
+        on(first, lambda: arena.allocate(500).free())  # below the peak: it stays
+        on(second, held.free)
+        assert arena.stats()["peak_bytes"] == 4000
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_with_blocks_in_four_threads(kind):
     # Each thread runs its own short-lived arenas: the pool of jemalloc arenas is shared.
