@@ -15,8 +15,10 @@ from arenalib._arena import (
     SlicingArena,
     jemalloc_version,
     live_objects,
+    get_retention,
     pool_stats,
     set_debug,
+    set_retention,
     trim,
 )
 from arenalib._errors import (
@@ -65,7 +67,9 @@ __all__ = [
     "get_include",
     "jemalloc_version",
     "live_objects",
+    "get_retention",
     "pool_stats",
     "set_debug",
+    "set_retention",
     "trim",
 ]

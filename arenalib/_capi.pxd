@@ -213,9 +213,10 @@ cdef struct InlineState:
     ArenaFunctions functions
     ArenaSlot* parked
     bint parked_idle
+    size_t parked_headroom    # the churn the parked slot may reach idle, within the retain limit
     Py_ssize_t arenas_opened
     Py_ssize_t arenas_closed
-    char padding[24]          # the records start on a cache line of their own (offset 128)
+    char padding[16]          # the records start on a cache line of their own (offset 128)
     CarverRecord carvers[CARVER_RECORDS]
 
 
@@ -569,7 +570,8 @@ cdef inline bint close_small_scope(ArenaCore* core, InlineState* state) noexcept
     cdef ArenaSlot* slot = core.slot
     if (not INLINE_PARKING or core.fast_owner != thread_ident() or core.confined.recent_overflowed
             or core.life.exports or core.books.allocated_total > PURGE_LIMIT
-            or state.parked != slot):
+            or state.parked != slot
+            or slot.churn_bytes + core.books.allocated_total > state.parked_headroom):
         return False
     recent_blocks_to_cache(core)
     slot.churn_bytes += core.books.allocated_total
@@ -611,7 +613,7 @@ cdef inline uint64_t abi_fingerprint(InlineState* st) noexcept nogil:
     cdef void* s_fields[8]
     cdef void* t_fields[6]
     cdef void* f_fields[5]
-    cdef void* st_fields[14]
+    cdef void* st_fields[15]
     cdef void* r_fields[2]
     cdef uint64_t constants[24]
     cdef uint64_t h = <uint64_t>14695981039346656037ULL
@@ -650,8 +652,9 @@ cdef inline uint64_t abi_fingerprint(InlineState* st) noexcept nogil:
         <void*>&st.functions.allocate_slow, <void*>&st.functions.free_slow,
         <void*>&st.functions.reset, <void*>&st.functions.raise_error, <void*>&st.functions.core_of,
         <void*>&st.functions.slot_free, <void*>&st.parked, <void*>&st.parked_idle,
-        <void*>&st.arenas_opened, <void*>&st.arenas_closed, <void*>&st.carvers]
-    h = _abi_offsets(h, st, st_fields, 14)
+        <void*>&st.parked_headroom, <void*>&st.arenas_opened, <void*>&st.arenas_closed,
+        <void*>&st.carvers]
+    h = _abi_offsets(h, st, st_fields, 15)
     h = _abi_mix(h, sizeof(CarverRecord))
     r_fields[:] = [
         <void*>&r.thread, <void*>&r.carving]

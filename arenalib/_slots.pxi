@@ -8,9 +8,19 @@
 # Why deferred resets: a jemalloc arena reset costs far more than a small scope's whole budget.  A
 # closed arena's allocations are garbage nobody can reach (its segments check the arena object, never
 # jemalloc), so a slot goes back warm with that garbage counted as stale_bytes, and is reset in bulk
-# once the garbage passes STALE_LIMIT.  Pages are purged (handed back to the OS) when an arena that
-# churned more than PURGE_LIMIT closes, and when a slot drops out of the WARM_SLOTS most recently used
-# ones: memory parked in idle slots stays bounded by about WARM_SLOTS * STALE_LIMIT.
+# once the garbage passes STALE_LIMIT.
+#
+# What stays warm (the retention policy): an idle slot keeps the pages its last users dirtied, so the
+# next scope on it takes no page faults (a 16 MiB scope that starts cold takes ~4,100).  An arena
+# that allocated more than PURGE_LIMIT is a big scope: its slot is reset and kept warm when what it
+# allocated is at most the allowance, min(retain limit, max(PURGE_LIMIT, 2 x the recent big scopes'
+# size)), and wiped (reset and purged: the pages go back to the OS at once) otherwise, so a one-off
+# huge scope never stays pinned.  The recent size follows each big close and fades by a quarter per
+# close.  Across all idle slots, what they may hold (each slot's churn since its last purge) stays
+# under the retain limit (32 MiB unless set_retention() says otherwise): the coldest go first.  A
+# slot that drops out of the WARM_SLOTS most recently used ones is wiped too.  While the program is
+# idle, jemalloc's background thread (one, started with the first arena) hands back what stays
+# dirty past dirty_decay_ms, in open arenas as in idle slots: see _start_idle_decay().
 #
 # The slot pool is used with the GIL held on a GIL build; on a free-threaded build it is under
 # pool_lock() (taken by slot_acquire, slot_release, trim and pool_stats, never while anything can
@@ -64,6 +74,15 @@ cdef unsigned NO_TCACHE = <unsigned>-1
 cdef Py_ssize_t MAX_SLOTS = 4000
 cdef size_t STALE_LIMIT = 1 << 20
 cdef Py_ssize_t WARM_SLOTS = 4
+# The retention policy (see the top of this file): the cap on what idle slots may hold, and the size
+# of the recent big scopes it adapts to.
+cdef size_t DEFAULT_RETAIN_LIMIT = 32 << 20
+cdef size_t _retain_limit = DEFAULT_RETAIN_LIMIT
+cdef size_t _recent_big_scope = 0
+# jemalloc's background thread: wanted unless the user's ARENALIB_JE_MALLOC_CONF speaks of it, and
+# started with the first arena (see _start_idle_decay).
+cdef bint _idle_decay_wanted = True
+cdef bint _idle_decay_started = False
 
 cdef ArenaSlot** _free_slots = NULL
 cdef Py_ssize_t _free_count = 0
@@ -108,20 +127,51 @@ cdef size_t _mib_tcache_flush_len = 2
 cdef int slots_init() except -1:
     """The slot pool's start-up: the shared state, the lock of the spare tcaches, the MIBs, and
     the fork handler."""
-    global _inline_state, _spare_tcache_lock, _pid
+    global _inline_state, _spare_tcache_lock, _pid, _idle_decay_wanted
     _inline_state = <InlineState*>arenalib_cache_aligned(sizeof(InlineState))
     _spare_tcache_lock = PyThread_allocate_lock()
     if arenalib_records_init() != 0:
         raise MemoryError("cannot create the thread key of arenalib's access records")
     if _inline_state == NULL or _spare_tcache_lock == NULL:
         raise ImportError("arenalib: cannot allocate its shared state")
+    _inline_state.parked_headroom = _retain_limit
     if (je_mallctlnametomib(b"arena.0.reset", _mib_reset, &_mib_reset_len)
             or je_mallctlnametomib(b"arena.0.purge", _mib_purge, &_mib_purge_len)
             or je_mallctlnametomib(b"tcache.flush", _mib_tcache_flush, &_mib_tcache_flush_len)):
         raise ImportError("arenalib: the private jemalloc did not answer mallctlnametomib")
     _pid = os.getpid()
     os.register_at_fork(after_in_child=_after_fork_in_child)
+    _idle_decay_wanted = "background_thread" not in os.environ.get("ARENALIB_JE_MALLOC_CONF", "")
     return 0
+
+
+cdef void _start_idle_decay() noexcept nogil:
+    """Start jemalloc's background thread, once: what an open arena freed and what idle slots keep
+    goes back to the OS after dirty_decay_ms (one second) even while the program makes no call.
+
+    One thread (max_background_threads 1), started with the first arena rather than at import, so
+    that importing arenalib starts nothing.  It only decays and purges arenas (under jemalloc's own
+    locks), never flushes a thread cache another thread is using.  Sleeping until the next page is
+    due, and without a timeout once nothing is dirty: an idle program with nothing to hand back
+    gets no wake-ups.  jemalloc stops it in a fork's child, where _after_fork_in_child() restarts
+    it.  Users who set background_thread in ARENALIB_JE_MALLOC_CONF decide for themselves."""
+    global _idle_decay_started
+    if _idle_decay_started or not _idle_decay_wanted:
+        return
+    _idle_decay_started = True
+    cdef size_t one = 1
+    cdef unsigned char on = 1  # a C bool
+    je_mallctl(b"max_background_threads", NULL, NULL, &one, sizeof(size_t))
+    je_mallctl(b"background_thread", NULL, NULL, &on, sizeof(on))
+
+
+def _idle_decay_running():
+    """Whether jemalloc's background thread is on (for pool_stats() and the tests)."""
+    cdef unsigned char on = 0
+    cdef size_t size = sizeof(on)
+    if je_mallctl(b"background_thread", &on, &size, NULL, 0) != 0:
+        return False
+    return bool(on)
 
 
 cdef int _mallctl_read_unsigned(const char* name, unsigned* out) noexcept nogil:
@@ -155,6 +205,7 @@ cdef ArenaSlot* slot_acquire(uint64_t* serial) except NULL:
     cdef ArenaSlot* slot = _slot_take(&err)
     serial[0] = _next_serial
     _next_serial += 1
+    _start_idle_decay()
     pool_unlock()
     if slot != NULL:
         return slot
@@ -245,10 +296,13 @@ def _after_fork_in_child():
     corrupt it): give every slot and thread cache a new one, never touch the old ones again, and
     replace locks another thread of the parent may have held.  A no-op in a process that did not
     fork since the last call (the function is reachable from Python)."""
-    global _spare_tcache_count, _spare_tcache_lock, _pid
+    global _spare_tcache_count, _spare_tcache_lock, _pid, _idle_decay_started
     if os.getpid() == _pid:
         return
     _pid = os.getpid()
+    if _idle_decay_started:  # jemalloc stopped its background thread in this child
+        _idle_decay_started = False
+        _start_idle_decay()
     cdef Py_ssize_t i
     cdef ArenaSlot* slot
     cdef ThreadCache* tc
@@ -339,6 +393,7 @@ cdef void slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept nog
     which allocated ``churn`` bytes in all."""
     pool_lock()
     _slot_give_back(slot, stale, churn)
+    _keep_within_retain_limit()
     pool_unlock()
 
 
@@ -348,7 +403,7 @@ cdef void _slot_give_back(ArenaSlot* slot, size_t stale, size_t churn) noexcept 
     slot.stale_bytes += stale
     slot.churn_bytes += churn
     if churn > PURGE_LIMIT:
-        slot_wipe(slot)          # a big arena closed: its memory goes back to the OS now
+        _big_scope_closed(slot, churn)
     elif slot.stale_bytes > STALE_LIMIT:
         slot_reset(slot)         # garbage of many small scopes: drop it, keep the pages warm
     # Last in, first out: the slot given back now is parked, an idle one parked before joins the
@@ -371,6 +426,66 @@ cdef void _slot_give_back(ArenaSlot* slot, size_t stale, size_t churn) noexcept 
     # Slots are taken LIFO: the one now falling out of the warm window may idle for long.
     if _free_count > WARM_SLOTS:
         slot_wipe(_free_slots[_free_count - 1 - WARM_SLOTS])
+
+
+cdef void _big_scope_closed(ArenaSlot* slot, size_t size) noexcept nogil:
+    """A slot whose arena allocated ``size`` > PURGE_LIMIT bytes comes back: kept warm (reset, its
+    pages dirty for the next scope) when ``size`` is within the allowance, else wiped."""
+    global _recent_big_scope
+    cdef size_t allowance = max(<size_t>PURGE_LIMIT, 2 * _recent_big_scope)
+    allowance = min(allowance, _retain_limit)
+    _recent_big_scope = max(size, _recent_big_scope - _recent_big_scope // 4)
+    if size > allowance:
+        slot_wipe(slot)          # one-off or too big: its memory goes back to the OS now
+        return
+    slot_reset(slot)
+    # What the slot holds dirty now: about one scope's pages, which the next scope reuses (what it
+    # had dirty before this scope, jemalloc handed out again first; the rest decays, see above).
+    slot.churn_bytes = size
+
+
+cdef size_t _warm_bytes(ArenaSlot* slot) noexcept nogil:
+    """What an idle slot may hold in RAM beyond its live nothing: its churn since the last purge."""
+    return slot.churn_bytes
+
+
+cdef void _keep_within_retain_limit() noexcept nogil:
+    """Wipe idle slots, coldest first, until what they may hold is within the retain limit, and
+    tell the inline close (close_small_scope in _capi.pxd) how far the parked slot may grow idle.
+    Only the warm window (the parked slot and the WARM_SLOTS newest free ones) holds anything."""
+    cdef Py_ssize_t first = max(0, _free_count - WARM_SLOTS)
+    cdef Py_ssize_t i
+    cdef size_t total = 0
+    for i in range(first, _free_count):
+        total += _warm_bytes(_free_slots[i])
+    cdef size_t parked = _warm_bytes(_inline_state.parked) if _inline_state.parked_idle else 0
+    i = first
+    while total + parked > _retain_limit and i < _free_count:
+        if _warm_bytes(_free_slots[i]):
+            total -= _warm_bytes(_free_slots[i])
+            slot_wipe(_free_slots[i])
+        i += 1
+    if total + parked > _retain_limit:
+        slot_wipe(_inline_state.parked)
+    # The parked slot's headroom (also when it is in use: it comes back through the inline close).
+    _inline_state.parked_headroom = _retain_limit - total
+
+
+def set_retention(max_bytes):
+    """Set the most bytes of freed pages that closed arenas keep in RAM, warm for the next arenas
+    (default 32 MiB, across all threads).  0: every close hands its pages back to the OS at once
+    (slower scopes, the smallest footprint).  Idle slots above the new limit are wiped now."""
+    global _retain_limit
+    cdef Py_ssize_t limit = parse_size(max_bytes, "max_bytes")
+    pool_lock()
+    _retain_limit = <size_t>limit
+    _keep_within_retain_limit()
+    pool_unlock()
+
+
+def get_retention():
+    """The most bytes of freed pages closed arenas keep warm (see set_retention())."""
+    return _retain_limit
 
 
 cdef int tcache_take(unsigned* out) noexcept nogil:
@@ -434,6 +549,9 @@ def pool_stats():
         stale += _free_slots[i].stale_bytes
         cached += cache_held_bytes(&_free_slots[i].cache)
     idle = _free_count + (parked != NULL)
+    cdef size_t warm = _warm_bytes(parked) if parked != NULL else 0
+    for i in range(max(0, _free_count - WARM_SLOTS), _free_count):
+        warm += _warm_bytes(_free_slots[i])
     pool_unlock()
     return {
         "slots_created": _slots_created,
@@ -446,6 +564,9 @@ def pool_stats():
         "stale_limit": STALE_LIMIT,
         "purge_limit": PURGE_LIMIT,
         "warm_slots": WARM_SLOTS,
+        "retain_limit": _retain_limit,
+        "warm_bytes": warm,
+        "idle_decay": _idle_decay_running(),
     }
 
 
