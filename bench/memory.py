@@ -1,19 +1,36 @@
-"""Experiment 2, fragmentation and memory handed back (the Blender observation).
+"""Experiment 2, memory handed back: fragmentation (the Blender observation), and a long-lived
+allocator gone idle (issue 14).
 
 What it measures: how much of a process's peak RSS each allocator keeps after the program frees most
-of what it allocated, with only a small long-lived survivor set left, after an idle second, and after
-the allocator's explicit trim.
+of what it allocated, in two workloads.
 
-How:
-* Every candidate runs in a fresh process (this module, run with --child), so no allocator starts
-  warm or inherits another's heap.  RSS comes from /proc/self/statm; the peak is the kernel's
-  high-water mark (VmHWM, reset at the baseline through /proc/self/clear_refs).
+1. "fragment": a small long-lived survivor set left among freed lifetime groups and temporaries:
+   RSS right after freeing, after an idle second and after the allocator's explicit trim.
+2. "idle" (issue 14): one long-lived allocator (an arena that stays open, a pool) frees 99 % of
+   what it allocated one block at a time and the program goes idle: RSS right after the frees, after
+   0.5, 1, 2 and 4 s of idleness with no call into the allocator, after 1,000 more allocate+free
+   pairs, and after the explicit trim.  This is the Blender report's situation (after a render, an
+   idle program kept 140 MB with jemalloc against 3.1 GB with glibc): memory a long-lived allocator
+   no longer uses should go back to the OS while the program waits, with no call.
+
+How, for both:
+* Every candidate runs in a fresh process (this module, run with --child NAME [--workload idle]),
+  so no allocator starts warm or inherits another's heap.  RSS comes from /proc/self/statm; the peak
+  is the kernel's high-water mark (VmHWM, reset at the baseline through /proc/self/clear_refs), or the
+  largest statm sample taken during the build if that is higher.
 * The workload is drawn from a seeded RNG before the baseline is read, identically for every
-  candidate: allocations of log-uniform sizes from 16 B to 64 KiB until ``memory_bytes`` (~1.5 GB) are
-  kept.  Each kept allocation belongs at random to one of 4 interleaved "lifetime groups", or, with
+  candidate, with log-uniform sizes; every allocation is filled with byte 3, so its pages are
+  resident.
+* PyArrow's pools are used only where a probe in a child interpreter could import pyarrow and make
+  the pool (a native wheel built for another CPU dies with SIGILL); the experiment's own process
+  never imports pyarrow.  Unavailable candidates are listed as skipped, with the reason.
+* The figures: MB above baseline per phase, and retained/peak = (RSS - baseline) / (peak - baseline).
+
+Workload 1, "fragment":
+* Allocations of log-uniform sizes from 16 B to 64 KiB until ``memory_bytes`` (~1.5 GB) are kept.
+  Each kept allocation belongs at random to one of 4 interleaved "lifetime groups", or, with
   probability 0.5 %, to the long-lived survivor set.  Between them come short-lived temporaries (one
-  per two kept allocations on average, same sizes) freed in batches of 64.  Every allocation is
-  filled with byte 3, so its pages are resident.
+  per two kept allocations on average, same sizes) freed in batches of 64.
 * Phases, each followed by an RSS reading: baseline (interpreter, imports and the plan), peak (during
   the build), freed_most (groups 0-2 freed: 75 % of the bulk), survivors (group 3 and the last
   temporaries freed: only survivors live), idle_1s (time.sleep(1)), trimmed (the candidate's explicit
@@ -23,23 +40,45 @@ How:
   long-lived arena, each lifetime group in its own arena that is closed when the group dies, the
   temporaries in a scratch arena (Arena: each temporary freed with seg.free(); SlicingArena: reset()
   per batch).  Closing an arena that allocated more than 4 MiB purges its memory at once.
-* The figures: MB above baseline per phase, and retained/peak = (RSS - baseline) / (peak - baseline).
-  The issue's target is retained/peak <= 3 % at "survivors" (right after the arenas closed: no trim,
+* The issue's target is retained/peak <= 3 % at "survivors" (right after the arenas closed: no trim,
   no waiting) for arenalib.
+
+Workload 2, "idle" (issue 14):
+* Allocations of log-uniform sizes from 64 B to 64 KiB until ~1.1 GB are allocated in full mode,
+  ~0.25 GB in quick mode (both scaled by ``memory_bytes`` / 1.5 GB, so run.py's --memory-bytes
+  shrinks this workload too).  A random 1 % of them (by count) are survivors; the other 99 % are
+  freed one at a time in a random order.  Then 1,000 allocate+free pairs of the same sizes.
+* One long-lived allocator per candidate, made before the baseline is read: an arenalib ``Arena``
+  (segments freed with seg.free(); it stays open), an arenalib ``ConfinedArena`` (the same, in its
+  owner thread: the main thread), PyArrow's jemalloc pool (``pa.allocate_buffer(n,
+  memory_pool=pool)``, filled through a NumPy view, freed by dropping the buffer), glibc through
+  ``bytearray(b"\x03") * n`` (freed by dropping it; no malloc_trim until the last phase) and
+  ``numpy.empty(n, uint8).fill(3)``.
+* Phases, each followed by an RSS reading: baseline, peak, freed (right after the last free),
+  idle_0.5s, idle_1s, idle_2s, idle_4s (time.sleep until that long after the last free: no call into
+  the allocator; the exact offsets are recorded), churn (after the 1,000 allocate+free pairs),
+  trimmed (the explicit trim, for reference: arena.purge() for arenalib, pool.release_unused() for
+  pyarrow, malloc_trim(0) for glibc).
+* The issue's target (idle_targets): retained/peak <= 5 % at idle_2s (within 2 s of idleness, with
+  no call) for arenalib's Arena and ConfinedArena.  The benchmark never sets ARENALIB_JE_MALLOC_CONF;
+  when the environment does, the table's title says so (the children inherit it).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 import random
+import signal
 import subprocess
 import sys
 import time
 from array import array
 from pathlib import Path
 
-from _common import Config, Progress, peak_rss_bytes, reset_peak_rss, rss_bytes
+from _common import Config, Progress, fmt_size, peak_rss_bytes, reset_peak_rss, rss_bytes, table
 
 GROUPS = 4
 SURVIVOR_P = 0.005
@@ -58,6 +97,23 @@ CANDIDATES = {
     "SlicingArena": ("arenalib SlicingArena", "arenalib (bump chunks on jemalloc)", "arenalib.trim()"),
 }
 ARENALIB = ("Arena", "SlicingArena")
+
+# Workload 2, "idle" (issue 14): one long-lived allocator frees 99 % of its blocks, then waits.
+IDLE_BYTES = {"quick": 250_000_000, "full": 1_100_000_000}  # at the default memory_bytes (1.5 GB)
+IDLE_SIZES = (64, 65536)
+IDLE_SURVIVORS = 0.01
+IDLE_CHURN = 1000
+IDLE_WAITS = {"idle_0.5s": 0.5, "idle_1s": 1.0, "idle_2s": 2.0, "idle_4s": 4.0}  # after the last free
+IDLE_PHASES = ["baseline", "peak", "freed", *IDLE_WAITS, "churn", "trimmed"]
+IDLE_CANDIDATES = {
+    "bytearray": ("bytearray", "glibc malloc (pymalloc up to 512 B)", "malloc_trim(0)"),
+    "numpy": ("numpy.empty", "glibc malloc", "malloc_trim(0)"),
+    "pa_jemalloc": ("pyarrow jemalloc", "pyarrow's jemalloc", "pool.release_unused()"),
+    "Arena": ("arenalib Arena", "arenalib (jemalloc explicit arenas)", "arena.purge()"),
+    "ConfinedArena": ("arenalib ConfinedArena", "arenalib (jemalloc explicit arenas)", "arena.purge()"),
+}
+IDLE_ARENALIB = ("Arena", "ConfinedArena")
+IDLE_TARGET_PHASE, IDLE_LIMIT = "idle_2s", 0.05
 
 
 # -- the workload (child process) -----------------------------------------------------------------
@@ -303,30 +359,314 @@ def child(name: str, total_bytes: int, seed: int) -> dict:
     return result
 
 
+# -- workload 2, "idle" (child process) -----------------------------------------------------------
+
+def idle_plan(total_bytes: int, seed: int) -> tuple[array, array, array, array]:
+    """(sizes, survivors, frees, churn): the sizes allocated in order, the indices of the survivors,
+    the indices of the others in the order they are freed, and the sizes of the allocate+free pairs
+    that follow the idle readings."""
+    rng = random.Random(seed)
+    lo, hi = math.log(IDLE_SIZES[0]), math.log(IDLE_SIZES[1])
+    sizes = array("I")
+    total = 0
+    while total < total_bytes:
+        n = int(math.exp(rng.uniform(lo, hi)))
+        sizes.append(n)
+        total += n
+    order = list(range(len(sizes)))
+    rng.shuffle(order)
+    keep = max(1, round(len(sizes) * IDLE_SURVIVORS))
+    churn = array("I", (int(math.exp(rng.uniform(lo, hi))) for _ in range(IDLE_CHURN)))
+    return sizes, array("I", sorted(order[:keep])), array("I", order[keep:]), churn
+
+
+class IdleBackend:
+    """One long-lived allocator: allocate(n) -> a filled object; free(obj) (then the caller drops
+    it); trim(); facts() -> dict of the allocator's own figures; close()."""
+
+    def free(self, obj) -> None:  # dropping the last reference frees it
+        pass
+
+    def facts(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class IdleBytearray(IdleBackend):
+    def __init__(self):
+        self.b3 = bytearray(b"\x03")
+
+    def allocate(self, n: int) -> bytearray:
+        return self.b3 * n
+
+    def trim(self) -> None:
+        _malloc_trim()
+
+
+class IdleNumpy(IdleBackend):
+    def __init__(self):
+        import numpy
+        self.empty, self.u8 = numpy.empty, numpy.uint8
+
+    def allocate(self, n: int):
+        a = self.empty(n, self.u8)
+        a.fill(3)
+        return a
+
+    def trim(self) -> None:
+        _malloc_trim()
+
+
+class IdlePyarrow(IdleBackend):
+    def __init__(self):
+        import numpy
+        import pyarrow
+        self.pool = pyarrow.jemalloc_memory_pool()
+        self.allocate_buffer = pyarrow.allocate_buffer
+        self.frombuffer, self.u8 = numpy.frombuffer, numpy.uint8
+
+    def allocate(self, n: int):
+        buf = self.allocate_buffer(n, memory_pool=self.pool)
+        self.frombuffer(buf, self.u8).fill(3)
+        return buf
+
+    def trim(self) -> None:
+        self.pool.release_unused()
+
+    def facts(self) -> dict:
+        return {"pool_bytes_allocated": self.pool.bytes_allocated(),
+                "pool_max_memory": self.pool.max_memory()}
+
+
+class IdleArena(IdleBackend):
+    def __init__(self, kind: str):
+        import arenalib
+        self.arenalib = arenalib
+        self.arena = getattr(arenalib, kind)()
+
+    def allocate(self, n: int):
+        return self.arena.allocate(n, zero=False).fill(3)
+
+    def free(self, seg) -> None:
+        seg.free()
+
+    def trim(self) -> None:
+        self.arena.purge()
+
+    def facts(self) -> dict:
+        return {"arena_stats": self.arena.stats(), "pool_stats": self.arenalib.pool_stats()}
+
+    def close(self) -> None:
+        self.arena.close()
+
+
+def idle_backend(name: str) -> IdleBackend:
+    if name == "bytearray":
+        return IdleBytearray()
+    if name == "numpy":
+        return IdleNumpy()
+    if name == "pa_jemalloc":
+        return IdlePyarrow()
+    if name in IDLE_ARENALIB:
+        return IdleArena(name)
+    raise SystemExit(f"unknown idle candidate {name!r}")
+
+
+def idle_child(name: str, total_bytes: int, seed: int) -> dict:
+    """Run the idle workload for one candidate in this (fresh) process; print phases, return figures."""
+    import gc
+
+    def phase(label: str) -> None:
+        print(f"@phase {label}", flush=True)
+
+    # Imports, the plan and the long-lived allocator first: they belong to the baseline.
+    sizes, survivors, frees, churn = idle_plan(total_bytes, seed)
+    backend = idle_backend(name)
+    allocate, free = backend.allocate, backend.free
+    live: list = [None] * len(sizes)
+    gc.collect()
+    gc.disable()  # a list of buffers only: no cycles to collect, and no collector pauses
+    rss = {}
+    seconds = {}
+    rss["baseline"] = rss_bytes()
+    hwm_ok = reset_peak_rss()
+    phase("baseline")
+
+    t0 = time.perf_counter()
+    sampled_peak = 0
+    for i in range(len(sizes)):
+        live[i] = allocate(sizes[i])
+        if not i & 4095:
+            sampled_peak = max(sampled_peak, rss_bytes())
+    sampled_peak = max(sampled_peak, rss_bytes())
+    hwm = peak_rss_bytes() if hwm_ok else None
+    rss["peak"] = max(sampled_peak, hwm or 0)
+    seconds["build"] = time.perf_counter() - t0
+    phase("peak")
+
+    t0 = time.perf_counter()
+    for i in frees:
+        free(live[i])
+        live[i] = None
+    freed_at = time.perf_counter()
+    seconds["freed"] = freed_at - t0
+    rss["freed"] = rss_bytes()
+    phase("freed")
+
+    idle_at = {}
+    for label, after in IDLE_WAITS.items():
+        time.sleep(max(0.0, freed_at + after - time.perf_counter()))
+        rss[label] = rss_bytes()
+        idle_at[label] = time.perf_counter() - freed_at
+        phase(label)
+
+    t0 = time.perf_counter()
+    for n in churn:
+        free(allocate(n))
+    seconds["churn"] = time.perf_counter() - t0
+    rss["churn"] = rss_bytes()
+    phase("churn")
+
+    facts = backend.facts()  # before the trim: what the allocator held
+    t0 = time.perf_counter()
+    backend.trim()
+    seconds["trimmed"] = time.perf_counter() - t0
+    rss["trimmed"] = rss_bytes()
+    phase("trimmed")
+
+    result = {
+        "rss": rss,
+        "seconds": seconds,
+        "idle_seconds": idle_at,
+        "allocations": len(sizes),
+        "allocated_bytes": sum(sizes),
+        "survivor_count": len(survivors),
+        "survivor_bytes": sum(sizes[i] for i in survivors),
+        "peak_source": "VmHWM" if hwm_ok and hwm and hwm >= sampled_peak else "statm samples",
+        **facts,
+    }
+    for i in survivors:
+        free(live[i])
+        live[i] = None
+    backend.close()
+    return result
+
+
 # -- the experiment (parent process) --------------------------------------------------------------
 
 # Estimated milliseconds each phase takes (the build scales with the workload), for the progress bar.
 PHASE_MS = {"baseline": 500, "peak": 2500, "freed_most": 200, "survivors": 100, "idle_1s": 1000,
             "trimmed": 200}
+IDLE_PHASE_MS = {"baseline": 500, "peak": 2000, "freed": 300, "idle_0.5s": 500, "idle_1s": 500,
+                 "idle_2s": 1000, "idle_4s": 2000, "churn": 50, "trimmed": 200}
 
 
 def _phase_ms(phase: str, total_bytes: int) -> float:
     return PHASE_MS[phase] * (total_bytes / 1.5e9 if phase == "peak" else 1)
 
 
+def _idle_phase_ms(phase: str, total_bytes: int) -> float:
+    return IDLE_PHASE_MS[phase] * (total_bytes / 1.1e9 if phase in ("peak", "freed") else 1)
+
+
+def idle_bytes(cfg: Config) -> int:
+    """Bytes the idle workload allocates: IDLE_BYTES of the mode, scaled by memory_bytes."""
+    default = Config.full().memory_bytes
+    return round(IDLE_BYTES.get(cfg.mode, IDLE_BYTES["full"]) * cfg.memory_bytes / default)
+
+
 def plan_units(cfg: Config) -> float:
-    return len(CANDIDATES) * sum(_phase_ms(p, cfg.memory_bytes) for p in PHASES)
+    idle = idle_bytes(cfg)
+    return (len(CANDIDATES) * sum(_phase_ms(p, cfg.memory_bytes) for p in PHASES)
+            + len(IDLE_CANDIDATES) * sum(_idle_phase_ms(p, idle) for p in IDLE_PHASES))
+
+
+_PYARROW_PROBE = """
+import json, sys
+import pyarrow
+out = {}
+for name in sys.argv[1:]:
+    try:
+        getattr(pyarrow, name + "_memory_pool")()
+        out[name] = None
+    except Exception as exc:
+        out[name] = f"pyarrow.{name}_memory_pool() unavailable: {exc}"
+print(json.dumps(out))
+"""
+
+
+def _python() -> list[str]:
+    """This interpreter as a child runs it (-S too: then PYTHONPATH alone finds the packages)."""
+    return [sys.executable, *(["-S"] if sys.flags.no_site else [])]
+
+
+@functools.cache
+def _pyarrow_pools() -> dict[str, str | None]:
+    """For each pyarrow pool the candidates use, why it cannot run here (None: it can), probed in a
+    child interpreter: this process never imports pyarrow (a wheel built for another CPU dies with
+    SIGILL, and would take the experiment down with it)."""
+    names = sorted({key[3:] for key in (*CANDIDATES, *IDLE_CANDIDATES) if key.startswith("pa_")})
+    try:
+        proc = subprocess.run([*_python(), "-c", _PYARROW_PROBE, *names], capture_output=True, text=True,
+                              timeout=300)
+    except subprocess.TimeoutExpired:
+        return dict.fromkeys(names, "a probe importing pyarrow did not finish in 300 s")
+    if proc.returncode < 0:
+        sig = signal.Signals(-proc.returncode)
+        return dict.fromkeys(names, f"importing pyarrow killed a probe process with {sig.name} "
+                                    f"({signal.strsignal(sig)})")
+    if proc.returncode:
+        last = next((line for line in reversed(proc.stderr.splitlines()) if line.strip()), "")
+        return dict.fromkeys(names, f"a probe importing pyarrow exited with status {proc.returncode}: {last}")
+    lines = proc.stdout.splitlines()
+    return json.loads(lines[-1]) if lines else dict.fromkeys(names, "a probe importing pyarrow said nothing")
 
 
 def _available(name: str) -> str | None:
     """Why the candidate cannot run here, or None."""
     if name.startswith("pa_"):
-        try:
-            import pyarrow
-            getattr(pyarrow, f"{name[3:]}_memory_pool")()
-        except Exception as exc:
-            return f"pyarrow.{name[3:]}_memory_pool() unavailable: {exc}"
+        return _pyarrow_pools().get(name[3:], f"no probe of pyarrow.{name[3:]}_memory_pool()")
     return None
+
+
+def _run_child(name: str, label: str, args: list[str], phases: list[str], phase_ms: dict[str, float],
+               progress: Progress) -> dict:
+    """Run one candidate in a fresh process (``memory.py --child NAME *args``): its figures with MB
+    above baseline and retained/peak per phase, or {"error": why}; wall_seconds either way."""
+    progress.set_label(f"memory {label}: starting")
+    cmd = [*_python(), str(Path(__file__).resolve()), "--child", name, *args]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    payload = None
+    start = progress.done
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("@phase "):
+            done = line.split()[1]
+            upcoming = phases[phases.index(done) + 1] if done != phases[-1] else done
+            progress.step(f"memory {label}: {upcoming}", phase_ms[done])
+        elif line.startswith("{"):
+            payload = json.loads(line)
+    stderr = proc.stderr.read() if proc.stderr else ""
+    proc.wait()
+    progress.sync(start + sum(phase_ms.values()))
+    entry: dict = {"wall_seconds": round(time.perf_counter() - t0, 2)}
+    if proc.returncode or payload is None:
+        how = f"exited {proc.returncode}"
+        if proc.returncode < 0:
+            sig = signal.Signals(-proc.returncode)
+            how = f"died with {sig.name} ({signal.strsignal(sig)})"
+        entry["error"] = f"child {how}: {stderr.strip()[-2000:]}"
+        progress.note(f"memory: {label} failed: {entry['error']}")
+        return entry
+    entry.update(payload)
+    rss = payload["rss"]
+    base, growth = rss["baseline"], rss["peak"] - rss["baseline"]
+    entry["mb_above_baseline"] = {p: (rss[p] - base) / 1e6 for p in phases}
+    entry["retained_of_peak"] = {p: ((rss[p] - base) / growth if growth > 0 else None) for p in phases}
+    return entry
 
 
 def run(cfg: Config, progress: Progress) -> dict:
@@ -340,6 +680,7 @@ def run(cfg: Config, progress: Progress) -> dict:
         },
         "candidates": {},
     }
+    phase_ms = {p: _phase_ms(p, total) for p in PHASES}
     for name, (label, allocator, trim) in CANDIDATES.items():
         entry = {"label": label, "allocator": allocator, "trim": trim}
         results["candidates"][name] = entry
@@ -347,49 +688,107 @@ def run(cfg: Config, progress: Progress) -> dict:
         if why:
             entry["skipped"] = why
             progress.note(f"memory: skipping {label}: {why}")
-            progress.step(units=sum(_phase_ms(p, total) for p in PHASES))
+            progress.step(units=sum(phase_ms.values()))
             continue
-        progress.set_label(f"memory {label}: starting")
-        # the child runs as this interpreter does (-S too: then PYTHONPATH alone finds the packages)
-        cmd = [sys.executable, *(["-S"] if sys.flags.no_site else []),
-               str(Path(__file__).resolve()), "--child", name,
-               "--bytes", str(total), "--seed", str(cfg.seed)]
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        payload = None
-        start = progress.done
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("@phase "):
-                done = line.split()[1]
-                upcoming = PHASES[PHASES.index(done) + 1] if done != PHASES[-1] else done
-                progress.step(f"memory {label}: {upcoming}", _phase_ms(done, total))
-            elif line.startswith("{"):
-                payload = json.loads(line)
-        stderr = proc.stderr.read() if proc.stderr else ""
-        proc.wait()
-        progress.sync(start + sum(_phase_ms(p, total) for p in PHASES))
-        entry["wall_seconds"] = round(time.perf_counter() - t0, 2)
-        if proc.returncode or payload is None:
-            entry["error"] = f"child exited {proc.returncode}: {stderr.strip()[-2000:]}"
-            progress.note(f"memory: {label} failed: {entry['error']}")
-            continue
-        entry.update(payload)
-        rss = payload["rss"]
-        base, growth = rss["baseline"], rss["peak"] - rss["baseline"]
-        entry["mb_above_baseline"] = {p: (rss[p] - base) / 1e6 for p in PHASES}
-        entry["retained_of_peak"] = {p: ((rss[p] - base) / growth if growth > 0 else None) for p in PHASES}
+        entry.update(_run_child(name, label, ["--bytes", str(total), "--seed", str(cfg.seed)], PHASES,
+                                phase_ms, progress))
+    results["idle"] = run_idle(cfg, progress)
     return results
+
+
+def run_idle(cfg: Config, progress: Progress) -> dict:
+    """Workload 2, "idle": results["idle"] of run()."""
+    total = idle_bytes(cfg)
+    results: dict = {
+        "method": {
+            "allocated_bytes": total, "sizes": list(IDLE_SIZES), "survivor_share": IDLE_SURVIVORS,
+            "free_order": "random, one at a time", "churn_pairs": IDLE_CHURN, "idle_after_free_s": IDLE_WAITS,
+            "seed": cfg.seed, "phases": IDLE_PHASES, "retained": "(RSS - baseline) / (peak - baseline)",
+            "target": {"candidates": list(IDLE_ARENALIB), "phase": IDLE_TARGET_PHASE, "limit": IDLE_LIMIT},
+            "arenalib_je_malloc_conf": os.environ.get("ARENALIB_JE_MALLOC_CONF"),
+        },
+        "candidates": {},
+    }
+    phase_ms = {p: _idle_phase_ms(p, total) for p in IDLE_PHASES}
+    for name, (label, allocator, trim) in IDLE_CANDIDATES.items():
+        entry = {"label": label, "allocator": allocator, "trim": trim}
+        results["candidates"][name] = entry
+        why = _available(name)
+        if why:
+            entry["skipped"] = why
+            progress.note(f"memory (idle): skipping {label}: {why}")
+            progress.step(units=sum(phase_ms.values()))
+            continue
+        entry.update(_run_child(name, label, ["--workload", "idle", "--bytes", str(total),
+                                              "--seed", str(cfg.seed)], IDLE_PHASES, phase_ms, progress))
+    return results
+
+
+# -- the idle workload's report (bench/run.py calls these) ----------------------------------------
+
+def idle_targets(mem: dict) -> list[dict]:
+    """Issue 14's target on run()'s result (run.py's res["memory"]), in the shape of run.py's
+    targets(): arenalib's Arena and ConfinedArena keep <= 5 % of their peak growth 2 s after the
+    last free, with no call.  [] for a result from before the idle workload existed."""
+    idle = mem.get("idle")
+    if not idle:
+        return []
+    checks = []
+    for key in IDLE_ARENALIB:
+        entry = idle["candidates"].get(key, {})
+        retained = entry.get("retained_of_peak", {}).get(IDLE_TARGET_PHASE)
+        checks.append({
+            "target": (f"memory, idle (issue 14): a long-lived arena that freed 99% of its segments keeps "
+                       f"<= {IDLE_LIMIT:.0%} of peak growth after 2 s idle, no call"),
+            "candidate": key, "label": entry.get("label", key), "limit": IDLE_LIMIT, "ratio": retained,
+            "status": "n/a" if retained is None else ("MET" if retained <= IDLE_LIMIT else "MISSED")})
+    return checks
+
+
+def idle_table(mem: dict, markdown: bool = False) -> str:
+    """The idle workload's table, from run()'s result (run.py's res["memory"]); "" for a result from
+    before the idle workload existed."""
+    idle = mem.get("idle")
+    if not idle:
+        return ""
+    shown = IDLE_PHASES[2:]
+    rows = []
+    for key, e in idle["candidates"].items():
+        if "rss" not in e:
+            why = e.get("skipped") or e.get("error", "")[:60]
+            rows.append([e["label"], *(["-"] * (len(shown) + 3)), "", why])
+            continue
+        ret, mb = e["retained_of_peak"], e["mb_above_baseline"]
+        target = ""
+        if key in IDLE_ARENALIB and ret[IDLE_TARGET_PHASE] is not None:
+            target = f"<= {IDLE_LIMIT:.0%}: " + ("MET" if ret[IDLE_TARGET_PHASE] <= IDLE_LIMIT else "MISSED")
+        rows.append([e["label"], f"{e['rss']['baseline'] / 1e6:.0f}", f"{mb['peak']:.0f}",
+                     *[f"{ret[p]:.1%}" if ret[p] is not None else "-" for p in shown],
+                     f"{mb[IDLE_TARGET_PHASE]:.0f}", target, e["trim"]])
+    names = {"freed": "freed", "churn": f"+{IDLE_CHURN} pairs", "trimmed": "trimmed"}
+    heads = ["candidate", "baseline MB", "peak +MB", *[names.get(p, p.replace("_", " ")) for p in shown],
+             "2 s +MB", "target (issue 14)", "trim"]
+    method = idle["method"]
+    conf = method.get("arenalib_je_malloc_conf")
+    lo, hi = method["sizes"]
+    title = (("### " if markdown else "") + f"Memory, idle: one long-lived allocator, "
+             f"{method['allocated_bytes'] / 1e9:.2f} GB of {fmt_size(lo)}-{fmt_size(hi)} blocks, "
+             f"{1 - method['survivor_share']:.0%} freed one by one (random order), then idle; "
+             "kept = (RSS - baseline) / (peak - baseline), idle times counted from the last free"
+             + (f"; ARENALIB_JE_MALLOC_CONF={conf}" if conf else ""))
+    return title + "\n" + table(heads, rows, markdown)
 
 
 def main() -> int:
     import argparse
     parser = argparse.ArgumentParser(description="memory experiment child process")
     parser.add_argument("--child", required=True)
+    parser.add_argument("--workload", choices=("fragment", "idle"), default="fragment")
     parser.add_argument("--bytes", type=int, required=True)
     parser.add_argument("--seed", type=int, default=6)
     args = parser.parse_args()
-    result = child(args.child, args.bytes, args.seed)
+    run_workload = idle_child if args.workload == "idle" else child
+    result = run_workload(args.child, args.bytes, args.seed)
     print(json.dumps(result), flush=True)
     return 0
 

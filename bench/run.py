@@ -5,12 +5,15 @@ every figure and PNG plots.
 
     python3 dev.py bench                      # quick mode (under 3 minutes on 2 cores)
     python3 dev.py bench --full               # the careful run
-    .venv/py3.11/bin/python bench/run.py [--full] [--out DIR] [--only roundtrip,memory,threads,pool,native]
+    .venv/py3.11/bin/python bench/run.py [--full] [--out DIR]
+                                         [--only roundtrip,memory,threads,pool,native,scopes]
 
 Experiments (each module's docstring says what it measures and how):
     roundtrip.py   allocate + fill(3) + free per op, 8 B to 1 MiB: ns/op, ops/ms, ratio to bytearray
     memory.py      RSS through a fragmenting ~1.5 GB workload, a fresh process per candidate
     threads.py     1 and 2 Python threads allocating: ops/s, scaling, single-thread ratio to bytearray
+    scopes.py      one arena per scope (k blocks of 8 B to 1 MiB, then close): ns/block, ratio to
+                   bytearray, minor page faults per scope; the per-scope cost of a 512 B ConfinedArena
 
 Each experiment runs in a child process of its own (``run.py --child NAME``): one that dies (a signal,
 such as SIGILL from an extension built for another CPU) or raises is reported by name with the reason,
@@ -48,6 +51,7 @@ from _common import (  # noqa: E402
     Config,
     CpuShare,
     Progress,
+    fmt_ns,
     fmt_num,
     fmt_size,
     loadavg,
@@ -55,14 +59,29 @@ from _common import (  # noqa: E402
     table,
 )
 
-EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native")
-# Run order: the memory experiment last, so the kernel's reclaiming of its 1.5 GB children does not
-# disturb the timings of the others.
-RUN_ORDER = ("roundtrip", "threads", "memory", "pool", "native")
+EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes")
+# Run order: the memory experiment after the Python-level timings, so the kernel's reclaiming of its
+# 1.5 GB children does not disturb them (scopes counts page faults).
+RUN_ORDER = ("roundtrip", "threads", "scopes", "memory", "pool", "native")
 CHEAPEST = "bytearray_repeat"
 
 
 # -- targets --------------------------------------------------------------------------------------
+
+def ratio_item(title: str, key: str, label: str, n: int, other: str, versus_label: str, limit: float,
+               r: dict | None) -> dict:
+    """One ratio target: MET when the median of the same-round ratios ``r`` is at most ``limit``
+    (borderline when the limit lies between its quartiles); n/a when it was not measured."""
+    item = {"target": title, "candidate": key, "label": label, "size": n, "versus": other,
+            "versus_label": versus_label, "limit": limit}
+    if r is None:
+        item.update(status="n/a", ratio=None)
+    else:
+        item.update(ratio=r["median"], ratio_q1=r["q1"], ratio_q3=r["q3"],
+                    status="MET" if r["median"] <= limit else "MISSED",
+                    borderline=r["q1"] <= limit <= r["q3"])
+    return item
+
 
 def targets(res: dict) -> list[dict]:
     """The issue's targets, each checked on ratios measured in this one run."""
@@ -73,16 +92,9 @@ def targets(res: dict) -> list[dict]:
     labels = rt["candidates"] if rt else {}
 
     def check(title: str, key: str, n: int, other: str, limit: float) -> None:
-        r = roundtrip.ratio(rt, key, other, n)
-        item = {"target": title, "candidate": key, "label": labels.get(key, {}).get("label", key),
-                "size": n, "versus": other, "versus_label": labels.get(other, {}).get("label", other),
-                "limit": limit}
-        if r is None:
-            item.update(status="n/a", ratio=None)
-        else:
-            item.update(ratio=r["median"], ratio_q1=r["q1"], ratio_q3=r["q3"],
-                        status="MET" if r["median"] <= limit else "MISSED",
-                        borderline=r["q1"] <= limit <= r["q3"])
+        item = ratio_item(title, key, labels.get(key, {}).get("label", key), n, other,
+                          labels.get(other, {}).get("label", other), limit,
+                          roundtrip.ratio(rt, key, other, n))
         if other == BASELINE:
             strict = roundtrip.ratio(rt, key, CHEAPEST, n)
             if strict is not None:
@@ -119,6 +131,23 @@ def targets(res: dict) -> list[dict]:
                     "candidate": key, "label": entry.get("label", key), "limit": 0.03, "ratio": retained,
                     "status": "n/a" if retained is None else ("MET" if retained <= 0.03 else "MISSED")}
             checks.append(item)
+    sc = res.get("scopes")
+    if sc:
+        import scopes
+        names = sc["candidates"]
+        base = names.get(BASELINE, {}).get("label", BASELINE)
+        for key in scopes.ARENA_KINDS:
+            for n in scopes.SIZES:
+                checks.append(ratio_item(
+                    "scopes (issue 14): one arena per scope, k x allocate(n, zero=False).fill(3), "
+                    "per block vs bytearray(n)+fill", key, names.get(key, {}).get("label", key), n,
+                    BASELINE, base, 0.8, scopes.ratio(sc, key, BASELINE, n)))
+        per = sc.get("per_scope", {}).get("candidates", {})
+        checks.append(ratio_item(
+            f"scopes (issue 14): per-scope `with ConfinedArena() as a: a.allocate({scopes.PER_SCOPE_SIZE}, "
+            f"zero=False).fill(3)` vs bytearray({scopes.PER_SCOPE_SIZE})+fill", "ConfinedArena",
+            per.get("ConfinedArena", {}).get("label", "ConfinedArena"), scopes.PER_SCOPE_SIZE, BASELINE, base,
+            2.0, scopes.per_scope_ratio(sc)))
     return checks
 
 
@@ -207,6 +236,60 @@ def threads_table(th: dict, markdown: bool = False) -> str:
              "target (issue 13)"]
     keep = [i for i in range(len(heads)) if i < 5 or any(r[i] for r in rows)]  # older JSON lacks some
     return title + "\n" + table([heads[i] for i in keep], [[r[i] for i in keep] for r in rows], markdown)
+
+
+def scopes_tables(sc: dict, markdown: bool = False) -> str:
+    """One arena per scope: ns per block with the ratio to bytearray, minor page faults per scope,
+    and the per-scope table of the smallest scope."""
+    sizes = sc["sizes"]
+    k = sc["method"]["blocks_per_scope"]
+    keys = [key for key, c in sc["candidates"].items() if not c["skipped"] and key in sc["cells"]]
+    heads = ["candidate", *[f"{fmt_size(n)} x{k[str(n)]}" for n in sizes]]
+    h = "### " if markdown else ""
+
+    def ns_cell(key: str, n: int) -> str:
+        cell = sc["cells"][key][str(n)]
+        ns = fmt_ns(cell["ns_per_block"]["median"])
+        return ns if key == BASELINE else f"{ns} ({cell['ratio_to_baseline']['median']:.2f})"
+
+    def faults_cell(key: str, n: int) -> str:
+        faults = sc["cells"][key][str(n)]["faults_per_scope"]["median"]
+        return f"{faults:.0f}" if faults >= 10 else f"{faults:.1f}"
+
+    out = [f"{h}Scopes (n bytes x k blocks per scope; arenalib: a fresh arena per scope): ns per block, "
+           "median (ratio to bytearray(n)+fill, median of same-round ratios; lower is faster)",
+           table(heads, [[sc["candidates"][key]["label"], *[ns_cell(key, n) for n in sizes]] for key in keys],
+                 markdown), "",
+           f"{h}Scopes: minor page faults per scope (getrusage ru_minflt, median of the rounds; a 16 MiB "
+           "scope spans 4096 pages of 4 KiB)",
+           table(heads, [[sc["candidates"][key]["label"], *[faults_cell(key, n) for n in sizes]]
+                         for key in keys], markdown), ""]
+    noise = sorted(sc["cells"][key][str(n)]["ratio_to_baseline"]["rel_iqr"] for key in keys for n in sizes
+                   if key != BASELINE)
+    if noise:
+        out.append(f"Noise: relative IQR of the same-round ratios, median {noise[len(noise) // 2]:.1%}, "
+                   f"worst {noise[-1]:.1%}; {sc['method']['rounds']} rounds.")
+    per = sc.get("per_scope")
+    if per:
+        n = per["size"]
+        ratio = per["ratio_to_baseline"]
+        rows = []
+        for key, c in per["cells"].items():
+            mine = key != BASELINE
+            rows.append([per["candidates"][key]["label"], fmt_ns(c["ns_per_op"]["median"]),
+                         f"{ratio['median']:.2f}" if mine else "baseline",
+                         f"{ratio['min']:.2f}" if mine else "", f"{ratio['max']:.2f}" if mine else "",
+                         f"{c['faults_per_op']['median']:.2f}"])
+        quote = "`" if markdown else ""
+        out += ["", f"{h}Per scope at {fmt_size(n)}: a fresh ConfinedArena per op (one {n} B block) against "
+                f"bytearray({n})+fill, in experiment 1's loop; ratio = median of same-round ratios",
+                table(["candidate", "ns/op", "ratio", "min", "max", "faults/op"], rows, markdown), "",
+                f"Statements (n = {n}): " + "; ".join(
+                    f"{c['label']}: {quote}{c['op']}{quote}" for c in per["candidates"].values()) + ".",
+                *([""] if markdown else []),
+                f"Same-round ratios, all {per['rounds']} rounds: "
+                + " ".join(f"{x:.2f}" for x in per["per_round_ratios"])]
+    return "\n".join(out)
 
 
 def targets_text(checks: list[dict], markdown: bool = False) -> str:
@@ -365,6 +448,17 @@ def markdown_report(res: dict, checks: list[dict], pngs: list[str]) -> str:
     extra = extra_reports(res)
     if extra:
         parts += ["## 4. BufferPool and the C level (issues 4 and 5)", "", "```", extra, "```", ""]
+    if "scopes" in res:
+        parts += ["## 5. One arena per scope (issue 14)", "",
+                  "Timed per scope (bench/scopes.py: every name bound as a local, the same loop for all; "
+                  "k blocks per scope):", ""]
+        for c in res["scopes"]["candidates"].values():
+            if c["skipped"]:
+                parts.append(f"- {c['label']}: skipped ({c['skipped']})")
+            else:
+                note = f" — {c['note']}" if c["note"] else ""
+                parts.append(f"- {c['label']}: `{c['scope']}`, per block `{c['block']}`{note}")
+        parts += ["", scopes_tables(res["scopes"], markdown=True), ""]
     for png in pngs:
         parts.append(f"![{png}]({png})")
     return "\n".join(parts) + "\n"
@@ -434,7 +528,8 @@ def main() -> int:
         "config": cfg.asdict(),
         "loadavg_before": loadavg(),
         "machine": machine_info(),
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "ARENALIB_", "MALLOC_"))},
+        "env": {k: v for k, v in os.environ.items()
+                if k.startswith(("OPENBLAS_", "ARENALIB_", "MALLOC_", "GLIBC_TUNABLES"))},
         "failed": {},
     }
     print(f"arenalib benchmark, {cfg.mode} mode: {', '.join(only)} -> {out}", file=sys.stderr)
@@ -656,6 +751,8 @@ def report(res: dict, out: Path) -> None:
     if "threads" in res:
         print(threads_table(res["threads"]))
         print("  " + res["threads"]["method"]["note"] + "\n")
+    if "scopes" in res:
+        print(scopes_tables(res["scopes"]) + "\n")
     if checks:
         print(targets_text(checks) + "\n")
     extra = extra_reports(res)

@@ -1,0 +1,329 @@
+"""Experiment 5, one arena per request or batch (issue 14): the way most arenalib code is written.
+
+    for batch in batches:
+        with arenalib.SlicingArena() as a:           # or Arena() / ConfinedArena()
+            bufs = [a.allocate(n, zero=False).fill(3) for _ in range(k)]
+
+What it measures: the cost of such a scope (open a fresh arena, allocate k blocks of n bytes unzeroed
+and fill each with byte 3, keeping every segment, then close the arena and drop the segments) for
+n in 8 B, 512 B, 4 KiB, 64 KiB and 1 MiB with k = min(1024, 16 MiB // n) blocks per scope, for each
+arena kind and for the same scope written with bytearray and NumPy.  It reports ns per block (the
+scope's time / k), the ratio to bytearray(n)+fill measured in the same round, and the minor page
+faults per scope.  A second, small table gives the per-scope cost of the smallest scope,
+``with ConfinedArena() as a: a.allocate(512, zero=False).fill(3)``, against ``bytearray(512)`` + fill.
+
+How:
+* Every candidate's scope is put into the same generated loop (as bench/roundtrip.py does), every
+  name it uses bound as a local:
+
+      def run(scopes, _inner=range(k), <names>):
+          for _ in range(scopes):
+              with Kind() as a:             # arenalib only; the peers have no with-block
+                  bufs = []
+                  append = bufs.append
+                  alloc = a.allocate        # arenalib only
+                  for _ in _inner:
+                      <block>
+              bufs = append = ... = None    # drop the segments / buffers (and the arena object)
+
+  with <block> one of
+  - ``append(alloc(n, zero=False).fill(3))`` for Arena, ConfinedArena and SlicingArena (a fresh
+    arena per scope, closed by the with-exit; Segment.fill is a memset and returns the segment);
+  - ``b = ba(n); b[:] = pattern; append(b)`` for bytearray, ``pattern`` a prebuilt bytearray of n
+    bytes 3: the fill of bench/roundtrip.py's bytearray baseline (``bytearray(n)[:] = pattern``, the
+    cheapest way to fill a new bytearray(n): it zeroes, then the slice assignment is a memcpy), so
+    the ratios here read like experiment 1's;
+  - ``b = empty(n, u8); b.fill(3); append(b)`` for ``numpy.empty(n, uint8)`` (left out, with a note,
+    where numpy cannot be imported).
+  The user's list comprehension becomes a loop with a bound ``append`` so that every candidate runs
+  the same loop (bytearray's fill is a statement, not an expression); ``alloc = a.allocate`` is bound
+  once per scope, as roundtrip.py binds its callables.  Dropping the list frees the k bytearrays or
+  arrays, the peers' equivalent of the close; the arenalib scopes pay the close and then the
+  deallocation of k dead Segment objects.
+* Per size, each candidate's scope first runs a few times untimed (warm-up: the process's first-touch
+  page faults, glibc's heap growth, jemalloc's first arenas, are not charged to whichever candidate
+  runs first), then the number of scopes per measurement is calibrated so one measurement takes
+  about ``target_ms``.  Rounds interleave the candidates, the starting candidate rotating by one each
+  round (as threads.py does); the garbage collector is off during every measurement.
+* Each measurement reads ``resource.getrusage(RUSAGE_SELF).ru_minflt`` before and after the timed
+  scopes (outside the timed interval): faults per scope = the delta / the number of scopes.
+* The report gives the median ns per block, the median of same-round ratios to bytearray (less
+  sensitive to drifts of the machine than a ratio of medians) and the median faults per scope.
+* Quick mode: 15 rounds of ~40 ms measurements (about 25 s); full mode: 41 rounds of ~100 ms (about
+  2 minutes).  These live here (SETTINGS), not in _common.Config.
+
+What bounds it:
+* At 8 B and 512 B the per-block work of every candidate is a few calls and a small memset or memcpy:
+  the interpreter's call overhead bounds the ratios (as in experiment 1), and the arena's open and
+  close are shared by 1024 blocks.
+* From 4 KiB up, page faults.  Memory new to the process costs a minor page fault per 4 KiB page at
+  first touch, more than the fill of the page (about 2.5 us per fault on the 2-vCPU Firecracker VM of
+  the first runs, where bytearray at 1 MiB took ~700 us per block for its 256 faults).  Whoever hands
+  a scope's pages back to the OS at its end faults them in again in the next scope:
+  - glibc gives the top of its heap back once more than its trim threshold is free there (128 KiB
+    by default; twice the dynamic mmap threshold once the process has freed a block glibc had
+    mmap'd, 64 MiB at most).  The k bytearrays or arrays of a 4 MiB or 16 MiB scope are freed at the
+    top of the heap, so glibc trims, and the next scope faults them in again (first runs: ~880 faults
+    per 4 KiB scope of 1024 pages, ~4,060 per 16 MiB scope).  A process whose history raised the
+    thresholds past the scope's size (or MALLOC_TRIM_THRESHOLD_) would not pay them: the faults
+    table says what each candidate paid in this run.
+  - arenalib's close policy at the time of writing resets and purges the jemalloc arena of a scope
+    that churned more than 4 MiB: the 16 MiB scopes (64 KiB, 1 MiB) pay ~4,100-4,350 faults each,
+    while the 4 MiB scope of 4 KiB blocks keeps its pages.
+  So at 64 KiB and 1 MiB both sides are bound by the faults and the ratios stay near 1.0, and at
+  4 KiB only the peers pay them.  With glibc's trimming turned off (GLIBC_TUNABLES=
+  glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_threshold=33554432, which run.py records)
+  the peers paid no faults at all, and the arenalib rows at 64 KiB and 1 MiB came out 8-10x
+  bytearray on the same VM: the ratios at those sizes measure the two allocators' policies for
+  handing memory back as much as their speed.
+* bytearray's fill is a memcpy; glibc copies 64 KiB and more with ``rep movsb``, which some x86 CPUs
+  run far slower for some relative placements of source and destination (see bench/threads.py): a
+  64 KiB bytearray figure that jumps from run to run is that, not arenalib.
+* The machine: other processes on the CPUs, and the VM's page-fault cost, move every figure; the
+  ratios taken within one round cancel the slow drifts, not the bursts.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import roundtrip
+from _common import BASELINE, Config, Progress, same_round_ratio, summarize
+
+SIZES = (8, 512, 4096, 65536, 1 << 20)
+SCOPE_BYTES = 16 << 20     # at most this many bytes per scope ...
+MAX_BLOCKS = 1024          # ... and at most this many blocks
+WARMUP_SCOPES = 3          # untimed scopes per candidate and size before calibrating
+ARENA_KINDS = ("Arena", "ConfinedArena", "SlicingArena")
+PER_SCOPE_SIZE = 512       # the second table: one block per scope
+PER_SCOPE_MIN_ROUNDS = 5
+# rounds and the duration of one measurement, per mode of bench/run.py
+SETTINGS = {"quick": {"rounds": 15, "target_ms": 40.0}, "full": {"rounds": 41, "target_ms": 100.0}}
+
+
+def blocks(n: int) -> int:
+    """k, the blocks of n bytes allocated in one scope."""
+    return max(1, min(MAX_BLOCKS, SCOPE_BYTES // n))
+
+
+def settings(cfg: Config) -> dict:
+    return SETTINGS["full" if cfg.mode == "full" else "quick"]
+
+
+@dataclass
+class ScopeCandidate:
+    key: str
+    label: str
+    family: str                      # "peer" or "arenalib"
+    block: str                       # the statement run once per block
+    env: Callable[[int], dict]       # names the scope uses, for size n
+    kind: str | None = None          # arenalib: the arena class opened per scope
+    note: str = ""
+    skipped: str | None = None       # why the candidate cannot run here
+
+    def body(self) -> list[str]:
+        """One scope's statements (the generated loop's body)."""
+        inner = ["bufs = []", "append = bufs.append"]
+        if self.kind:
+            inner.append("alloc = a.allocate")
+        inner += ["for _ in _inner:", f"    {self.block}"]
+        if self.kind:
+            return [f"with {self.kind}() as a:", *("    " + line for line in inner),
+                    "bufs = append = alloc = a = None"]
+        return [*inner, "bufs = append = b = None"]
+
+    def shown(self) -> str:
+        """The scope as a user writes it, for the report."""
+        if self.kind:
+            return f"with {self.kind}() as a: bufs = [a.allocate(n, zero=False).fill(3) for _ in range(k)]"
+        return "bufs = [], k buffers appended, then bufs dropped"
+
+
+def candidates() -> list[ScopeCandidate]:
+    import arenalib
+
+    out = [ScopeCandidate(BASELINE, "bytearray(n)+fill", "peer", "b = ba(n); b[:] = pattern; append(b)",
+                          lambda n: {"ba": bytearray, "pattern": bytearray(b"\x03") * n, "n": n},
+                          note="experiment 1's fill: bytearray(n) zeroes, slice assignment from a prebuilt "
+                               "bytearray copies (memcpy)")]
+    try:
+        import numpy
+    except ImportError as exc:
+        numpy, skipped = None, f"numpy unavailable: {exc}"
+    else:
+        skipped = None
+
+    def numpy_env(n: int) -> dict:
+        return {"empty": numpy.empty, "u8": numpy.uint8, "n": n}
+
+    out.append(ScopeCandidate("numpy_empty", "numpy.empty+fill", "peer",
+                              "b = empty(n, u8); b.fill(3); append(b)", numpy_env, skipped=skipped))
+
+    def arena_env(kind: str) -> Callable[[int], dict]:
+        cls = getattr(arenalib, kind)
+        return lambda n: {kind: cls, "n": n}
+
+    for kind in ARENA_KINDS:
+        out.append(ScopeCandidate(kind, f"{kind} per scope", "arenalib",
+                                  "append(alloc(n, zero=False).fill(3))", arena_env(kind), kind=kind,
+                                  note="a fresh arena per scope, closed by the with-exit"))
+    return out
+
+
+def make_scope_runner(cand: ScopeCandidate, n: int, env: dict) -> Callable[[int], None]:
+    """The timed loop: ``run(scopes)`` runs ``scopes`` scopes of ``cand`` at size n, every name of
+    ``env`` a local (default argument)."""
+    params = "".join(f", {name}={name}" for name in sorted(env))
+    src = (f"def run(scopes, _inner=_inner{params}):\n"
+           f"    for _ in range(scopes):\n"
+           + "".join(f"        {line}\n" for line in cand.body()))
+    namespace = dict(env)
+    namespace["_inner"] = range(blocks(n))
+    exec(compile(src, f"<scope {cand.key} n={n}>", "exec"), namespace)
+    return namespace["run"]
+
+
+def measure(run_fn: Callable[[int], None], count: int) -> tuple[int, int]:
+    """(ns, minor page faults) of ``run_fn(count)``; the faults are read outside the timed interval."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    ns = roundtrip.timed(run_fn, count)
+    return ns, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def per_scope_candidates() -> list[roundtrip.Candidate]:
+    """The second table: experiment 1's bytearray and its per-scope ConfinedArena statement."""
+    import arenalib
+
+    return [
+        roundtrip.Candidate(BASELINE, "bytearray(n)+fill", "peer", "ba(n)[:] = pattern",
+                            lambda n: {"ba": bytearray, "pattern": bytearray(b"\x03") * n, "n": n}),
+        roundtrip.Candidate("ConfinedArena", "with ConfinedArena() per op", "arenalib",
+                            "with CA() as a: a.allocate(n, zero=False).fill(3)",
+                            lambda n: {"CA": arenalib.ConfinedArena, "n": n},
+                            note="a fresh arena per operation, closed at the end of the with-block"),
+    ]
+
+
+# -- the experiment -------------------------------------------------------------------------------
+
+def plan_units(cfg: Config) -> float:
+    """Estimated milliseconds: per size and candidate, warm-up + calibration (~4 measurements) and the
+    rounds; then the per-scope table's two candidates."""
+    s = settings(cfg)
+    count = sum(1 for c in candidates() if not c.skipped)
+    per_scope_rounds = max(PER_SCOPE_MIN_ROUNDS, s["rounds"])
+    return s["target_ms"] * (len(SIZES) * count * (s["rounds"] + 4) + 2 * (per_scope_rounds + 4))
+
+
+def run(cfg: Config, progress: Progress) -> dict:
+    s = settings(cfg)
+    rounds, target_ms = s["rounds"], s["target_ms"]
+    target_ns = target_ms * 1e6
+    cands = candidates()
+    for c in cands:
+        if c.skipped:
+            progress.note(f"scopes: skipping {c.label}: {c.skipped}")
+    active = [c for c in cands if not c.skipped]
+    keys = [c.key for c in active]
+    results: dict = {
+        "method": {
+            "rounds": rounds, "target_ms_per_measurement": target_ms, "warmup_scopes": WARMUP_SCOPES,
+            "blocks_per_scope": {str(n): blocks(n) for n in SIZES},
+            "ns_per_block": "the scope's time (open, k x allocate + fill, close, drop) / k",
+            "ratio": "median over rounds of (candidate ns/block / bytearray ns/block in the same round)",
+            "faults": "resource.getrusage(RUSAGE_SELF).ru_minflt delta over the timed scopes / scopes",
+            "baseline": BASELINE,
+        },
+        "candidates": {c.key: {"label": c.label, "family": c.family, "scope": c.shown(), "block": c.block,
+                               "code": c.body(), "note": c.note, "skipped": c.skipped} for c in cands},
+        "sizes": list(SIZES),
+        "cells": {},
+    }
+    for n in SIZES:
+        k = blocks(n)
+        progress.set_label(f"scopes n={n}: warm-up")
+        runners = {c.key: make_scope_runner(c, n, c.env(n)) for c in active}
+        for key in keys:
+            runners[key](WARMUP_SCOPES)
+        progress.set_label(f"scopes n={n}: calibrating")
+        scopes = {key: roundtrip.calibrate(runners[key], n, target_ns) for key in keys}
+        progress.step(f"scopes n={n}: calibrated", len(active) * target_ms * 4)
+        ns_per_block: dict[str, list[float]] = {key: [] for key in keys}
+        faults: dict[str, list[float]] = {key: [] for key in keys}
+        for rnd in range(rounds):
+            shift = rnd % len(keys)
+            for key in keys[shift:] + keys[:shift]:
+                ns, flt = measure(runners[key], scopes[key])
+                ns_per_block[key].append(ns / (scopes[key] * k))
+                faults[key].append(flt / scopes[key])
+            progress.step(f"scopes n={n}: round {rnd + 1}/{rounds}", len(active) * target_ms)
+        runners.clear()
+        for key in keys:
+            ns = summarize(ns_per_block[key])
+            results["cells"].setdefault(key, {})[str(n)] = {
+                "ns_per_block": ns,
+                "ns_per_scope": ns["median"] * k,
+                "ratio_to_baseline": same_round_ratio(ns_per_block[key], ns_per_block[BASELINE]),
+                "faults_per_scope": summarize(faults[key]),
+                "per_round_ns": [round(x, 2) for x in ns_per_block[key]],
+                "per_round_faults": [round(x, 1) for x in faults[key]],
+                "scopes_per_measurement": scopes[key],
+            }
+    results["per_scope"] = run_per_scope(max(PER_SCOPE_MIN_ROUNDS, rounds), target_ns, progress)
+    return results
+
+
+def run_per_scope(rounds: int, target_ns: float, progress: Progress) -> dict:
+    """The second table: ``with ConfinedArena() as a: a.allocate(512, zero=False).fill(3)`` per op
+    against ``bytearray(512)[:] = pattern``, in experiment 1's loop (its inner batch of 256 ops)."""
+    n = PER_SCOPE_SIZE
+    cands = per_scope_candidates()
+    keys = [c.key for c in cands]
+    progress.set_label(f"scopes: per-scope {n} B, warm-up and calibrating")
+    runners = {}
+    for c in cands:
+        runners[c.key] = roundtrip.make_runner(c, n, c.setup(n))
+        runners[c.key](WARMUP_SCOPES)
+    outers = {key: roundtrip.calibrate(runners[key], n, target_ns) for key in keys}
+    progress.step(None, 2 * target_ns / 1e6 * 4)
+    ops = {key: outers[key] * roundtrip.inner_count(n) for key in keys}
+    per_round: dict[str, list[float]] = {key: [] for key in keys}
+    faults: dict[str, list[float]] = {key: [] for key in keys}
+    for rnd in range(rounds):
+        shift = rnd % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            ns, flt = measure(runners[key], outers[key])
+            per_round[key].append(ns / ops[key])
+            faults[key].append(flt / ops[key])
+        progress.step(f"scopes: per-scope {n} B, round {rnd + 1}/{rounds}", 2 * target_ns / 1e6)
+    return {
+        "size": n, "rounds": rounds,
+        "candidates": {c.key: {"label": c.label, "op": c.op} for c in cands},
+        "cells": {key: {"ns_per_op": summarize(per_round[key]),
+                        "faults_per_op": summarize(faults[key]),
+                        "per_round_ns": [round(x, 2) for x in per_round[key]],
+                        "ops_per_measurement": ops[key]} for key in keys},
+        "ratio_to_baseline": same_round_ratio(per_round["ConfinedArena"], per_round[BASELINE]),
+        "per_round_ratios": [round(a / b, 3) for a, b in
+                             zip(per_round["ConfinedArena"], per_round[BASELINE], strict=True)],
+    }
+
+
+# -- reading the results back (run.py's targets and tables; also from a results.json) -------------
+
+def ratio(results: dict, key: str, other: str, n: int) -> dict | None:
+    """Median of same-round ratios of ns/block key/other at size n, from the per-round figures."""
+    cells = results["cells"]
+    if key not in cells or other not in cells or str(n) not in cells[key] or str(n) not in cells[other]:
+        return None
+    return same_round_ratio(cells[key][str(n)]["per_round_ns"], cells[other][str(n)]["per_round_ns"])
+
+
+def per_scope_ratio(results: dict) -> dict | None:
+    """Median of same-round ratios of the per-scope ConfinedArena to bytearray (the second table)."""
+    cells = results.get("per_scope", {}).get("cells", {})
+    if "ConfinedArena" not in cells or BASELINE not in cells:
+        return None
+    return same_round_ratio(cells["ConfinedArena"]["per_round_ns"], cells[BASELINE]["per_round_ns"])
