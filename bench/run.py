@@ -131,6 +131,7 @@ def targets(res: dict) -> list[dict]:
                     "candidate": key, "label": entry.get("label", key), "limit": 0.03, "ratio": retained,
                     "status": "n/a" if retained is None else ("MET" if retained <= 0.03 else "MISSED")}
             checks.append(item)
+        checks.extend(memory.idle_targets(mem))
     sc = res.get("scopes")
     if sc:
         import scopes
@@ -438,7 +439,10 @@ def markdown_report(res: dict, checks: list[dict], pngs: list[str]) -> str:
                 parts.append(f"- {c['label']}: `{c['op']}`{batch}{note}")
         parts += ["", roundtrip_tables(res["roundtrip"], markdown=True), ""]
     if "memory" in res:
+        import memory
         parts += ["## 2. Memory handed back", "", memory_table(res["memory"], markdown=True), ""]
+        if res["memory"].get("idle"):
+            parts += [memory.idle_table(res["memory"], markdown=True), ""]
     if "threads" in res:
         parts += ["## 3. Threads", "", threads_table(res["threads"], markdown=True), "",
                   res["threads"]["method"].get("note", ""), ""]
@@ -747,7 +751,10 @@ def report(res: dict, out: Path) -> None:
     if "roundtrip" in res:
         print(roundtrip_tables(res["roundtrip"]) + "\n")
     if "memory" in res:
+        import memory
         print(memory_table(res["memory"]) + "\n")
+        if res["memory"].get("idle"):
+            print(memory.idle_table(res["memory"]) + "\n")
     if "threads" in res:
         print(threads_table(res["threads"]))
         print("  " + res["threads"]["method"]["note"] + "\n")
