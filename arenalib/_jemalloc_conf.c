@@ -2,9 +2,11 @@
  * ARENALIB_JE_MALLOC_CONF environment variable (the prefixed jemalloc reads <PREFIX>MALLOC_CONF,
  * not MALLOC_CONF).
  *
- * background_thread:false  no thread of ours runs inside the host process: it cannot hang or crash
- *                          the interpreter at import (the pyarrow arm64 failure mode) and fork stays
- *                          simple.  Arenas hand memory back explicitly (purge on close) instead.
+ * background_thread:false  no thread starts when the extension is imported (a thread started at
+ *                          import can hang or crash the interpreter there: the pyarrow arm64 failure
+ *                          mode).  arenalib turns it on with the first arena, one thread, restarted
+ *                          in a fork's child (_slots.pxi, _start_idle_decay), unless this variable
+ *                          names background_thread itself.
  * dirty_decay_ms:1000      freed-but-warm pages of an open arena return to the OS after about a
  *                          second of allocation activity, as pyarrow chose; muzzy_decay_ms:0 skips
  *                          the lazy-purge stage, so "returned" shows up in RSS at once.
