@@ -67,6 +67,11 @@ TSAN_SUPPRESSIONS = """
 # from the same Cython function build their traceback's code objects at once (__Pyx_AddTraceback ->
 # PyCode_NewEmpty -> intern_common), and immortalize_interned() writes a str another thread compares.
 race:intern_common
+# CPython's lock-free list reads (list_get_item_ref -> _Py_TryXGetRef) read the reference count
+# of an item another thread may be freeing, by design (mimalloc keeps the memory an object's until
+# readers are done); the allocation that reuses that memory later (here a Segment's) is then
+# reported against the speculative read.
+race:_Py_TryIncrefCompare
 """
 
 
@@ -81,7 +86,10 @@ def tsan_env(build_dir: Path, interpreter_suppressions: str) -> dict[str, str]:
         # halt_on_error: a report fails the test run instead of scrolling past.  detect_deadlocks=0:
         # jemalloc's fork handler takes a mutex per arena, thousands with arenalib's slot pool, past
         # the lock-order detector's table ("CHECK failed: sanitizer_deadlock_detector.h:67").
-        "TSAN_OPTIONS": f"halt_on_error=1:detect_deadlocks=0:suppressions={suppressions}",
+        # die_after_fork=0: a fork's child starts threads (the tests', and jemalloc's background
+        # thread, which arenalib restarts there), which ThreadSanitizer refuses by default.
+        "TSAN_OPTIONS": (f"halt_on_error=1:detect_deadlocks=0:die_after_fork=0:"
+                         f"suppressions={suppressions}"),
         "PYTHON_GIL": "0",
         "ARENALIB_SANITIZE": "1",
     })
