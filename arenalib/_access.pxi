@@ -22,8 +22,9 @@
 # its fence, so a free waits on that one record, and a segment only ever used by the thread that
 # frees it costs the free no read of another thread's cache line (each such read was a cache miss
 # per free, with the other thread writing its record on every access: a BufferPool per thread
-# scaled 1.63x on 2 threads).  Threads beyond ACCESS_RECORDS take one process-wide mutex instead: slower,
-# never wrong.  Records go back at thread exit (a pthread key destructor) and in a fork's child.
+# scaled 1.63x on 2 threads in bench/threads.py).  Threads beyond ACCESS_RECORDS take one
+# process-wide mutex instead: slower, never wrong.  Records go back at thread exit (a pthread key
+# destructor) and in a fork's child.
 #
 # Why not a lock per arena: two threads using one Arena would then write the same cache line on
 # every call (a reader-writer lock's reader count, or a PyMutex per object), the cost this
@@ -140,6 +141,9 @@ cdef extern from *:
             } else {
                 pthread_mutex_lock(&arenalib_overflow_lock);
                 __atomic_add_fetch(&arenalib_overflow_users, 1, __ATOMIC_SEQ_CST);
+                /* As after a record's stores: the accessor note and the count come before the
+                   checks in C11's order too, not only on the hardware's. */
+                __atomic_thread_fence(__ATOMIC_SEQ_CST);
                 token = &arenalib_overflow_token;
             }
             if (!arenalib_access_blocked(busy, seg_state))
@@ -151,7 +155,8 @@ cdef extern from *:
     }
 
     /* Threads without a record access under the overflow lock: wait for the one inside, unless
-       it is this thread (a free holds its own access of the arena while it waits). */
+       it is this thread (``my_token``: a caller holding an access of its own while it waits;
+       arenalib's frees and releases take theirs only after free_begin(), and pass NULL). */
     static void arenalib_wait_overflow(void *my_token) {
         if (my_token != (void *)&arenalib_overflow_token
                 && __atomic_load_n(&arenalib_overflow_users, __ATOMIC_SEQ_CST)) {

@@ -472,10 +472,54 @@ cdef int _capi_init() except -1:
     return 0
 
 
+# -- arena objects kept for the next one ------------------------------------------------------------
+
+cdef extern from *:
+    """
+    /* A scope per request makes and drops an arena object each time: up to 16 dropped ones (all
+       ArenaBase subclasses have one size) are kept for the next, zeroed as PyType_GenericAlloc
+       would (Cython's @freelist cannot serve subclasses).  With the GIL only: the list is shared. */
+    #define ARENALIB_ARENA_FREELIST 16
+    static PyObject *arenalib_arena_freelist[ARENALIB_ARENA_FREELIST];
+    static int arenalib_arena_free_count;
+    static Py_ssize_t arenalib_arena_size;
+    static PyObject *arenalib_arena_alloc(PyTypeObject *t, Py_ssize_t nitems) {
+        if (arenalib_arena_free_count && nitems == 0 && t->tp_basicsize == arenalib_arena_size) {
+            PyObject *o = arenalib_arena_freelist[--arenalib_arena_free_count];
+            memset(o, 0, (size_t)arenalib_arena_size);
+            return PyObject_Init(o, t);
+        }
+        return PyType_GenericAlloc(t, nitems);
+    }
+    static void arenalib_arena_free(void *o) {
+        if (arenalib_arena_free_count < ARENALIB_ARENA_FREELIST
+                && Py_TYPE((PyObject *)o)->tp_basicsize == arenalib_arena_size)
+            arenalib_arena_freelist[arenalib_arena_free_count++] = (PyObject *)o;
+        else
+            PyObject_Free(o);
+    }
+    /* Serve ``t`` (a concrete arena class) from the list, where nothing else allocates it. */
+    static void arenalib_arena_freelist_for(PyTypeObject *t) {
+    #if !ARENALIB_FREE_THREADED
+        if (t->tp_alloc == PyType_GenericAlloc && t->tp_free == PyObject_Free
+                && !(t->tp_flags & (Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HEAPTYPE))) {
+            arenalib_arena_size = t->tp_basicsize;
+            t->tp_alloc = arenalib_arena_alloc;
+            t->tp_free = arenalib_arena_free;
+        }
+    #endif
+    }
+    """
+    void arenalib_arena_freelist_for(type t) noexcept
+
+
 # -- start-up ----------------------------------------------------------------------------------------
 
 cdef int _module_init() except -1:
     """The start-up steps, in the order they depend on each other."""
+    segment_dealloc_init()
+    for kind in (Arena, ConfinedArena, SlicingArena):
+        arenalib_arena_freelist_for(kind)
     slots_init()       # the shared state and the jemalloc control names (every arena needs them)
     slicing_init()     # biased carving, if membarrier() is there
     _figures_init()    # stats() names

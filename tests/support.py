@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import threading
 from pathlib import Path
@@ -52,6 +53,8 @@ def slots_in_use() -> int:
 # space, and makes everything several times slower.
 SANITIZED = os.environ.get("ARENALIB_SANITIZE") == "1"
 not_sanitized = pytest.mark.skipif(SANITIZED, reason="not meaningful on the ASan build")
+# `dev.py tsan`: an interpreter built --with-thread-sanitizer (about ten times slower).
+THREAD_SANITIZED = "--with-thread-sanitizer" in (sysconfig.get_config_var("CONFIG_ARGS") or "")
 
 # -- child interpreters -----------------------------------------------------------------------------
 

@@ -88,18 +88,20 @@ def assert_own(seg, byte):
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("n_attackers", [1, 2])
-def test_stale_writes_never_reach_the_next_owner_after_free(size, n_attackers):
+@pytest.mark.parametrize("through", ["segment", "slice"])
+def test_stale_writes_never_reach_the_next_owner_after_free(size, n_attackers, through):
     """Owner threads free segments that attackers are writing into, then take the same memory
     again (jemalloc hands the block just freed back first) and check it holds their own byte.
     The owner never touches a victim itself: a free waits for the one other thread that did (one
-    attacker), or for every thread (two)."""
+    attacker), or for every thread (two).  Attackers given a slice of the victim access the
+    victim's memory as well: the slice's accesses are noted in its root."""
     with Arena() as arena, Attackers(n_attackers) as attackers:
 
         def owner(index):
             own = 1 + index
             for _ in range(ROUNDS):
                 victim = arena.allocate(size, zero=False)
-                attackers.handles.append(victim)
+                attackers.handles.append(victim if through == "segment" else victim.slice(0, size))
                 time.sleep(0)
                 try:
                     victim.free()  # waits for a write under way; later writes raise
@@ -116,16 +118,19 @@ def test_stale_writes_never_reach_the_next_owner_after_free(size, n_attackers):
     assert attackers.refused > 0  # the attack did meet dead handles
 
 
-def test_stale_writes_never_reach_the_next_owner_after_release():
+@pytest.mark.parametrize("owner_fills", [True, False])
+def test_stale_writes_never_reach_the_next_owner_after_release(owner_fills):
     """A BufferPool hands the buffer released last out first: a stale handle's write would land in
-    the next owner's buffer at once."""
-    with BufferPool(4096, 8) as pool, Attackers() as attackers:
+    the next owner's buffer at once.  When the owner never touches a victim and one attacker does,
+    the release waits on that attacker's record alone (the segment's accessor note)."""
+    with BufferPool(4096, 8) as pool, Attackers(2 if owner_fills else 1) as attackers:
 
         def owner(index):
             own = 1 + index
             for _ in range(ROUNDS):
                 victim = pool.acquire()
-                victim.fill(own)
+                if owner_fills:
+                    victim.fill(own)
                 attackers.handles.append(victim)
                 time.sleep(0)
                 pool.release(victim)
@@ -367,3 +372,83 @@ def test_one_arena_per_thread_scopes_in_parallel():
         return True
 
     assert all(run_threads(worker))
+
+
+ACCESS_RECORDS = 1024  # _access.pxi: threads beyond it access under the overflow lock
+
+
+def test_stale_writes_of_threads_without_a_record_never_reach_the_next_owner():
+    """Attackers beyond the record table (they access under the overflow lock, and a segment one of
+    them touches is noted as accessed by many) write into segments that owner threads with a record
+    free: the free waits for the overflow lock, and the owner's next segment (the same memory)
+    keeps its byte."""
+    if not FREE_THREADED:
+        pytest.skip("a GIL build has no access records")
+    n_owners = 2
+    with Arena() as arena:
+        probe = arena.allocate(1)
+        # The owners claim their records first (a thread claims one on its first access of an
+        # Arena and keeps it until it exits), then holders take all the others: the attackers,
+        # started last, find the table full.
+        claimed = threading.Barrier(n_owners + 1)
+        go = threading.Barrier(n_owners + 1)
+        full = threading.Barrier(ACCESS_RECORDS + 1)
+        done = threading.Event()
+        errors: list[BaseException] = []
+        attackers = Attackers(2)
+
+        def owner(index):
+            try:
+                own = 1 + index
+                assert probe.alive
+                claimed.wait()
+                go.wait()
+                for _ in range(ROUNDS):
+                    victim = arena.allocate(65536, zero=False)
+                    attackers.handles.append(victim)
+                    time.sleep(0)
+                    victim.free()  # waits for a write under way; later writes raise
+                    mine = arena.allocate(65536, zero=False)
+                    mine.fill(own)
+                    for _ in range(3):
+                        time.sleep(0)
+                        assert_own(mine, own)
+                    mine.free()
+            except BaseException as exc:
+                errors.append(exc)
+
+        def hold():
+            try:
+                assert probe.alive  # claims a record, or finds the table full
+                full.wait()
+            except threading.BrokenBarrierError:
+                pass
+            done.wait()
+
+        owners = [threading.Thread(target=owner, args=(i,)) for i in range(n_owners)]
+        holders: list[threading.Thread] = []
+        for t in owners:
+            t.start()
+        try:
+            claimed.wait()
+            stack = threading.stack_size(256 << 10)
+            try:
+                for _ in range(ACCESS_RECORDS):
+                    holders.append(threading.Thread(target=hold))
+                    holders[-1].start()
+            finally:
+                threading.stack_size(stack)
+            full.wait()
+            with attackers:
+                go.wait()
+                for t in owners:
+                    t.join()
+        finally:
+            for barrier in (claimed, go, full):
+                barrier.abort()  # harmless once passed; frees the threads if this thread failed
+            done.set()
+            for t in owners + holders:
+                t.join()
+        if errors:
+            raise errors[0]
+    assert attackers.refused > 0

@@ -13,7 +13,7 @@ import os
 import sys
 
 import pytest
-from support import KINDS, SANITIZED, assert_ok, run_python
+from support import KINDS, SANITIZED, THREAD_SANITIZED, assert_ok, run_python
 
 # -- fork ------------------------------------------------------------------------------------------
 
@@ -164,6 +164,8 @@ print("forks", FORKS, "rounds", rounds[0])
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.skipif(THREAD_SANITIZED, reason="ThreadSanitizer cannot follow threads started in a "
+                    "multi-threaded fork's child (jemalloc's background thread is restarted there)")
 def test_fork_child_uses_old_and_new_arenas_while_parent_thread_allocates():
     out = assert_ok(run_python(FORK_SCRIPT, "20" if SANITIZED else "60"))
     assert out.startswith("forks")

@@ -24,7 +24,7 @@ import sysconfig
 
 import pytest
 import safety_child
-from support import HERE, KINDS, run_python
+from support import HERE, KINDS, THREAD_SANITIZED, run_python
 
 import arenalib
 
@@ -145,7 +145,7 @@ if sysconfig.get_config_var("Py_GIL_DISABLED") == 1:
     # allocation, so the finalizer kills between calls (~700 in 3 s), never with a call's segment
     # dead on arrival.  The calls racing with kills on that build are the threads' races.
     RACES["race-finalizer"] = {"kills": 200}
-    if "--with-thread-sanitizer" in (sysconfig.get_config_var("CONFIG_ARGS") or ""):
+    if THREAD_SANITIZED:
         # ThreadSanitizer runs the interpreter ~10x slower: ~50 collections in the time bound.
         RACES["race-finalizer"] = {"kills": 20}
 

@@ -72,6 +72,10 @@ race:intern_common
 # readers are done); the allocation that reuses that memory later (here a Segment's) is then
 # reported against the speculative read.
 race:_Py_TryIncrefCompare
+# jemalloc is not instrumented: its background thread finds a new arena through jemalloc's own
+# release/acquire atomics, which ThreadSanitizer cannot see, and then reports the arena's mutex
+# initialisation against the thread's first trylock of it.
+race:pac_time_until_deferred_work
 """
 
 
