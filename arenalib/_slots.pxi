@@ -445,21 +445,26 @@ cdef void _big_scope_closed(ArenaSlot* slot, size_t size) noexcept nogil:
 
 
 cdef size_t _warm_bytes(ArenaSlot* slot) noexcept nogil:
-    """What an idle slot may hold in RAM beyond its live nothing: its churn since the last purge."""
+    """What an idle slot (nothing live in it) may hold in RAM: its churn since the last purge."""
     return slot.churn_bytes
+
+
+cdef size_t _free_slots_warm_bytes() noexcept nogil:
+    """What the free slots may hold: only the WARM_SLOTS newest can hold anything (the others
+    were wiped as they dropped out).  The parked slot comes on top."""
+    cdef size_t total = 0
+    cdef Py_ssize_t i
+    for i in range(max(0, _free_count - WARM_SLOTS), _free_count):
+        total += _warm_bytes(_free_slots[i])
+    return total
 
 
 cdef void _keep_within_retain_limit() noexcept nogil:
     """Wipe idle slots, coldest first, until what they may hold is within the retain limit, and
-    tell the inline close (close_small_scope in _capi.pxd) how far the parked slot may grow idle.
-    Only the warm window (the parked slot and the WARM_SLOTS newest free ones) holds anything."""
-    cdef Py_ssize_t first = max(0, _free_count - WARM_SLOTS)
-    cdef Py_ssize_t i
-    cdef size_t total = 0
-    for i in range(first, _free_count):
-        total += _warm_bytes(_free_slots[i])
+    tell the inline close (close_small_scope in _capi.pxd) how far the parked slot may grow idle."""
+    cdef size_t total = _free_slots_warm_bytes()
     cdef size_t parked = _warm_bytes(_inline_state.parked) if _inline_state.parked_idle else 0
-    i = first
+    cdef Py_ssize_t i = max(0, _free_count - WARM_SLOTS)
     while total + parked > _retain_limit and i < _free_count:
         if _warm_bytes(_free_slots[i]):
             total -= _warm_bytes(_free_slots[i])
@@ -549,9 +554,7 @@ def pool_stats():
         stale += _free_slots[i].stale_bytes
         cached += cache_held_bytes(&_free_slots[i].cache)
     idle = _free_count + (parked != NULL)
-    cdef size_t warm = _warm_bytes(parked) if parked != NULL else 0
-    for i in range(max(0, _free_count - WARM_SLOTS), _free_count):
-        warm += _warm_bytes(_free_slots[i])
+    cdef size_t warm = _free_slots_warm_bytes() + (_warm_bytes(parked) if parked != NULL else 0)
     pool_unlock()
     return {
         "slots_created": _slots_created,
