@@ -479,6 +479,7 @@ cdef extern from *:
     /* A scope per request makes and drops an arena object each time: up to 16 dropped ones (all
        ArenaBase subclasses have one size) are kept for the next, zeroed as PyType_GenericAlloc
        would (Cython's @freelist cannot serve subclasses).  With the GIL only: the list is shared. */
+    #if !ARENALIB_FREE_THREADED
     #define ARENALIB_ARENA_FREELIST 16
     static PyObject *arenalib_arena_freelist[ARENALIB_ARENA_FREELIST];
     static int arenalib_arena_free_count;
@@ -500,15 +501,16 @@ cdef extern from *:
     }
     /* Serve ``t`` (a concrete arena class) from the list, where nothing else allocates it. */
     static void arenalib_arena_freelist_for(PyTypeObject *t) {
-    #if !ARENALIB_FREE_THREADED
         if (t->tp_alloc == PyType_GenericAlloc && t->tp_free == PyObject_Free
                 && !(t->tp_flags & (Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HEAPTYPE))) {
             arenalib_arena_size = t->tp_basicsize;
             t->tp_alloc = arenalib_arena_alloc;
             t->tp_free = arenalib_arena_free;
         }
-    #endif
     }
+    #else
+    static void arenalib_arena_freelist_for(PyTypeObject *t) { }
+    #endif
     """
     void arenalib_arena_freelist_for(type t) noexcept
 
