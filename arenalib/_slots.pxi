@@ -382,7 +382,12 @@ cdef void slot_purge(ArenaSlot* slot) noexcept nogil:
 
 cdef void slot_wipe(ArenaSlot* slot) noexcept nogil:
     """Drop the slot's garbage and cached blocks and hand its pages back to the OS."""
-    if slot.stale_bytes or cache_held_bytes(&slot.cache):
+    # With jemalloc's background thread on, the reset also lines the purge up behind it: a purge
+    # returns at once, purging nothing, while that thread is purging the same arena (it does so in
+    # portions: pac_decay_to_limit's ``decay->purging``), which left a big close's pages resident
+    # for up to a second (1 close in ~6 of a 128 MiB arena freed segment by segment).  A reset
+    # pauses the thread once its work at hand is done, and the purge follows at once.
+    if slot.stale_bytes or cache_held_bytes(&slot.cache) or _idle_decay_started:
         slot_reset(slot)
     if slot.churn_bytes:
         slot_purge(slot)
