@@ -135,6 +135,10 @@ cdef struct SharedState:
     # Arena: bytes reserved against max_bytes by all threads (compare-and-swap; unlimited arenas
     # never touch it, their books are per thread).
     Py_ssize_t reserved_bytes
+    # The ThreadCache of the first thread to allocate from this open (unlimited) Arena: that
+    # thread's allocations and frees take the inline fast path, without a thread-local lookup.
+    # Written once per open and cleared by close, so threads taking turns never bounce its line.
+    ThreadCache* first_cache
 
 
 cdef struct SlicingState:
@@ -238,6 +242,8 @@ cdef extern from *:
     #define arenalib_try_lock(p) (__atomic_exchange_n((p), 1, __ATOMIC_ACQUIRE) == 0)
     #define arenalib_unlock(p) __atomic_store_n((p), 0, __ATOMIC_RELEASE)
     #define arenalib_load_owner(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+    #define arenalib_load_acquire(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    #define arenalib_store_release(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
     #define arenalib_store_owner(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
     #define arenalib_load_carving(p) __atomic_load_n((p), __ATOMIC_RELAXED)
     #define arenalib_set_carving(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
@@ -281,6 +287,8 @@ cdef extern from *:
     void* arenalib_allocate_slow_fn
     void* arenalib_free_slow_fn
     unsigned long arenalib_load_owner(unsigned long* owner) noexcept nogil
+    ThreadCache* load_first_cache "arenalib_load_acquire"(ThreadCache** p) noexcept nogil
+    void store_first_cache "arenalib_store_release"(ThreadCache** p, ThreadCache* tc) noexcept nogil
     void arenalib_store_owner(unsigned long* owner, unsigned long value) noexcept nogil
     void* arenalib_load_carving(void** flag) noexcept nogil
     void arenalib_set_carving(void** flag, void* arena) noexcept nogil
@@ -383,6 +391,14 @@ cdef inline void books_remove(Books* books, size_t size) noexcept nogil:
     store_ssize(&books.live_segments, books.live_segments - 1)
 
 
+cdef inline void shared_count_allocation(ThreadCache* tc, size_t size) noexcept nogil:
+    """A shared Arena's books for a new block, on the allocating thread's share (the arena's
+    peak is shared_update_peak()'s)."""
+    books_add(&tc.books, size)
+    if tc.books.live_bytes > tc.high_water:
+        store_ssize(&tc.high_water, tc.books.live_bytes)
+
+
 cdef inline void books_clear(Books* books) noexcept nogil:
     books.live_bytes = 0
     books.live_segments = 0
@@ -459,6 +475,7 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
     cdef void* ptr
     cdef unsigned long me = thread_ident()
     cdef CarverRecord* record
+    cdef ThreadCache* tc
     cdef InlineState* state
     if core.fast_owner == me and small_align(align) and size <= CACHE_MAX_SIZE:
         ptr = cache_pop(&core.slot.cache, size)
@@ -468,6 +485,16 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
             confined_count_allocation(core, ptr, size)
             out[0] = ptr
             return ARENA_OK
+    elif core.kind == ARENA_KIND_SHARED:
+        tc = load_first_cache(&core.shared.first_cache)
+        if tc != NULL and tc.thread == me and small_align(align) and size <= CACHE_MAX_SIZE:
+            ptr = cache_pop(&tc.cache, size)
+            if ptr != NULL:
+                if zero:
+                    memset(ptr, 0, size)
+                shared_count_allocation(tc, size)
+                out[0] = ptr
+                return ARENA_OK
     elif arenalib_load_owner(&core.carve_owner) == me and small_align(align):
         # The SlicingArena is biased to this thread: announce the carve in this thread's own
         # record, then check that the arena was not taken over meanwhile (a thread taking it over
@@ -497,10 +524,18 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
 cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
     """Give back one allocation of Arena or ConfinedArena; ``size`` must be the size allocated."""
     cdef InlineState* state
-    if (core.fast_owner == thread_ident() and size <= CACHE_MAX_SIZE
-            and cache_push(&core.slot.cache, ptr, size)):
-        confined_count_free(core, ptr, size)
-        return ARENA_OK
+    cdef ThreadCache* tc
+    cdef unsigned long me = thread_ident()
+    if size <= CACHE_MAX_SIZE:
+        if core.fast_owner == me:
+            if cache_push(&core.slot.cache, ptr, size):
+                confined_count_free(core, ptr, size)
+                return ARENA_OK
+        elif core.kind == ARENA_KIND_SHARED:
+            tc = load_first_cache(&core.shared.first_cache)
+            if tc != NULL and tc.thread == me and cache_push(&tc.cache, ptr, size):
+                books_remove(&tc.books, size)
+                return ARENA_OK
     if arenalib_free_slow_fn != NULL:
         return (<free_fn>arenalib_free_slow_fn)(core, ptr, size)
     state = core_state(core)
@@ -537,6 +572,7 @@ cdef inline void core_init(ArenaCore* core, InlineState* state, ArenaSlot* slot,
     core.confined.recent_overflowed = False
     if kind == ARENA_KIND_SHARED:
         core.shared.reserved_bytes = 0
+        core.shared.first_cache = NULL
     elif kind == ARENA_KIND_SLICING:
         memset(&core.slicing, 0, sizeof(SlicingState))
         core.slicing.chunk_size = chunk_size
@@ -609,7 +645,7 @@ cdef inline uint64_t abi_fingerprint(InlineState* st) noexcept nogil:
     cdef FreeBlocks* f = &s.cache
     cdef CarverRecord* r = &st.carvers[0]
     cdef ThreadCache t
-    cdef void* c_fields[31]
+    cdef void* c_fields[32]
     cdef void* s_fields[8]
     cdef void* t_fields[6]
     cdef void* f_fields[5]
@@ -627,11 +663,12 @@ cdef inline uint64_t abi_fingerprint(InlineState* st) noexcept nogil:
         <void*>&c.books.live_segments, <void*>&c.books.peak_bytes, <void*>&c.books.allocated_total,
         <void*>&c.confined.recent_count, <void*>&c.confined.recent_overflowed,
         <void*>&c.confined.recent, <void*>&c.confined.recent_sizes, <void*>&c.shared.reserved_bytes,
+        <void*>&c.shared.first_cache,
         <void*>&c.slicing.busy, <void*>&c.slicing.carve_record, <void*>&c.slicing.chunk_size,
         <void*>&c.slicing.chunks, <void*>&c.slicing.chunk_sizes, <void*>&c.slicing.nchunks,
         <void*>&c.slicing.chunks_capacity, <void*>&c.slicing.current, <void*>&c.slicing.cursor,
         <void*>&c.slicing.cursor_end, <void*>&c.slicing.chunk_bytes]
-    h = _abi_offsets(h, &c, c_fields, 31)
+    h = _abi_offsets(h, &c, c_fields, 32)
     h = _abi_mix(h, sizeof(ArenaSlot))
     s_fields[:] = [
         <void*>&s.arena_index, <void*>&s.tcache_index, <void*>&s.stale_bytes, <void*>&s.churn_bytes,

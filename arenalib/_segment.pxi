@@ -203,7 +203,7 @@ cdef class SegmentOwner:
 
 
 @cython.final
-@cython.freelist(64)
+@cython.freelist(1024)
 @cython.no_gc  # references only its arena and root segment: never part of a cycle
 cdef class Segment:
     """A block of native memory from an arena, usable wherever a writable buffer is accepted.

@@ -14,8 +14,8 @@ from libc.stdint cimport uint64_t
 
 from arenalib._capi cimport (
     ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SHARED, ARENA_OK, ArenaCore, ArenaSlot, Books,
-    ThreadCache, books_add, books_clear, books_remove, cache_held_bytes, load_size, load_ssize,
-    store_ssize,
+    ThreadCache, books_clear, books_remove, cache_held_bytes, load_first_cache, load_size, load_ssize,
+    shared_count_allocation, store_first_cache,
 )
 from arenalib._jemalloc cimport MALLOCX_ARENA, MALLOCX_TCACHE_NONE, je_dallocx, je_mallocx
 
@@ -41,12 +41,18 @@ cdef extern from *:
        whole (release) and read so (acquire). */
     #define arenalib_publish(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
     #define arenalib_follow(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-    /* *peak = max(*peak, value), against other threads doing the same. */
+    /* *peak = max(*peak, value), against other threads doing the same: a compare-and-swap where
+       they run at once; with the GIL, which every caller (a Python-level allocate) holds, a store. */
     static inline void arenalib_raise_peak(Py_ssize_t *peak, Py_ssize_t value) {
+    #ifdef Py_GIL_DISABLED
         Py_ssize_t seen = __atomic_load_n(peak, __ATOMIC_RELAXED);
         while (value > seen && !__atomic_compare_exchange_n(peak, &seen, value, 1, __ATOMIC_RELAXED,
                                                             __ATOMIC_RELAXED))
             ;
+    #else
+        if (value > *peak)
+            *peak = value;
+    #endif
     }
     /* Add size to *counter unless that would take it past limit; 0 (nothing added) when it would. */
     static inline int arenalib_reserve(Py_ssize_t *counter, size_t size, Py_ssize_t limit) {
@@ -125,9 +131,9 @@ cdef inline int shared_allocate(ArenaCore* core, size_t size, size_t align, bint
         if core.max_bytes >= 0:
             arenalib_atomic_add(&core.shared.reserved_bytes, -<Py_ssize_t>size)
         return ARENA_ENOMEM
-    books_add(&tc.books, size)  # a thread's share: the arena's peak is shared_update_peak()'s
-    if tc.books.live_bytes > tc.high_water:
-        store_ssize(&tc.high_water, tc.books.live_bytes)
+    shared_count_allocation(tc, size)
+    if core.max_bytes < 0 and load_first_cache(&core.shared.first_cache) == NULL:
+        store_first_cache(&core.shared.first_cache, tc)  # this thread's fast path from now on
     out[0] = ptr
     return ARENA_OK
 
@@ -179,7 +185,9 @@ cdef void shared_update_peak(ArenaCore* core) noexcept nogil:
     caches): nodes are only freed by close(), which waits for this Python-level allocate to end
     (or needs the GIL it holds), and a node another thread is adding right now is missed at worst.
     The other threads' live bytes are read while they change: a figure, not an invariant."""
-    cdef ThreadCache* mine = <ThreadCache*>arenalib_tls_get(core.serial)
+    cdef ThreadCache* mine = load_first_cache(&core.shared.first_cache)
+    if mine == NULL or mine.thread != thread_ident():
+        mine = <ThreadCache*>arenalib_tls_get(core.serial)
     cdef Py_ssize_t peak = load_ssize(&core.books.peak_bytes)
     cdef Py_ssize_t bound = mine.books.live_bytes if mine != NULL else 0
     cdef ThreadCache* tc = arenalib_follow(&core.slot.threads)
@@ -213,6 +221,8 @@ cdef void shared_close(ArenaCore* core, size_t* stale, size_t* churn) noexcept:
     """What a closing Arena leaves to its slot: ``stale`` bytes still allocated, ``churn`` bytes
     allocated in all."""
     cdef Books totals
+    # Before the caches may go (below): no fast path may reach a ThreadCache of a closed arena.
+    store_first_cache(&core.shared.first_cache, NULL)
     shared_totals(core, &totals)
     core.books.allocated_total = totals.allocated_total  # the threads' books go to the next user
     stale[0] = <size_t>totals.live_bytes

@@ -37,8 +37,8 @@ from libc.string cimport memcpy, memset
 import os
 
 from arenalib._capi cimport (
-    CACHE_MAX_SIZE, PURGE_LIMIT, ArenaSlot, FreeBlocks, InlineState, ThreadCache, cache_bin,
-    cache_bin_size, cache_held_bytes, cache_pop, cache_push,
+    CACHE_MAX_BYTES, CACHE_MAX_PER_BIN, CACHE_MAX_SIZE, PURGE_LIMIT, ArenaSlot, FreeBlocks, InlineState,
+    ThreadCache, cache_bin, cache_bin_size, cache_held_bytes, cache_pop, cache_push,
 )
 from arenalib._jemalloc cimport (
     MALLOCX_ARENA, MALLOCX_LG_ALIGN, MALLOCX_TCACHE, MALLOCX_TCACHE_NONE, MALLOCX_ZERO, je_dallocx,
@@ -122,6 +122,8 @@ cdef size_t _mib_tcache_flush[2]
 cdef size_t _mib_reset_len = 3
 cdef size_t _mib_purge_len = 3
 cdef size_t _mib_tcache_flush_len = 2
+cdef size_t _mib_batch_alloc[2]
+cdef size_t _mib_batch_alloc_len = 2
 
 
 cdef int slots_init() except -1:
@@ -137,7 +139,9 @@ cdef int slots_init() except -1:
     _inline_state.parked_headroom = _retain_limit
     if (je_mallctlnametomib(b"arena.0.reset", _mib_reset, &_mib_reset_len)
             or je_mallctlnametomib(b"arena.0.purge", _mib_purge, &_mib_purge_len)
-            or je_mallctlnametomib(b"tcache.flush", _mib_tcache_flush, &_mib_tcache_flush_len)):
+            or je_mallctlnametomib(b"tcache.flush", _mib_tcache_flush, &_mib_tcache_flush_len)
+            or je_mallctlnametomib(b"experimental.batch_alloc", _mib_batch_alloc,
+                                   &_mib_batch_alloc_len)):
         raise ImportError("arenalib: the private jemalloc did not answer mallctlnametomib")
     _pid = os.getpid()
     os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -601,6 +605,50 @@ cdef inline void* jemalloc_allocate(int flags, size_t size, size_t align, bint z
 
 # -- the free-block cache (confined arenas and each thread of a shared one) -----------------------
 
+cdef enum:
+    # A cache miss for a block up to REFILL_MAX_SIZE takes REFILL_BLOCKS blocks of its class in one
+    # call into jemalloc, the rest kept in the cache for the next allocations: a scope of many
+    # small blocks pays jemalloc's entry (~130 instructions a mallocx) once per REFILL_BLOCKS.
+    # Larger blocks are few enough per scope that the prefetch would only hold memory.
+    REFILL_MAX_SIZE = 4096
+    REFILL_BLOCKS = 16
+
+
+cdef struct BatchRequest:
+    # jemalloc's batch_alloc_packet_t (src/ctl.c), written to experimental.batch_alloc.
+    void** ptrs
+    size_t num
+    size_t size
+    int flags
+
+
+cdef void* _cache_refill(FreeBlocks* cache, int flags, int b) noexcept nogil:
+    """A new block of size class ``b``, with up to REFILL_BLOCKS - 1 more of the class put in the
+    cache's list (as many as the cache has room for), all from one call into jemalloc; NULL when
+    jemalloc gave none."""
+    cdef size_t block = cache_bin_size(b)
+    cdef size_t room = min(<size_t>(CACHE_MAX_PER_BIN - cache.counts[b]),
+                           (CACHE_MAX_BYTES - cache.cached_bytes) // block)
+    cdef void* blocks[REFILL_BLOCKS]
+    cdef BatchRequest request
+    request.ptrs = blocks
+    request.num = min(<size_t>REFILL_BLOCKS, room + 1)
+    request.size = block
+    request.flags = flags
+    cdef size_t filled = 0
+    cdef size_t filled_len = sizeof(size_t)
+    if je_mallctlbymib(_mib_batch_alloc, _mib_batch_alloc_len, &filled, &filled_len,
+                       &request, sizeof(request)) or filled == 0:
+        return NULL
+    cdef size_t i
+    for i in range(1, filled):
+        (<void**>blocks[i])[0] = cache.heads[b]
+        cache.heads[b] = blocks[i]
+    cache.counts[b] += <unsigned char>(filled - 1)
+    cache.cached_bytes += (filled - 1) * block
+    return blocks[0]
+
+
 cdef inline void* cached_allocate(FreeBlocks* cache, int flags, size_t size, size_t align,
                                   bint zero) noexcept nogil:
     """A block from ``cache`` when one of the size class is there (and no special alignment is
@@ -610,6 +658,8 @@ cdef inline void* cached_allocate(FreeBlocks* cache, int flags, size_t size, siz
         return jemalloc_allocate(flags, size, align, zero)
     if align <= 16:
         ptr = cache_pop(cache, size)
+        if ptr == NULL and size <= REFILL_MAX_SIZE:
+            ptr = _cache_refill(cache, flags, cache_bin(size))
         if ptr != NULL:
             if zero:
                 memset(ptr, 0, size)

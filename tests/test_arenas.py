@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support import KINDS, release, slots_in_use
+from support import FREEABLE_KINDS, KINDS, release, slots_in_use
 
 import arenalib
 from arenalib import (
@@ -512,8 +512,11 @@ def test_close_is_idempotent(kind):
     assert "closed" in repr(a)
 
 
-def test_closed_arena_refuses_use(kind):
+@pytest.mark.parametrize("used", [False, True], ids=["unused", "used"])
+def test_closed_arena_refuses_use(kind, used):
     a = kind()
+    if used:  # the allocating thread's fast path must be closed too
+        a.allocate(8).fill(1)
     a.close()
     for operation in (lambda: a.allocate(1), a.reset, a.purge, a.__enter__):
         with pytest.raises(ArenaClosedError):
@@ -565,6 +568,48 @@ def test_with_block_with_live_export(kind):
     assert view.tobytes() == b"\x04" * 16
     view.release()
     a.close()
+
+
+def test_context_methods_bound_like_builtin_methods(kind):
+    # __enter__ and __exit__ bind cheaply (arenalib/_with.pxi) yet show what a builtin method
+    # shows; through the class they are the methods themselves.
+    a = kind()
+    enter, exit_ = a.__enter__, a.__exit__
+    assert (enter.__self__, exit_.__self__) == (a, a)
+    assert (enter.__name__, exit_.__name__) == ("__enter__", "__exit__")
+    assert "__exit__" in repr(exit_) and exit_.__doc__ == type(a).__exit__.__doc__
+    assert type(type(a).__exit__).__name__ == "method_descriptor"
+    assert type(a).__enter__(a) is a and enter() is a
+    with pytest.raises(TypeError):
+        exit_(None)
+    with pytest.raises(TypeError):
+        enter(1)
+    assert not a.closed
+    assert exit_(None, None, tb=None) is False and a.closed
+    type(a).__exit__(a, None, None, None)  # idempotent, as close() is
+
+
+def test_bound_context_methods_keep_their_arena(kind):
+    exits = [kind().__exit__ for _ in range(50)]  # more than are kept for reuse
+    arenas = [weakref.ref(e.__self__) for e in exits]
+    gc.collect()
+    assert all(r() is not None and not r().closed for r in arenas)
+    for e, r in zip(exits, arenas):
+        assert e.__self__ is r()
+        e(None, None, None)
+        assert r().closed
+    del exits, e
+    gc.collect()
+    assert all(r() is None for r in arenas)
+
+
+def test_with_block_propagates_exceptions_and_closes(kind):
+    for _ in range(20):  # bound objects come from the reuse list after the first rounds
+        with pytest.raises(KeyError):
+            with kind() as a:
+                a.allocate(32).fill(1)
+                raise KeyError("inside")
+        assert a.closed
 
 
 def test_reset(kind):
@@ -851,6 +896,90 @@ def test_no_creation_site_without_debug(kind):
         del a
         gc.collect()
     assert "test_no_creation_site_without_debug" not in str(record[0].message)
+
+
+# -- the free-block cache --------------------------------------------------------------------------
+# A cache miss for a small block takes a batch of blocks of its class from jemalloc at once and
+# keeps the rest for the next allocations; a shared Arena's first allocating thread reaches its own
+# cache without a thread-local lookup.  Neither may show: blocks never overlap, contents stay, the
+# cache keeps its bounds, and the books of every thread add up.
+
+CACHE_MAX_BYTES = 1 << 20      # what one free-block cache holds at most (_capi.pxd)
+
+
+@pytest.mark.parametrize("freeable", FREEABLE_KINDS, ids=lambda k: k.__name__)
+@given(sizes=st.lists(st.integers(0, 5000), min_size=1, max_size=400),
+       freed=st.sets(st.integers(0, 399), max_size=100))
+def test_cached_blocks_never_overlap(freeable, sizes, freed):
+    with freeable() as a:
+        kept = [a.allocate(n, zero=False).fill(i % 251) for i, n in enumerate(sizes)]
+        for seg in [kept[i] for i in freed if i < len(kept)]:
+            seg.free()
+        kept = [seg for seg in kept if seg.alive]
+        again = [a.allocate(n, zero=True) for n in sizes[:len(freed)]]  # some from the cache
+        spans = sorted((s.address, s.address + len(s)) for s in kept + again if len(s))
+        assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+        assert all(s.tobytes() == bytes(len(s)) for s in again)
+
+
+def test_cached_blocks_keep_their_contents(freeable_kind):
+    with freeable_kind() as a:
+        segs = [a.allocate(8 + i % 700, zero=False).fill(i % 256) for i in range(5000)]
+        assert all(s.tobytes() == bytes([i % 256]) * len(s) for i, s in enumerate(segs))
+
+
+def test_free_block_cache_keeps_its_bound():
+    for _ in range(3):
+        with ConfinedArena() as a:
+            for size in range(16, 4097, 16):  # every class a batch could fill
+                a.allocate(size, zero=False)
+        with ConfinedArena() as a:
+            a.allocate(8)
+        stats = arenalib.pool_stats()
+        assert stats["cached_bytes"] <= max(1, stats["slots_idle"]) * CACHE_MAX_BYTES
+
+
+def test_shared_arena_books_with_first_thread_and_others():
+    # The first thread to allocate takes the inline path, the others the thread-local one: the
+    # arena's books are the sum of both, whichever frees what.
+    with Arena() as a:
+        mine = [a.allocate(100) for _ in range(10)]
+        theirs = []
+        worker = threading.Thread(target=lambda: theirs.extend(a.allocate(50) for _ in range(4)))
+        worker.start()
+        worker.join()
+        stats = a.stats()
+        assert (stats["live_bytes"], stats["live_segments"], stats["peak_bytes"]) == (1200, 14, 1200)
+        threading.Thread(target=lambda: [s.free() for s in mine[:5]]).start()
+        for t in threading.enumerate():
+            if t is not threading.current_thread():
+                t.join()
+        for s in theirs:
+            s.free()
+        stats = a.stats()
+        assert (stats["live_bytes"], stats["live_segments"], stats["peak_bytes"]) == (500, 5, 1200)
+
+
+def test_shared_arena_first_thread_gone_then_slot_reused():
+    # More threads than a slot keeps caches for: close gives their caches back, so a fast path
+    # that still reached one would use freed memory.  The next arena on the slot must not.
+    with Arena() as a:
+        def work():
+            segs = [a.allocate(64).fill(5) for _ in range(50)]
+            for s in segs[::2]:
+                s.free()
+        threads = [threading.Thread(target=work) for _ in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for _ in range(3):
+        with Arena() as b:
+            segs = [b.allocate(64).fill(6) for _ in range(200)]
+            for s in segs[::3]:
+                s.free()
+            assert all(s.tobytes() == b"\x06" * 64 for s in segs if s.alive)
+            assert b.stats()["live_segments"] == sum(1 for s in segs if s.alive)
 
 
 # -- the pool of jemalloc arenas -------------------------------------------------------------------
