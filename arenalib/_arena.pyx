@@ -181,7 +181,8 @@ cdef class ArenaBase(SegmentOwner):
         False for memory with whatever it held.  align: a power of two the address is a multiple
         of (up to 1 GiB).  Raises MemoryError when the memory cannot be had or max_bytes would be
         exceeded."""
-        return self._allocate(_parse_size(size, "size"), zero, parse_align(align))
+        return self._allocate(_parse_size(size, "size"), zero,
+                              1 if align is None else parse_align(align))
 
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align):
         # Objects first (each may start a GC, whose finalizers may reset or close this arena),
@@ -391,6 +392,7 @@ cdef class ArenaBase(SegmentOwner):
 include "_confined.pxi"
 include "_shared.pxi"
 include "_slicing.pxi"
+include "_with.pxi"
 
 
 # -- jemalloc's figures for stats() ----------------------------------------------------------------
@@ -522,6 +524,7 @@ cdef int _module_init() except -1:
     segment_dealloc_init()
     for kind in (Arena, ConfinedArena, SlicingArena):
         arenalib_arena_freelist_for(kind)
+    fast_with_init(ArenaBase)
     slots_init()       # the shared state and the jemalloc control names (every arena needs them)
     slicing_init()     # biased carving, if membarrier() is there
     _figures_init()    # stats() names
