@@ -278,7 +278,7 @@ cdef class ArenaBase(SegmentOwner):
         exclusive_begin(&self._core.life)
         cdef int err = _usable(&self._core)
         if not err:
-            slot_purge(self._core.slot)
+            slot_purge_open(self._core.slot)
         exclusive_end(&self._core.life)
         if err:
             self._raise(err, None)

@@ -307,7 +307,7 @@ cdef class SlicingArena(ArenaBase):
             slicing_free_chunks(&self._core,
                                 self._core.slicing.current + 1 if self._core.slicing.nchunks else 0)
             slicing_unlock(&self._core)
-            slot_purge(self._core.slot)
+            slot_purge_open(self._core.slot)
         exclusive_end(&self._core.life)
         if err:
             self._raise(err, "cannot purge")
