@@ -3,6 +3,7 @@ machine information, RSS readings and plain-text tables.  Standard library only.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -146,12 +147,13 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _version(module: str) -> str | None:
+def _version(distribution: str) -> str | None:
+    """The installed version of ``distribution``, read from its metadata: never imported here, as a
+    native wheel built for another CPU would kill the process (SIGILL) before it could say so."""
     try:
-        mod = __import__(module)
-    except Exception:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
         return None
-    return getattr(mod, "__version__", "?")
 
 
 def machine_info() -> dict:
