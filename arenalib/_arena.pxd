@@ -18,9 +18,13 @@ cdef extern from *:
     #if ARENALIB_FREE_THREADED
     #define arenalib_count(p, v) ((void)__atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST))
     #define arenalib_read(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    #define arenalib_flag_set(p) __atomic_store_n((p), 1, __ATOMIC_SEQ_CST)
+    #define arenalib_flag_claim(p) __atomic_exchange_n((p), 0, __ATOMIC_SEQ_CST)
     #else
     #define arenalib_count(p, v) ((void)(*(p) += (v)))
     #define arenalib_read(p) (*(p))
+    #define arenalib_flag_set(p) ((void)(*(p) = 1))
+    static inline int arenalib_flag_claim(int *p) { int was = *p; *p = 0; return was; }
     #endif
     """
     int SEG_ALIVE "ARENALIB_SEG_ALIVE"
@@ -29,6 +33,8 @@ cdef extern from *:
     void count_add "arenalib_count"(Py_ssize_t* counter, Py_ssize_t delta) noexcept nogil
     Py_ssize_t count_read "arenalib_read"(Py_ssize_t* counter) noexcept nogil
     int state_read "arenalib_read"(int* state) noexcept nogil
+    void flag_set "arenalib_flag_set"(int* flag) noexcept nogil
+    bint flag_claim "arenalib_flag_claim"(int* flag) noexcept nogil  # clears it: was it set?
 
 cdef enum:
     # tracemalloc domain of the memory handed out through the Python API ("ARNA").
@@ -60,6 +66,7 @@ cdef class Segment:
         Py_ssize_t _exports     # live buffer exports and pins; counted on the root only
         int _freed              # SEG_ALIVE, SEG_FREED, or SEG_FREEING while a free is under way
         void* _accessor         # whose access record names it: see _access.pxi (root only)
+        int _free_pending       # free once the last export is released (root only)
 
     cdef int _check(self) except -1
     cdef int _status(self) noexcept
@@ -68,6 +75,8 @@ cdef class Segment:
     cdef int _pin(self, void** token) except -1
     cdef void _unpin(self, void* token) noexcept
     cdef Segment _owner_segment(self)
+    cdef int _free_when_unexported(self) except -1
+    cdef int _free_pending_now(self) except -1
 
 
 cdef class ArenaBase(SegmentOwner):

@@ -242,16 +242,28 @@ cdef class BufferPool(SegmentOwner):
                 f"all {self._count} buffers of {self._buffer_size} bytes of the BufferPool are in use")
         return None
 
-    def release(self, segment):
+    def release(self, segment, *, bint deferred=False):
         """Give an acquired buffer back; the segment is dead from now on (any use raises
         ArenaClosedError).  ``seg.free()`` does the same.
 
         Raises, changing nothing: TypeError for a non-Segment; ValueError for a segment of another
         pool or arena, or a slice; ArenaClosedError for a segment already released (or made stale by
-        reset() or close()); BufferError while a buffer export of it (memoryview ...) is alive."""
+        reset() or close()); BufferError while a buffer export of it (memoryview ...) is alive.
+
+        deferred=True: while exports of it are alive, release it when the last one is released
+        instead of raising BufferError; until then the segment stays usable (see Segment.free)."""
         if type(segment) is not Segment:
             raise TypeError(f"release() takes a Segment from acquire(), not {type(segment).__name__}")
-        self._release(<Segment>segment)
+        cdef Segment seg = <Segment>segment
+        if not deferred:
+            self._release(seg)
+            return
+        if seg._arena is not self:
+            raise ValueError("the segment does not belong to this BufferPool")
+        if seg._root is not None:
+            raise ValueError("a slice cannot be released; release the segment acquire() returned")
+        seg._check()
+        seg._free_when_unexported()
 
     cdef int _free_segment(self, Segment seg) except -1:
         # Segment.free() of a pool segment: release the buffer to the pool (Segment.free() has

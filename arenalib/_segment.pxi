@@ -307,6 +307,10 @@ cdef class Segment:
         count_add(&owner._exports, -1)
         count_add(&self._life.exports, -1)
         shard_add(LIVE_EXPORTS, -1)
+        # The count first, then the flag (free(deferred=True) sets the flag, then reads the count):
+        # of a last release and a deferred free at once, one sees the other, and one claims it.
+        if count_read(&owner._exports) == 0 and flag_claim(&owner._free_pending):
+            owner._free_pending_now()
 
     # -- properties ------------------------------------------------------------------------------
 
@@ -386,13 +390,39 @@ cdef class Segment:
         child._generation = self._generation
         return child
 
-    def free(self):
+    def free(self, *, bint deferred=False):
         """Give the memory back to the arena now; any later use of this segment raises
-        ArenaClosedError.  Not available for slices and for SlicingArena segments."""
+        ArenaClosedError.  Not available for slices and for SlicingArena segments.
+
+        deferred=True: while a buffer export (memoryview ...) of the segment is alive, free it
+        when the last one is released instead of raising BufferError; until then it stays usable.
+        For the caller that must let go of a buffer its own caller still holds (asyncio's
+        buffer_updated(), see arenalib.aio).  A ConfinedArena's segment whose last export is
+        released by another thread stays allocated until the arena's reset or close."""
         self._check()
         if self._root is not None:
             raise UnsupportedOperation("a slice shares its parent's memory: free the parent instead")
-        self._arena._free_segment(self)  # the owner's rule (and its refusal while exports live)
+        if deferred:
+            self._free_when_unexported()
+        else:
+            self._arena._free_segment(self)  # the owner's rule (and its refusal while exports live)
+
+    cdef int _free_when_unexported(self) except -1:
+        """Free this checked root segment now if no export of it is alive, else mark it for the
+        last export's release (see __releasebuffer__)."""
+        flag_set(&self._free_pending)
+        if count_read(&self._exports) == 0 and flag_claim(&self._free_pending):
+            self._arena._free_segment(self)
+        return 0
+
+    cdef int _free_pending_now(self) except -1:
+        """The deferred free, once its last export is gone (an error is unraisable from there)."""
+        cdef Lifetime* life = self._life
+        if life.owner and life.owner != thread_ident():
+            return 0  # a ConfinedArena's, released elsewhere: its reset or close takes it
+        if life.generation == self._generation and not self._dead_root():
+            self._arena._free_segment(self)
+        return 0
 
     def __getitem__(self, key):
         cdef Py_ssize_t start, step, length, i

@@ -594,7 +594,7 @@ def test_bound_context_methods_keep_their_arena(kind):
     arenas = [weakref.ref(e.__self__) for e in exits]
     gc.collect()
     assert all(r() is not None and not r().closed for r in arenas)
-    for e, r in zip(exits, arenas):
+    for e, r in zip(exits, arenas, strict=True):
         assert e.__self__ is r()
         e(None, None, None)
         assert r().closed

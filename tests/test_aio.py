@@ -1,0 +1,238 @@
+"""arenalib.aio: FrameReader, driven by hand as a transport would (hypothesis over frame sizes and
+read boundaries), over loopback sockets with asyncio's loop and with uvloop (probed in a child
+first: a native wheel built for another CPU would kill the test process), and the deferred free it
+relies on (free or release while asyncio still holds the buffer)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import run_python
+
+import arenalib
+from arenalib import Arena, BufferPool, ConfinedArena
+from arenalib.aio import FrameError, FrameReader, frame_header
+
+
+def payload(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def wire(frames: list[bytes]) -> bytes:
+    return b"".join(frame_header(len(f)) + f for f in frames)
+
+
+def feed(reader: FrameReader, data: bytes, cuts: list[int]) -> None:
+    """What a transport does: get_buffer, fill part of it, buffer_updated while still holding the
+    buffer (as uvloop holds its Py_buffer), then let go."""
+    pos = 0
+    cuts = iter(cuts)
+    while pos < len(data):
+        buf = reader.get_buffer(-1)
+        n = min(len(buf), len(data) - pos, max(1, next(cuts, len(data))))
+        buf[:n] = data[pos:pos + n]
+        reader.buffer_updated(n)
+        buf.release()
+        pos += n
+
+
+@settings(deadline=None)
+@given(sizes=st.lists(st.one_of(st.integers(0, 20), st.integers(0, 70_000)), max_size=12),
+       cuts=st.lists(st.integers(1, 100_000), max_size=60),
+       staging=st.sampled_from([8, 9, 100, 65536]))
+def test_frames_arrive_whole_whatever_the_read_boundaries(sizes, cuts, staging):
+    frames = [payload(n, i) for i, n in enumerate(sizes)]
+    got = []
+    reader = FrameReader(lambda seg: got.append(seg), staging_size=staging)
+    feed(reader, wire(frames), cuts)
+    assert [s.tobytes() for s in got] == frames
+    assert reader.frames == len(frames)
+    for s in got:
+        s.free(deferred=True)
+    reader.connection_lost(None)
+
+
+def test_a_frame_freed_inside_on_frame_waits_for_the_transports_export():
+    # The segment path: the frame's bytes past the staging buffer were received into the segment
+    # through get_buffer's memoryview, which the transport still holds during buffer_updated.
+    seen = []
+
+    def on_frame(seg):
+        with pytest.raises(BufferError):
+            seg.free()
+        seg.free(deferred=True)
+        seen.append((seg, seg.alive))
+
+    with Arena() as arena:
+        reader = FrameReader(on_frame, arena=arena, staging_size=16)
+        feed(reader, wire([payload(1000, 1)]), [16, 500, 1000])
+        [(seg, alive_inside)] = seen
+        assert alive_inside and not seg.alive  # freed once feed() let the buffer go
+        assert arena.stats()["live_segments"] == 0
+
+
+def test_a_frame_above_the_limit_aborts_the_connection():
+    class Transport:
+        aborted = False
+
+        def abort(self):
+            self.aborted = True
+
+    lost = []
+    reader = FrameReader(lambda seg: None, max_frame_size=100, on_connection_lost=lost.append)
+    transport = Transport()
+    reader.connection_made(transport)
+    feed(reader, frame_header(101) + b"x" * 10, [])
+    assert transport.aborted and isinstance(reader.error, FrameError)
+    reader.connection_lost(None)
+    assert isinstance(lost[0], FrameError)
+
+
+def test_connection_lost_mid_frame_frees_it_and_closes_the_readers_arena():
+    reader = FrameReader(lambda seg: None, staging_size=16)
+    feed(reader, frame_header(10_000) + b"y" * 3000, [])
+    arena = reader._arena
+    assert arena.stats()["live_segments"] == 1
+    reader.connection_lost(ConnectionResetError())
+    assert arena.closed
+
+
+def test_staging_size_must_hold_a_length_prefix():
+    with pytest.raises(ValueError):
+        FrameReader(lambda seg: None, staging_size=7)
+
+
+# -- the deferred free --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [Arena, ConfinedArena])
+def test_free_deferred_waits_for_every_export(kind):
+    with kind() as a:
+        seg = a.allocate(64).fill(5)
+        views = [memoryview(seg), memoryview(seg)[8:16]]
+        seg.free(deferred=True)
+        assert seg.alive and seg.tobytes() == b"\x05" * 64  # usable until the last export goes
+        views.pop().release()
+        assert seg.alive
+        views.pop().release()
+        assert not seg.alive and a.stats()["live_segments"] == 0
+        with pytest.raises(arenalib.ArenaClosedError):
+            seg.free(deferred=True)
+
+
+def test_free_deferred_without_exports_frees_now():
+    with Arena() as a:
+        seg = a.allocate(8)
+        seg.free(deferred=True)
+        assert not seg.alive
+
+
+def test_release_deferred_returns_the_buffer_to_its_pool():
+    with BufferPool(4096, 2) as pool:
+        seg = pool.acquire()
+        view = memoryview(seg)
+        with pytest.raises(BufferError):
+            pool.release(seg)
+        pool.release(seg, deferred=True)
+        assert seg.alive and pool.available == 1
+        with pytest.raises(BufferError):
+            pool.reset()  # the export still pins it
+        view.release()
+        assert not seg.alive and pool.available == 2
+        other = BufferPool(4096, 1)
+        with pytest.raises(ValueError):
+            other.release(pool.acquire(), deferred=True)
+        other.close()
+
+
+def test_deferred_free_of_a_confined_segment_released_elsewhere_waits_for_close():
+    import threading
+
+    with ConfinedArena() as a:
+        seg = a.allocate(32)
+        view = memoryview(seg)
+        seg.free(deferred=True)
+        worker = threading.Thread(target=view.release)
+        worker.start()
+        worker.join()
+        assert a.stats()["live_segments"] == 1  # not freed from the other thread; close takes it
+
+
+# -- over sockets ----------------------------------------------------------------------------------
+
+LOOPBACK = r"""
+import asyncio, json, random, sys
+from arenalib import Arena
+from arenalib.aio import FrameReader, frame_header
+
+use_uvloop = sys.argv[1] == "uvloop"
+sizes = [0, 1, 8, 65535, 65536, 65537, 1 << 20, 3 << 20]
+sizes += [random.Random(i).randrange(200_000) for i in range(20)]
+frames = [random.Random(i).randbytes(n) for i, n in enumerate(sizes)]
+
+async def main():
+    got, done = [], asyncio.get_running_loop().create_future()
+    arena = Arena()
+
+    def on_frame(seg):
+        got.append(seg.tobytes())
+        seg.free(deferred=True)
+        if len(got) == len(frames):
+            done.set_result(None)
+
+    server = await asyncio.get_running_loop().create_server(
+        lambda: FrameReader(on_frame, arena=arena), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for f in frames:
+        writer.write(frame_header(len(f)))
+        writer.write(f)
+        await writer.drain()
+    await asyncio.wait_for(done, 60)
+    writer.close()
+    server.close()
+    await server.wait_closed()
+    live = arena.stats()["live_segments"]
+    arena.close()
+    loop = type(asyncio.get_running_loop()).__module__
+    print(json.dumps({"same": got == frames, "live": live, "loop": loop}))
+
+if use_uvloop:
+    import uvloop
+    uvloop.run(main())
+else:
+    asyncio.run(main())
+"""
+
+
+def uvloop_usable() -> str | None:
+    """None when uvloop imports and runs a loop in a child process here, else why not."""
+    result = run_python("import uvloop, asyncio; uvloop.run(asyncio.sleep(0))")
+    if result.returncode == 0:
+        return None
+    if result.returncode < 0:
+        return f"uvloop dies on this machine: signal {-result.returncode}"
+    return "uvloop is not installed" if "No module named" in result.stderr else result.stderr[-300:]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_frames_over_loopback(loop):
+    if loop == "uvloop":
+        why = uvloop_usable()
+        if why:
+            pytest.skip(why)
+    result = run_python(LOOPBACK, loop)
+    assert result.returncode == 0, result.stderr
+    figures = __import__("json").loads(result.stdout.splitlines()[-1])
+    assert figures == {"same": True, "live": 0, "loop": figures["loop"]}
+    assert figures["loop"].startswith("uvloop" if loop == "uvloop" else "asyncio")
+
+
+def test_module_is_importable_without_a_running_loop():
+    assert os.path.basename(arenalib.aio.__file__) == "aio.py"
+    assert asyncio.BufferedProtocol in FrameReader.__mro__
