@@ -229,10 +229,10 @@ def test_jemalloc_build_cache_is_keyed_by_what_makes_the_build(tmp_path, monkeyp
     assert [p.name for p in entry.parent.iterdir()] == [key]
 
 
-def test_an_edited_jemalloc_overlay_reaches_an_extracted_source(tmp_path, monkeypatch):
+def test_an_edited_overlay_reaches_an_extracted_source(tmp_path, monkeypatch):
     """meson copies the wrap's overlay (patch_directory) only when it extracts the source:
     refresh_overlay() copies what changed since, and only that, so that dev.py builds with it."""
-    spec = importlib.util.spec_from_file_location("fetch_jemalloc", ROOT / "tools" / "fetch_jemalloc.py")
+    spec = importlib.util.spec_from_file_location("fetch_sources", ROOT / "tools" / "fetch_sources.py")
     fetch = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fetch)
     subprojects = tmp_path / "subprojects"
@@ -241,11 +241,22 @@ def test_an_edited_jemalloc_overlay_reaches_an_extracted_source(tmp_path, monkey
     (subprojects / "jemalloc.wrap").write_text(
         "[wrap-file]\ndirectory = jemalloc-5.3.0\npatch_directory = jemalloc\n")
     monkeypatch.setattr(fetch, "ROOT", tmp_path)
-    monkeypatch.setattr(fetch, "WRAP", subprojects / "jemalloc.wrap")
     (subprojects / "packagefiles" / "jemalloc" / "build_jemalloc.py").write_text("new\n")
     (subprojects / "packagefiles" / "jemalloc" / "meson.build").write_text("same\n")
     (subprojects / "jemalloc-5.3.0" / "build_jemalloc.py").write_text("old\n")
     (subprojects / "jemalloc-5.3.0" / "meson.build").write_text("same\n")
-    assert fetch.refresh_overlay() == ["build_jemalloc.py"]
+    assert fetch.refresh_overlay("jemalloc") == ["build_jemalloc.py"]
     assert (subprojects / "jemalloc-5.3.0" / "build_jemalloc.py").read_text() == "new\n"
-    assert fetch.refresh_overlay() == []
+    assert fetch.refresh_overlay("jemalloc") == []
+
+
+def test_every_wrap_is_fetched_and_pinned():
+    """Each wrap in subprojects/ is one fetch_sources knows (with its Debian source package), and pins
+    its tarball's sha256."""
+    spec = importlib.util.spec_from_file_location("fetch_sources", ROOT / "tools" / "fetch_sources.py")
+    fetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch)
+    wraps = sorted(p.stem for p in (ROOT / "subprojects").glob("*.wrap"))
+    assert wraps == sorted(fetch.WRAPS)
+    for name in wraps:
+        assert re.fullmatch(r"[0-9a-f]{64}", fetch.read_wrap(name)["source_hash"].strip())
