@@ -21,7 +21,9 @@ finalizers) set _busy: a call into the ring from there raises RuntimeError inste
 """
 
 cimport cython
-from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (
+    PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer,
+)
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.number cimport PyNumber_Index
@@ -221,13 +223,28 @@ cdef inline unsigned _length(Py_ssize_t n) noexcept:
 
 cdef int _acquire(object buf, Py_buffer* view, bint writable) except -1:
     """A contiguous buffer export of ``buf``, held until the request's completion is reaped."""
-    try:
-        PyObject_GetBuffer(buf, view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
-    except TypeError:
+    if not PyObject_CheckBuffer(buf):
         kind = "a writable bytes-like object" if writable else "a bytes-like object"
         raise TypeError(f"the buffer must be {kind} (Segment, bytearray, memoryview ...), "
-                        f"not {type(buf).__name__}") from None
+                        f"not {type(buf).__name__}")
+    try:
+        PyObject_GetBuffer(buf, view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
+    except BufferError:
+        if writable and _read_only(buf):  # a wrong argument, not a pin
+            raise TypeError(f"a read needs a writable buffer; {type(buf).__name__} is read-only") from None
+        raise
     return 0
+
+
+cdef bint _read_only(object buf):
+    cdef Py_buffer probe
+    try:
+        PyObject_GetBuffer(buf, &probe, PyBUF_SIMPLE)
+    except Exception:
+        return False
+    cdef bint readonly = probe.readonly
+    PyBuffer_Release(&probe)
+    return readonly
 
 
 def check(result):
