@@ -13,7 +13,8 @@
 Each command is idempotent: it fetches the jemalloc and liburing tarballs into
 subprojects/packagecache/ (from each wrap's URL, else from Debian's source package), makes a venv per
 interpreter in .venv/, installs the requirements, builds arenalib in place (an editable meson-python
-install, rebuilt on import when sources change) and runs.  A second run reuses all of it.  Standard library only, Python 3.10+.
+install, rebuilt on import when sources change) and runs.  A second run reuses all of it.  Standard
+library only, Python 3.10+.
 
 ``--python`` takes a path, a version (3.13: pyenv's, else python3.13 on PATH) or a version ending in
 "t" (3.13t): a free-threaded CPython, which tools/build_python.py builds from source into

@@ -1,6 +1,6 @@
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, Final, Protocol, TypedDict, final, type_check_only
+from typing import Any, Final, Protocol, TypeAlias, TypedDict, final, type_check_only
 
 from typing_extensions import Buffer, Self
 
@@ -11,7 +11,7 @@ from arenalib._pool import BufferPool
 class _HasFileno(Protocol):
     def fileno(self) -> int: ...
 
-_FD = int | _HasFileno
+_FD: TypeAlias = int | _HasFileno
 
 @type_check_only
 class RingFeatures(TypedDict):

@@ -357,10 +357,14 @@ cdef class Ring:
 
     # -- the checks ------------------------------------------------------------------------------
 
-    cdef int _check_usable(self) except -1:
+    cdef int _check_thread(self) except -1:
         if self._owner != thread_ident():
             raise WrongThreadError(f"this Ring belongs to thread {self._owner}; thread {thread_ident()} "
                                    "may not use it")
+        return 0
+
+    cdef int _check_usable(self) except -1:
+        self._check_thread()
         if self._forks != ring_forks:
             raise RuntimeError("this Ring was made by the parent of this forked process: a fork child "
                                "cannot use it (close() it and make a new one)")
@@ -603,11 +607,13 @@ cdef class Ring:
                     break  # enough completions, and nothing queued
                 with nogil:
                     ret = io_uring_submit_and_wait(&self._ring, need)
-                if ret == -EINTR:
-                    PyErr_CheckSignals()  # a KeyboardInterrupt leaves the reaped ones for the next wait
-                elif ret < 0:
+                if ret < 0 and ret != -EINTR:
                     raise OSError(-ret, f"io_uring_enter: {os.strerror(-ret)}")
                 self._reap()
+                # A signal may have cut the wait short even when the call reports what it submitted
+                # (and not -EINTR): its handler runs now; an exception from it leaves the reaped
+                # completions for the next wait().
+                PyErr_CheckSignals()
             return self._take_done()
         finally:
             self._busy = False
@@ -716,6 +722,7 @@ cdef class Ring:
     @property
     def pool(self):
         """The registered BufferPool, or None."""
+        self._check_thread()
         return self._pool
 
     # -- closing ---------------------------------------------------------------------------------
@@ -726,9 +733,7 @@ cdef class Ring:
         reach the kernel; completions not yet returned by wait() are dropped."""
         if not self._open:
             return
-        if self._owner != thread_ident():
-            raise WrongThreadError(f"this Ring belongs to thread {self._owner}; thread {thread_ident()} "
-                                   "may not close it")
+        self._check_thread()
         if self._busy:
             raise RuntimeError("the Ring is in the middle of wait() or close(): a finalizer or signal "
                                "handler may not close it")
@@ -860,6 +865,7 @@ cdef class Ring:
     @property
     def in_flight(self):
         """Requests queued or in the kernel whose completions are not reaped yet."""
+        self._check_thread()
         return self._in_flight() if self._open else 0
 
     def features(self):

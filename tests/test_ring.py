@@ -11,8 +11,10 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import signal
 import socket
 import threading
+import time
 
 import pytest
 from hypothesis import strategies as st
@@ -238,6 +240,39 @@ def test_wait_refuses_to_wait_for_more_than_can_come(ring):
         ring.wait(-1)
     assert ring.wait(1) == [(0, 0)]
     assert ring.wait(0) == []
+
+
+def test_wait_releases_the_gil(ring, pipe):
+    r, w = pipe
+    # The writer can run only while wait() has let go of the GIL: otherwise this would never end.
+    writer = threading.Thread(target=lambda: (time.sleep(0.05), os.write(w, b"from a thread")))
+    ring.read(r, bytearray(64), user_data="threaded")
+    writer.start()
+    assert ring.wait(1) == [("threaded", 13)]
+    writer.join()
+
+
+def test_a_signal_handler_that_raises_interrupts_wait_and_loses_nothing(ring, pipe):
+    r, w = pipe
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        ring.read(r, bytearray(8), user_data="interrupted")
+        ring.nop(user_data="done")
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(Interrupted):
+            ring.wait(2)  # the nop completes, the read waits for data that comes too late
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    os.write(w, b"late")
+    assert dict(ring.wait(2)) == {"done": 0, "interrupted": 4}
 
 
 # -- errors ----------------------------------------------------------------------------------------
