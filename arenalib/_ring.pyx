@@ -795,7 +795,7 @@ cdef class Ring:
             head += 1
         while self._in_flight():
             if not sent:
-                sqe = io_uring_get_sqe(&self._ring)
+                sqe = self._sqe_or_null()
                 if sqe != NULL:
                     io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ALL | IORING_ASYNC_CANCEL_ANY)
                     io_uring_sqe_set_data64(sqe, CANCEL_ID)
@@ -816,9 +816,9 @@ cdef class Ring:
                 self._cancel_result = 0
                 for i in range(self._capacity):
                     if self._requests[i].user_data != NULL:
-                        sqe = io_uring_get_sqe(&self._ring)
+                        sqe = self._sqe_or_null()
                         if sqe == NULL:
-                            break  # the next round sends the rest
+                            break  # the kernel takes no more: the loop waits and counts failures
                         io_uring_prep_cancel64(sqe, i, 0)
                         io_uring_sqe_set_data64(sqe, CANCEL_ID)
                         self._cancels += 1
@@ -835,6 +835,15 @@ cdef class Ring:
             except BaseException:
                 pass
         return True
+
+    cdef io_uring_sqe* _sqe_or_null(self) noexcept:
+        """A submission slot for close's cancels (the queue submitted first when full), or NULL."""
+        cdef io_uring_sqe* sqe = io_uring_get_sqe(&self._ring)
+        if sqe == NULL:
+            with nogil:
+                io_uring_submit(&self._ring)
+            sqe = io_uring_get_sqe(&self._ring)
+        return sqe
 
     def __dealloc__(self):
         if not self._open:
