@@ -534,6 +534,25 @@ def test_a_ring_in_a_reference_cycle_is_collected_safely(pipe):
     arena.close()
 
 
+def test_a_finalizer_run_by_a_released_pin_cannot_reenter_the_ring(ring, pipe):
+    _, w = pipe
+    seen = []
+
+    class Doomed(bytearray):
+        def __del__(self):
+            try:
+                ring.nop()
+            except RuntimeError as exc:
+                seen.append(str(exc))
+
+    ring.write(w, Doomed(b"abcd"), user_data="w")  # the ring's export is the last reference
+    assert ring.wait(1) == [("w", 4)]
+    assert len(seen) == 1 and "finalizer" in seen[0]
+    assert ring.in_flight == 0
+    ring.nop(user_data="after")  # usable again once wait() is done
+    assert ring.wait(1) == [("after", 0)]
+
+
 def test_features_report_the_kernel(ring):
     report = ring.features()
     assert {"NOP", "READ", "WRITE", "READV", "READ_FIXED", "RECV", "SEND", "ASYNC_CANCEL"} <= set(
