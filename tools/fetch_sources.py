@@ -1,6 +1,6 @@
-"""Put the release tarballs named by the wraps (subprojects/jemalloc.wrap, subprojects/liburing.wrap)
-into meson's package cache.
+"""Put the release tarballs of the wraps (jemalloc, liburing) into meson's package cache.
 
+One fetcher serves every wrap in subprojects/ (WRAPS names each with its Debian source package).
 Meson builds a [wrap-file] from ``subprojects/packagecache/<source_filename>`` without touching the
 network.  This script fills that cache: first from the wrap's ``source_url``; where that cannot be
 reached, from the Debian source package of the same release (its orig tarball is byte-identical to the
