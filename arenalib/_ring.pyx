@@ -270,7 +270,9 @@ cdef class Ring:
     While a request is in flight, each buffer it names is held by a buffer export, so a Segment's
     memory cannot be freed, released, reset or closed with its arena or pool (BufferError), nor a
     bytearray resized.  At most ``cq_entries`` requests may be in flight and not yet returned by
-    wait(): one more raises OSError(EBUSY) (the completion queue never overflows).
+    wait(): one more raises OSError(EBUSY) (the completion queue never overflows).  ``user_data``
+    may be any object: the ring holds it (out of the garbage collector's sight) until wait() returns
+    it or close() drops it.
 
     One thread owns a ring: its creator.  Any use from another thread raises WrongThreadError.  A
     fork child cannot use its parent's rings (their memory is not mapped in the child, and their

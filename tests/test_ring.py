@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import mmap
 import os
 import signal
 import socket
@@ -519,19 +520,52 @@ def test_a_ring_collected_with_requests_in_flight_cancels_them(pipe):
     assert os.read(r, 100) == b"later"
 
 
-def test_a_ring_in_a_reference_cycle_is_collected_safely(pipe):
+def test_user_data_referring_to_the_ring_is_let_go_at_close(pipe):
     r, _ = pipe
     arena = Arena()
     seg = arena.allocate(16)
     ring = Ring(2)
     holder = [ring]
-    holder.append(holder)
-    ring.read(r, seg, user_data=holder)  # the ring holds the cycle through its request table
+    ring.read(r, seg, user_data=holder)  # ring -> its request table -> holder -> ring
     ring.submit()
-    ring.close()
+    ring.close()  # cancels, drops the table: the cycle is gone
+    assert holder[0] is ring
     del ring, holder
     gc.collect()
     arena.close()
+
+
+def test_an_mmap_in_flight_cannot_be_closed(ring, pipe):
+    r, w = pipe
+    m = mmap.mmap(-1, 4096)
+    ring.read(r, m, user_data="map")
+    ring.submit()
+    with pytest.raises(BufferError):
+        m.close()
+    os.write(w, b"mapped")
+    assert one(ring) == {"map": 6}
+    assert m[:6] == b"mapped"
+    m.close()
+
+
+def test_many_more_requests_than_slots_flow_through(ring, data_file):
+    path, data = data_file
+    with BufferPool(4096, 8) as pool, open(path, "rb") as f:
+        ring.register_pool(pool)
+        segs = [pool.acquire() for _ in range(8)]
+        offsets = list(range(0, len(data), 4096)) * 4  # 256 reads through 16 completion slots
+        done = 0
+        while offsets or ring.in_flight:
+            for seg in [s for s in segs if s.exports == 0]:  # one request per buffer at a time
+                if offsets:
+                    offset = offsets.pop()
+                    read = ring.read_fixed if offset % 8192 else ring.read
+                    read(f, seg, offset, user_data=(seg, offset))
+            for (seg, offset), result in ring.wait(1):
+                assert result == 4096 and seg.tobytes() == data[offset:offset + 4096]
+                done += 1
+        assert done == 4 * len(data) // 4096
+        ring.unregister_pool()
 
 
 def test_a_finalizer_run_by_a_released_pin_cannot_reenter_the_ring(ring, pipe):
