@@ -210,6 +210,24 @@ def test_nop_and_user_data_come_back_as_given(ring):
     assert got[0][0] is token or got[1][0] is token
 
 
+@pytest.mark.parametrize("flags", ["SQPOLL", "COOP_TASKRUN", "COOP_TASKRUN TASKRUN_FLAG", "CLAMP"])
+def test_setup_flags(flags, pipe):
+    r, w = pipe
+    value = 0
+    for name in flags.split():
+        value |= getattr(arenalib._ring, f"SETUP_{name}")
+    with Ring(4, flags=value) as ring, Arena() as arena:
+        assert set(flags.split()) <= set(ring.features()["setup_flags"])
+        seg = arena.allocate(8)
+        ring.read(r, seg, user_data="pipe")
+        for i in range(6):
+            ring.nop(user_data=i)
+        assert sorted(ring.wait(6)) == [(i, 0) for i in range(6)]
+        os.write(w, b"abc")
+        assert ring.wait(1) == [("pipe", 3)]
+        assert seg[:3] == b"abc"
+
+
 def test_a_full_submission_queue_is_submitted_first():
     with Ring(2) as ring:
         assert ring.sq_entries == 2 and ring.cq_entries == 4
@@ -607,37 +625,53 @@ CANARY = 0xCC
 
 
 class RingMachine(RuleBasedStateMachine):
-    """Reads from pipes into pool buffers (plain or fixed), fed late, against release / reset / close
-    of the ring: a buffer in flight refuses to be released; a released buffer is acquired again and
-    filled with a canary, which no later completion may touch; every completion lands in its own
-    buffer with the data its pipe was fed."""
+    """Reads from pipes into pool buffers (plain or fixed) and arena segments, fed late, against
+    release / free / reset of what they target and close of the ring: memory in flight refuses to go;
+    memory released is handed out again (the pool's buffer, jemalloc's block) and filled with a
+    canary, which no later completion may touch; every completion lands in its own buffer with the
+    data its pipe was fed."""
 
     def __init__(self):
         super().__init__()
         self.pool = BufferPool(32, 4)
+        self.arena = Arena()
         self.ring = Ring(4)
         self.ring.register_pool(self.pool)
         self.held = {}  # id(seg) -> [seg, expected bytes, or a set of possible ones after a close]
         self.flight = {}  # request number -> (seg, read end, write end, data fed or None)
         self.number = 0
 
+    def _busy(self):
+        return {id(entry[0]) for entry in self.flight.values()}
+
     def _idle(self):
-        busy = {id(entry[0]) for entry in self.flight.values()}
+        busy = self._busy()
         return [key for key in self.held if key not in busy]
 
-    @precondition(lambda self: len(self.held) < 4)
+    def _from_pool(self, seg):
+        return seg.arena is self.pool
+
+    def _keep(self, seg):
+        self.held[id(seg)] = [seg.fill(CANARY), bytes([CANARY]) * 32]
+
+    @precondition(lambda self: sum(self._from_pool(e[0]) for e in self.held.values()) < 4)
     @rule()
     def acquire(self):
-        seg = self.pool.acquire().fill(CANARY)
-        self.held[id(seg)] = [seg, bytes([CANARY]) * 32]
+        self._keep(self.pool.acquire())
+
+    @precondition(lambda self: len(self.held) < 8)
+    @rule()
+    def allocate(self):
+        self._keep(self.arena.allocate(32, zero=False))
 
     @precondition(lambda self: self._idle() and len(self.flight) < 4)
-    @rule(pick=st.integers(0, 3), fixed=st.booleans())
+    @rule(pick=st.integers(0, 7), fixed=st.booleans())
     def start_read(self, pick, fixed):
         key = self._idle()[pick % len(self._idle())]
         seg = self.held[key][0]
         r, w = os.pipe()
         self.number += 1
+        fixed = fixed and self._from_pool(seg)
         (self.ring.read_fixed if fixed else self.ring.read)(r, seg, user_data=self.number)
         self.ring.submit()
         self.flight[self.number] = (seg, r, w, None)
@@ -660,23 +694,33 @@ class RingMachine(RuleBasedStateMachine):
             os.close(w)
             assert result == len(data)
             entry = self.held[id(seg)]
-            expected = entry[1] if isinstance(entry[1], bytes) else bytes([CANARY]) * 32
-            entry[1] = data + expected[len(data):]
+            entry[1] = data + entry[1][len(data):]
             assert seg.tobytes() == entry[1]
 
     @precondition(lambda self: self.held)
-    @rule(pick=st.integers(0, 3))
-    def release(self, pick):
+    @rule(pick=st.integers(0, 7), via_free=st.booleans())
+    def release(self, pick, via_free):
         keys = list(self.held)
         key = keys[pick % len(keys)]
         seg = self.held[key][0]
-        if key in {id(entry[0]) for entry in self.flight.values()}:
+        give_back = seg.free if via_free or not self._from_pool(seg) else lambda: self.pool.release(seg)
+        if key in self._busy():
             with pytest.raises(BufferError):
-                self.pool.release(seg)
+                give_back()
             assert seg.alive
             return
-        self.pool.release(seg)
+        give_back()
         del self.held[key]
+
+    @rule()
+    def reset_arena(self):
+        in_flight = any(not self._from_pool(entry[0]) for entry in self.flight.values())
+        if in_flight:
+            with pytest.raises(BufferError):
+                self.arena.reset()
+            return
+        self.arena.reset()
+        self.held = {key: entry for key, entry in self.held.items() if self._from_pool(entry[0])}
 
     @rule()
     def close_ring(self):
@@ -686,8 +730,7 @@ class RingMachine(RuleBasedStateMachine):
             os.close(w)
             entry = self.held[id(seg)]
             if data is not None:  # fed: it may have completed before the cancel
-                old = entry[1] if isinstance(entry[1], bytes) else bytes([CANARY]) * 32
-                entry[1] = {old, data + old[len(data):]}
+                entry[1] = {entry[1], data + entry[1][len(data):]}
         self.flight.clear()
         self.ring = Ring(4)
         self.ring.register_pool(self.pool)
@@ -709,6 +752,7 @@ class RingMachine(RuleBasedStateMachine):
             os.close(r)
             os.close(w)
         self.pool.close()
+        self.arena.close()
 
 
 TestRingMachine = RingMachine.TestCase
