@@ -376,6 +376,50 @@ def test_registration_pins_the_pool(ring):
         other.register_pool(pool)
 
 
+def test_a_registration_the_kernel_refuses_leaves_the_pool_free(ring):
+    with BufferPool(1, 16385, align=1) as pool:  # more buffers than io_uring registers (16384)
+        with pytest.raises(OSError) as info:
+            ring.register_pool(pool)
+        assert info.value.errno == errno.EINVAL
+        assert ring.pool is None
+        pool.reset()  # not pinned
+
+
+def test_unregister_reaps_completed_fixed_requests_first(ring, pipe):
+    _, w = pipe
+    pool = BufferPool(64, 1)
+    ring.register_pool(pool)
+    seg = pool.acquire().fill(ord("z"))
+    ring.write_fixed(w, seg.slice(0, 3), user_data="done already")
+    ring.submit()  # a pipe write completes at once; its completion waits in the queue
+    ring.unregister_pool()
+    assert ring.wait(1) == [("done already", 3)]
+    pool.release(seg)
+    pool.close()
+
+
+def test_a_confined_segment_of_another_thread_is_refused(ring):
+    made, used = threading.Event(), threading.Event()
+    holder = {}
+
+    def owner():
+        with ConfinedArena() as arena:
+            holder["seg"] = arena.allocate(8)
+            made.set()
+            used.wait()
+
+    thread = threading.Thread(target=owner)
+    thread.start()
+    made.wait()
+    try:
+        with pytest.raises(WrongThreadError):
+            ring.read(0, holder["seg"])  # the segment's own rule, at the buffer acquisition
+        assert ring.in_flight == 0
+    finally:
+        used.set()
+        thread.join()
+
+
 def test_a_ring_is_used_by_its_creating_thread_only(ring):
     errors = []
 
