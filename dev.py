@@ -10,10 +10,11 @@
     python3 dev.py tsan             # the thread races under ThreadSanitizer, on a free-threaded
                                     # CPython built --with-thread-sanitizer (once per machine)
 
-Each command is idempotent: it fetches the jemalloc tarball into subprojects/packagecache/ (from the
-wrap's URL, else from Debian's source package), makes a venv per interpreter in .venv/, installs the
-requirements, builds arenalib in place (an editable meson-python install, rebuilt on import when
-sources change) and runs.  A second run reuses all of it.  Standard library only, Python 3.10+.
+Each command is idempotent: it fetches the jemalloc and liburing tarballs into
+subprojects/packagecache/ (from each wrap's URL, else from Debian's source package), makes a venv per
+interpreter in .venv/, installs the requirements, builds arenalib in place (an editable meson-python
+install, rebuilt on import when sources change) and runs.  A second run reuses all of it.  Standard
+library only, Python 3.10+.
 
 ``--python`` takes a path, a version (3.13: pyenv's, else python3.13 on PATH) or a version ending in
 "t" (3.13t): a free-threaded CPython, which tools/build_python.py builds from source into
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 import build_python  # noqa: E402
-import fetch_jemalloc  # noqa: E402
+import fetch_sources  # noqa: E402
 import sanitize  # noqa: E402
 
 REQUIREMENTS = {
@@ -51,7 +52,10 @@ REQUIREMENTS = {
 BUILD_INPUTS = ["pyproject.toml", "meson.build", "meson.options", "arenalib/meson.build",
                 "subprojects/packagefiles/jemalloc/meson.build",
                 "subprojects/packagefiles/jemalloc/meson.options",
-                "subprojects/packagefiles/jemalloc/build_jemalloc.py"]
+                "subprojects/packagefiles/jemalloc/build_jemalloc.py",
+                "subprojects/packagefiles/liburing/meson.build",
+                "subprojects/packagefiles/liburing/src/include/liburing/meson.build",
+                "subprojects/packagefiles/liburing/src/include/liburing/compat.h.in"]
 # Build variants: a tag suffix for the venv and build folders, and meson setup arguments.
 VARIANTS = {None: ("", []), "asan": ("-asan", ["-Csetup-args=-Dsanitize=true"]),
             "tsan": ("-tsan", ["-Csetup-args=-Dtsan=true"])}
@@ -160,9 +164,10 @@ def ensure_requirements(venv: Path, groups: list[str], free_threaded: bool) -> N
 
 def ensure_build(venv: Path, tag: str, setup_args: list[str]) -> Path:
     """Install arenalib in editable mode; later source edits are rebuilt on import."""
-    fetch_jemalloc.ensure_tarball()
-    for name in fetch_jemalloc.refresh_overlay():
-        say(f"jemalloc overlay file {name} changed: copied into the extracted source")
+    for wrap in fetch_sources.WRAPS:
+        fetch_sources.ensure_tarball(wrap)
+        for name in fetch_sources.refresh_overlay(wrap):
+            say(f"{wrap} overlay file {name} changed: copied into the extracted source")
     stamp = venv / ".arenalib-editable"
     value = digest([ROOT / p for p in BUILD_INPUTS]) + str(ROOT) + " ".join(setup_args)
     build_dir = ROOT / "build" / tag

@@ -29,6 +29,7 @@ from arenalib._errors import (
     WrongThreadError,
 )
 from arenalib._pool import BufferPool
+from arenalib._ring import Ring, check
 
 __version__: str  # read on first use by __getattr__ below
 
@@ -59,11 +60,13 @@ __all__ = [
     "BufferPool",
     "ConfinedArena",
     "PoolExhaustedError",
+    "Ring",
     "Segment",
     "SlicingArena",
     "UnsupportedOperation",
     "WrongThreadError",
     "__version__",
+    "check",
     "get_include",
     "get_retention",
     "jemalloc_version",

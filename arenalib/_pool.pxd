@@ -28,6 +28,7 @@ cdef class BufferPool(SegmentOwner):
         Py_ssize_t _high_water
         Py_ssize_t _exhausted
         size_t _acquisitions
+        Py_ssize_t _registrations   # io_uring rings that registered the region (arenalib._ring)
 
     cdef void _reset_buffers(self, bint fresh) noexcept
     cdef Segment _acquire(self, bint raise_exhausted)
@@ -40,3 +41,6 @@ cdef class BufferPool(SegmentOwner):
     cdef str _exports_alive(self, str context, Py_ssize_t exports)
     cdef int _figures(self, dict result) except -1
     cdef size_t _resident_bytes(self)
+    cdef int _registered(self, int delta) except -1
+    cdef int _refuse_if_pinned(self, str context, Py_ssize_t exports,
+                               Py_ssize_t registrations) except -1

@@ -124,17 +124,36 @@ cdef class BufferPool(SegmentOwner):
         """Give the region back: every acquired segment is dead from now on; idempotent.
 
         Raises BufferError, changing nothing, while a buffer export (memoryview ...) of an acquired
-        segment is alive."""
+        segment is alive, or while an io_uring Ring has the buffers registered."""
         cdef Py_ssize_t exports = 0
+        cdef Py_ssize_t registrations = 0
         with cython.critical_section(self):
             if self._open:
                 exclusive_begin(&self._lifetime)  # accesses under way end first
                 exports = count_read(&self._lifetime.exports)
-                if not exports:
+                registrations = self._registrations
+                if not exports and not registrations:
                     self._close_now()
                 exclusive_end(&self._lifetime)
+        self._refuse_if_pinned("cannot close BufferPool", exports, registrations)
+
+    cdef int _refuse_if_pinned(self, str context, Py_ssize_t exports, Py_ssize_t registrations) except -1:
         if exports:
-            raise BufferError(self._exports_alive("cannot close BufferPool", exports))
+            raise BufferError(self._exports_alive(context, exports))
+        if registrations:
+            # The kernel holds the region's pages and writes to them for fixed-buffer requests.
+            raise BufferError(f"{context}: its buffers are registered with {registrations} io_uring "
+                              "Ring(s); unregister_pool() or close the ring first")
+        return 0
+
+    cdef int _registered(self, int delta) except -1:
+        """Count a ring's registration of the region in (+1) or out (-1): close() and reset() refuse
+        while one is counted (arenalib._ring).  ArenaClosedError to register a closed pool."""
+        with cython.critical_section(self):
+            if delta > 0 and not self._open:
+                raise ArenaClosedError("BufferPool is closed")
+            self._registrations += delta
+        return 0
 
     cdef void _close_now(self) noexcept:
         """Every segment dead, the region untracked and let go (it goes when no raw view holds it)."""
@@ -314,18 +333,21 @@ cdef class BufferPool(SegmentOwner):
     def reset(self):
         """Release every acquired buffer at once: each of their segments is dead from now on.
 
-        Raises BufferError, changing nothing, while a buffer export of a segment is alive."""
+        Raises BufferError, changing nothing, while a buffer export of a segment is alive or an
+        io_uring Ring has the buffers registered (a reset could hand a buffer whose fixed read is
+        still under way to a new owner)."""
         cdef Py_ssize_t exports = 0
+        cdef Py_ssize_t registrations = 0
         with cython.critical_section(self):
             self._check_open()
             exclusive_begin(&self._lifetime)  # accesses under way end first
             exports = count_read(&self._lifetime.exports)
-            if not exports:
+            registrations = self._registrations
+            if not exports and not registrations:
                 self._lifetime.generation += 1
                 self._reset_buffers(False)
             exclusive_end(&self._lifetime)
-        if exports:
-            raise BufferError(self._exports_alive("cannot reset BufferPool", exports))
+        self._refuse_if_pinned("cannot reset BufferPool", exports, registrations)
 
     def allocate(self, size, *, zero=True, align=None):
         """Not supported: a BufferPool hands out its fixed buffers with acquire()."""

@@ -16,19 +16,34 @@ from support import ROOT, assert_ok, not_sanitized, run_python
 
 import arenalib
 import arenalib._arena
+import arenalib._ring
 
 EXTENSION = Path(arenalib._arena.__file__)
+RING_EXTENSION = Path(arenalib._ring.__file__)  # liburing's static archive is linked in here
 # (not_sanitized: on the ASan build, its runtime replaces malloc and exports symbols of its own,
 # and jemalloc --enable-debug aborts on an unknown option)
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="binutils' nm is not installed")
 @not_sanitized
-def test_extension_exports_only_its_init_function():
-    out = subprocess.run(["nm", "-D", "--defined-only", str(EXTENSION)],
+@pytest.mark.parametrize("extension", [EXTENSION, RING_EXTENSION], ids=["_arena", "_ring"])
+def test_extension_exports_only_its_init_function(extension):
+    out = subprocess.run(["nm", "-D", "--defined-only", str(extension)],
                          capture_output=True, text=True, check=True).stdout
     exported = [line.split()[-1] for line in out.splitlines() if line.strip()]
-    assert exported == ["PyInit__arena"], exported
+    assert exported == [f"PyInit_{extension.name.split('.')[0]}"], exported
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="binutils' nm is not installed")
+def test_liburing_is_linked_in_privately():
+    # liburing's functions are in the ring's extension (not taken from a system liburing.so), hidden.
+    out = subprocess.run(["nm", "--defined-only", str(RING_EXTENSION)],
+                         capture_output=True, text=True, check=True).stdout
+    names = {line.split()[-1]: line.split()[-2] for line in out.splitlines() if line.strip()}
+    assert names.get("io_uring_queue_init_params") in ("t", "T"), sorted(names)[:20]
+    needed = subprocess.run(["readelf", "-d", str(RING_EXTENSION)], capture_output=True, text=True,
+                            check=False).stdout
+    assert "liburing" not in needed
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="binutils' nm is not installed")
@@ -167,6 +182,7 @@ def test_sdist_builds_without_network_or_package_cache(tmp_path):
     with tarfile.open(sdist) as tar:
         names = tar.getnames()
     assert any(name.endswith("subprojects/jemalloc-5.3.0/configure") for name in names)
+    assert any(name.endswith("subprojects/liburing-2.3/src/setup.c") for name in names)
     assert not any("packagecache" in name for name in names)
     wheel_dir = tmp_path / "wheel"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -185,8 +201,9 @@ def test_sdist_builds_without_network_or_package_cache(tmp_path):
         files = zf.namelist()
     assert any(f.startswith("arenalib/_arena.") and f.endswith(".so") for f in files)
     assert "arenalib/__init__.pxd" in files
-    # nothing of jemalloc is installed: no headers, no archive, no library
+    # nothing of jemalloc or liburing is installed: no headers, no archive, no library
     assert not [f for f in files if "jemalloc" in f.lower() and not f.endswith((".pxd", ".c"))]
+    assert not [f for f in files if "uring" in f.lower()]
 
 
 def _jemalloc_build_script():
@@ -229,10 +246,10 @@ def test_jemalloc_build_cache_is_keyed_by_what_makes_the_build(tmp_path, monkeyp
     assert [p.name for p in entry.parent.iterdir()] == [key]
 
 
-def test_an_edited_jemalloc_overlay_reaches_an_extracted_source(tmp_path, monkeypatch):
+def test_an_edited_overlay_reaches_an_extracted_source(tmp_path, monkeypatch):
     """meson copies the wrap's overlay (patch_directory) only when it extracts the source:
     refresh_overlay() copies what changed since, and only that, so that dev.py builds with it."""
-    spec = importlib.util.spec_from_file_location("fetch_jemalloc", ROOT / "tools" / "fetch_jemalloc.py")
+    spec = importlib.util.spec_from_file_location("fetch_sources", ROOT / "tools" / "fetch_sources.py")
     fetch = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fetch)
     subprojects = tmp_path / "subprojects"
@@ -241,11 +258,22 @@ def test_an_edited_jemalloc_overlay_reaches_an_extracted_source(tmp_path, monkey
     (subprojects / "jemalloc.wrap").write_text(
         "[wrap-file]\ndirectory = jemalloc-5.3.0\npatch_directory = jemalloc\n")
     monkeypatch.setattr(fetch, "ROOT", tmp_path)
-    monkeypatch.setattr(fetch, "WRAP", subprojects / "jemalloc.wrap")
     (subprojects / "packagefiles" / "jemalloc" / "build_jemalloc.py").write_text("new\n")
     (subprojects / "packagefiles" / "jemalloc" / "meson.build").write_text("same\n")
     (subprojects / "jemalloc-5.3.0" / "build_jemalloc.py").write_text("old\n")
     (subprojects / "jemalloc-5.3.0" / "meson.build").write_text("same\n")
-    assert fetch.refresh_overlay() == ["build_jemalloc.py"]
+    assert fetch.refresh_overlay("jemalloc") == ["build_jemalloc.py"]
     assert (subprojects / "jemalloc-5.3.0" / "build_jemalloc.py").read_text() == "new\n"
-    assert fetch.refresh_overlay() == []
+    assert fetch.refresh_overlay("jemalloc") == []
+
+
+def test_every_wrap_is_fetched_and_pinned():
+    """Each wrap in subprojects/ is one fetch_sources knows (with its Debian source package), and pins
+    its tarball's sha256."""
+    spec = importlib.util.spec_from_file_location("fetch_sources", ROOT / "tools" / "fetch_sources.py")
+    fetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch)
+    wraps = sorted(p.stem for p in (ROOT / "subprojects").glob("*.wrap"))
+    assert wraps == sorted(fetch.WRAPS)
+    for name in wraps:
+        assert re.fullmatch(r"[0-9a-f]{64}", fetch.read_wrap(name)["source_hash"].strip())

@@ -26,7 +26,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-import fetch_jemalloc
+import fetch_sources
 
 VERSION = "3.13.5"
 TARBALL = f"Python-{VERSION}.tar.xz"
@@ -67,8 +67,8 @@ def _log(message: str) -> None:
 
 
 def _build(prefix: Path, flavour: str) -> None:
-    tarball = fetch_jemalloc.obtain_tarball(cache_root() / TARBALL, TARBALL_SHA256, TARBALL_URL,
-                                            DEBIAN_PACKAGE, DEBIAN_SOURCES)
+    tarball = fetch_sources.obtain_tarball(cache_root() / TARBALL, TARBALL_SHA256, TARBALL_URL,
+                                           DEBIAN_PACKAGE, DEBIAN_SOURCES)
     with tempfile.TemporaryDirectory(prefix="arenalib-cpython-") as tmp:
         with tarfile.open(tarball) as archive:
             safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # 3.10.12+/3.11.4+
@@ -102,8 +102,8 @@ def _check(python: Path) -> None:
 def tsan_suppressions() -> str:
     """CPython's own list of ThreadSanitizer reports inside the free-threaded interpreter (races
     its developers know of and judged benign), from the release source."""
-    tarball = fetch_jemalloc.obtain_tarball(cache_root() / TARBALL, TARBALL_SHA256, TARBALL_URL,
-                                            DEBIAN_PACKAGE, DEBIAN_SOURCES)
+    tarball = fetch_sources.obtain_tarball(cache_root() / TARBALL, TARBALL_SHA256, TARBALL_URL,
+                                           DEBIAN_PACKAGE, DEBIAN_SOURCES)
     with tarfile.open(tarball) as archive:
         member = archive.extractfile(f"Python-{VERSION}/Tools/tsan/suppressions_free_threading.txt")
         return member.read().decode()

@@ -1,13 +1,14 @@
-"""Put the jemalloc release tarball named by subprojects/jemalloc.wrap into the wrap's package cache.
+"""Put the release tarballs of the wraps (jemalloc, liburing) into meson's package cache.
 
+One fetcher serves every wrap in subprojects/ (WRAPS names each with its Debian source package).
 Meson builds a [wrap-file] from ``subprojects/packagecache/<source_filename>`` without touching the
 network.  This script fills that cache: first from the wrap's ``source_url``; where that cannot be
 reached, from the Debian source package of the same release (its orig tarball is byte-identical to the
 upstream one), fetched with apt through a private sources list and private state and cache folders so
-the system's apt configuration is left alone.  Whichever way the tarball came, its sha256 must equal the
-wrap's ``source_hash``.
+the system's apt configuration is left alone.  Whichever way a tarball came, its sha256 must equal the
+wrap's ``source_hash``.  tools/build_python.py fetches CPython's tarball the same way (obtain_tarball).
 
-Usage: python3 tools/fetch_jemalloc.py [--no-url]   (stdlib only; Python 3.10+)
+Usage: python3 tools/fetch_sources.py [--no-url] [WRAP ...]   (default: every wrap; stdlib only, 3.10+)
 """
 
 from __future__ import annotations
@@ -25,15 +26,18 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-WRAP = ROOT / "subprojects" / "jemalloc.wrap"
 CACHE = ROOT / "subprojects" / "packagecache"
-DEBIAN_SOURCE_PACKAGE = "jemalloc"
+# Each wrap (subprojects/<name>.wrap) and the Debian source package that carries its release tarball.
+WRAPS = {"jemalloc": "jemalloc", "liburing": "liburing"}
 URL_TIMEOUT_S = 10
 
 
-def read_wrap() -> configparser.SectionProxy:
+def read_wrap(name: str) -> configparser.SectionProxy:
+    """The [wrap-file] section of subprojects/``name``.wrap."""
     parser = configparser.ConfigParser(inline_comment_prefixes=None)
-    parser.read(WRAP)
+    path = ROOT / "subprojects" / f"{name}.wrap"
+    if not parser.read(path):
+        raise SystemExit(f"no wrap file {path}")
     return parser["wrap-file"]
 
 
@@ -72,7 +76,7 @@ def _source_entries() -> list[str]:
     return [f"{kind}\0{body}" for kind, body in entries]
 
 
-def fetch_from_debian(dest: Path, wanted_hash: str, package: str = DEBIAN_SOURCE_PACKAGE,
+def fetch_from_debian(dest: Path, wanted_hash: str, package: str,
                       sources: list[str] | None = None) -> None:
     """Download Debian's source ``package`` with apt into a scratch folder and take its orig tarball.
 
@@ -112,11 +116,12 @@ def fetch_from_debian(dest: Path, wanted_hash: str, package: str = DEBIAN_SOURCE
         raise RuntimeError("Debian's orig tarball does not match the wrap's source_hash")
 
 
-def refresh_overlay() -> list[str]:
-    """Copy the overlay files (subprojects/packagefiles/jemalloc/) over an already extracted source
-    tree where they differ: meson applies a wrap's patch_directory only when it extracts, so an
-    edited overlay would otherwise never reach an existing checkout's build.  Returns what it copied."""
-    wrap = read_wrap()
+def refresh_overlay(name: str) -> list[str]:
+    """Copy the overlay files of wrap ``name`` (subprojects/packagefiles/<name>/) over its already
+    extracted source tree where they differ: meson applies a wrap's patch_directory only when it
+    extracts, so an edited overlay would otherwise never reach an existing checkout's build.  Returns
+    what it copied."""
+    wrap = read_wrap(name)
     extracted = ROOT / "subprojects" / wrap["directory"].strip()
     overlay = ROOT / "subprojects" / "packagefiles" / wrap["patch_directory"].strip()
     copied = []
@@ -165,17 +170,22 @@ def obtain_tarball(dest: Path, wanted: str, url: str | None, debian_package: str
     )
 
 
-def ensure_tarball(try_url: bool = True) -> Path:
-    wrap = read_wrap()
+def ensure_tarball(name: str, try_url: bool = True) -> Path:
+    """The release tarball of wrap ``name`` in the package cache, fetched first if need be."""
+    wrap = read_wrap(name)
     return obtain_tarball(CACHE / wrap["source_filename"].strip(), wrap["source_hash"].strip(),
-                          wrap["source_url"].strip() if try_url else None, DEBIAN_SOURCE_PACKAGE)
+                          wrap["source_url"].strip() if try_url else None, WRAPS[name])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("wraps", nargs="*", metavar="WRAP", help=f"{' or '.join(WRAPS)} (default: all)")
     parser.add_argument("--no-url", action="store_true", help="skip the upstream URL, use Debian's package")
     args = parser.parse_args()
-    ensure_tarball(try_url=not args.no_url)
+    if unknown := sorted(set(args.wraps) - set(WRAPS)):
+        parser.error(f"unknown wrap(s) {', '.join(unknown)}: choose from {', '.join(WRAPS)}")
+    for name in args.wraps or WRAPS:
+        ensure_tarball(name, try_url=not args.no_url)
 
 
 if __name__ == "__main__":
