@@ -186,9 +186,15 @@ cdef void shared_update_peak(ArenaCore* core) noexcept nogil:
     (or needs the GIL it holds), and a node another thread is adding right now is missed at worst.
     The other threads' live bytes are read while they change: a figure, not an invariant."""
     cdef ThreadCache* mine = load_first_cache(&core.shared.first_cache)
-    if mine == NULL or mine.thread != thread_ident():
-        mine = <ThreadCache*>arenalib_tls_get(core.serial)
     cdef Py_ssize_t peak = load_ssize(&core.books.peak_bytes)
+    if mine != NULL and mine.thread == thread_ident():
+        if mine.next == NULL and arenalib_follow(&core.slot.threads) == mine:
+            # The one thread of the arena (the common case): its live bytes are the sum.
+            if mine.books.live_bytes > peak:
+                arenalib_raise_peak(&core.books.peak_bytes, mine.books.live_bytes)
+            return
+    else:
+        mine = <ThreadCache*>arenalib_tls_get(core.serial)
     cdef Py_ssize_t bound = mine.books.live_bytes if mine != NULL else 0
     cdef ThreadCache* tc = arenalib_follow(&core.slot.threads)
     while tc != NULL and bound <= peak:
