@@ -215,6 +215,13 @@ cdef uint64_t _offset(object offset) except? 0xFFFFFFFFFFFFFFFE:
     return <uint64_t>value
 
 
+cdef enum:  # the requests on one buffer (Ring._queue_one)
+    OP_READ
+    OP_WRITE
+    OP_RECV
+    OP_SEND
+
+
 cdef inline unsigned _length(Py_ssize_t n) noexcept:
     # One request moves at most MAX_RW_COUNT bytes, as one read(2) does: a larger buffer gets a short
     # transfer, which the result says.
@@ -435,28 +442,39 @@ cdef class Ring:
         """Queue a read of up to len(buf) bytes from ``fd`` at ``offset`` (-1: the file position) into
         ``buf`` (a writable buffer: Segment, bytearray, memoryview ...), pinned until it completes;
         the result is the number of bytes read."""
-        cdef int cfd = _fd(fd)
-        cdef uint64_t off = _offset(offset)
-        cdef Request req
-        _request_init(&req)
-        _acquire(buf, &req.view, True)
-        req.nviews = 1
-        cdef io_uring_sqe* sqe = self._begin(&req)
-        io_uring_prep_read(sqe, cfd, req.view.buf, _length(req.view.len), off)
-        self._commit(sqe, &req, user_data)
+        self._queue_one(OP_READ, fd, buf, offset, user_data)
 
     def write(self, fd, buf, offset=-1, *, user_data=0):
         """Queue a write of ``buf`` (any bytes-like object, pinned until it completes) to ``fd`` at
         ``offset`` (-1: the file position); the result is the number of bytes written."""
+        self._queue_one(OP_WRITE, fd, buf, offset, user_data)
+
+    cdef int _queue_one(self, int op, object fd, object buf, object where, object user_data) except -1:
+        """A request on one buffer: read or write at offset ``where``, recv or send with MSG_* flags
+        ``where``.  Conversions and the buffer's export first, then the ring (see _begin)."""
         cdef int cfd = _fd(fd)
-        cdef uint64_t off = _offset(offset)
+        cdef uint64_t off = 0
+        cdef int cflags = 0
+        if op == OP_READ or op == OP_WRITE:
+            off = _offset(where)
+        else:
+            cflags = where
         cdef Request req
         _request_init(&req)
-        _acquire(buf, &req.view, False)
+        _acquire(buf, &req.view, op == OP_READ or op == OP_RECV)
         req.nviews = 1
         cdef io_uring_sqe* sqe = self._begin(&req)
-        io_uring_prep_write(sqe, cfd, req.view.buf, _length(req.view.len), off)
+        cdef unsigned length = _length(req.view.len)
+        if op == OP_READ:
+            io_uring_prep_read(sqe, cfd, req.view.buf, length, off)
+        elif op == OP_WRITE:
+            io_uring_prep_write(sqe, cfd, req.view.buf, length, off)
+        elif op == OP_RECV:
+            io_uring_prep_recv(sqe, cfd, req.view.buf, length, cflags)
+        else:
+            io_uring_prep_send(sqe, cfd, req.view.buf, length, cflags)
         self._commit(sqe, &req, user_data)
+        return 0
 
     def readv(self, fd, bufs, offset=-1, *, user_data=0):
         """Queue a vectored read (preadv(2)) into the writable buffers ``bufs`` (a sequence of at most
@@ -547,28 +565,12 @@ cdef class Ring:
     def recv(self, sock, buf, *, flags=0, user_data=0):
         """Queue a recv(2) from the socket ``sock`` (a socket or its descriptor) into the writable
         ``buf``, pinned until it completes; ``flags`` are recv(2)'s MSG_* flags."""
-        cdef int cfd = _fd(sock)
-        cdef int cflags = flags
-        cdef Request req
-        _request_init(&req)
-        _acquire(buf, &req.view, True)
-        req.nviews = 1
-        cdef io_uring_sqe* sqe = self._begin(&req)
-        io_uring_prep_recv(sqe, cfd, req.view.buf, _length(req.view.len), cflags)
-        self._commit(sqe, &req, user_data)
+        self._queue_one(OP_RECV, sock, buf, flags, user_data)
 
     def send(self, sock, buf, *, flags=0, user_data=0):
         """Queue a send(2) of ``buf`` on the socket ``sock``, pinned until it completes; ``flags``
         are send(2)'s MSG_* flags."""
-        cdef int cfd = _fd(sock)
-        cdef int cflags = flags
-        cdef Request req
-        _request_init(&req)
-        _acquire(buf, &req.view, False)
-        req.nviews = 1
-        cdef io_uring_sqe* sqe = self._begin(&req)
-        io_uring_prep_send(sqe, cfd, req.view.buf, _length(req.view.len), cflags)
-        self._commit(sqe, &req, user_data)
+        self._queue_one(OP_SEND, sock, buf, flags, user_data)
 
     # -- submitting and reaping ------------------------------------------------------------------
 

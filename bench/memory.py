@@ -681,19 +681,27 @@ def run(cfg: Config, progress: Progress) -> dict:
         "candidates": {},
     }
     phase_ms = {p: _phase_ms(p, total) for p in PHASES}
-    for name, (label, allocator, trim) in CANDIDATES.items():
+    results["candidates"] = _run_candidates(CANDIDATES, ["--bytes", str(total), "--seed", str(cfg.seed)],
+                                            PHASES, phase_ms, progress, "memory")
+    results["idle"] = run_idle(cfg, progress)
+    return results
+
+
+def _run_candidates(candidates: dict, args: list[str], phases, phase_ms: dict, progress: Progress,
+                    what: str) -> dict:
+    """Each candidate's child run (its phases' figures), or why it was skipped."""
+    entries = {}
+    for name, (label, allocator, trim) in candidates.items():
         entry = {"label": label, "allocator": allocator, "trim": trim}
-        results["candidates"][name] = entry
+        entries[name] = entry
         why = _available(name)
         if why:
             entry["skipped"] = why
-            progress.note(f"memory: skipping {label}: {why}")
+            progress.note(f"{what}: skipping {label}: {why}")
             progress.step(units=sum(phase_ms.values()))
             continue
-        entry.update(_run_child(name, label, ["--bytes", str(total), "--seed", str(cfg.seed)], PHASES,
-                                phase_ms, progress))
-    results["idle"] = run_idle(cfg, progress)
-    return results
+        entry.update(_run_child(name, label, args, phases, phase_ms, progress))
+    return entries
 
 
 def run_idle(cfg: Config, progress: Progress) -> dict:
@@ -707,20 +715,11 @@ def run_idle(cfg: Config, progress: Progress) -> dict:
             "target": {"candidates": list(IDLE_ARENALIB), "phase": IDLE_TARGET_PHASE, "limit": IDLE_LIMIT},
             "arenalib_je_malloc_conf": os.environ.get("ARENALIB_JE_MALLOC_CONF"),
         },
-        "candidates": {},
     }
     phase_ms = {p: _idle_phase_ms(p, total) for p in IDLE_PHASES}
-    for name, (label, allocator, trim) in IDLE_CANDIDATES.items():
-        entry = {"label": label, "allocator": allocator, "trim": trim}
-        results["candidates"][name] = entry
-        why = _available(name)
-        if why:
-            entry["skipped"] = why
-            progress.note(f"memory (idle): skipping {label}: {why}")
-            progress.step(units=sum(phase_ms.values()))
-            continue
-        entry.update(_run_child(name, label, ["--workload", "idle", "--bytes", str(total),
-                                              "--seed", str(cfg.seed)], IDLE_PHASES, phase_ms, progress))
+    results["candidates"] = _run_candidates(
+        IDLE_CANDIDATES, ["--workload", "idle", "--bytes", str(total), "--seed", str(cfg.seed)],
+        IDLE_PHASES, phase_ms, progress, "memory (idle)")
     return results
 
 
