@@ -53,6 +53,7 @@ cdef class SegmentOwner:
 
     cdef bint _is_open(self) noexcept
     cdef int _free_segment(self, Segment seg) except -1
+    cdef int _check_freeable(self) except -1
 
 
 cdef class Segment:

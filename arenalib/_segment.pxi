@@ -201,6 +201,11 @@ cdef class SegmentOwner:
     cdef int _free_segment(self, Segment seg) except -1:
         raise UnsupportedOperation(f"segments of {type(self).__name__} cannot be freed one by one")
 
+    cdef int _check_freeable(self) except -1:
+        """Raise unless this owner frees segments one by one (free(deferred=True) asks first: from
+        __releasebuffer__ an error would be unraisable)."""
+        return 0
+
 
 @cython.final
 @cython.freelist(1024)
@@ -403,6 +408,7 @@ cdef class Segment:
         if self._root is not None:
             raise UnsupportedOperation("a slice shares its parent's memory: free the parent instead")
         if deferred:
+            self._arena._check_freeable()
             self._free_when_unexported()
         else:
             self._arena._free_segment(self)  # the owner's rule (and its refusal while exports live)

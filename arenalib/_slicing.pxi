@@ -293,6 +293,9 @@ cdef class SlicingArena(ArenaBase):
         return self._core.slicing.chunk_size
 
     cdef int _free_segment(self, Segment seg) except -1:
+        return self._check_freeable()
+
+    cdef int _check_freeable(self) except -1:
         raise UnsupportedOperation(
             "SlicingArena segments cannot be freed one by one; use reset() or close()")
 

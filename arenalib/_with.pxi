@@ -63,8 +63,11 @@ cdef extern from *:
 
     static PyObject *arenalib_fast_method_get(PyObject *descr, PyObject *obj, PyObject *type) {
         arenalib_fast_method *d = (arenalib_fast_method *)descr;
-        if (obj == NULL)
-            return Py_TYPE(d->method)->tp_descr_get(d->method, NULL, type);
+        /* Through the class, or bound to what is not an instance of the method's class (the
+           descriptor copied into another class, or type(d).__get__(d, x)): the method descriptor's
+           own binding, which returns itself or raises TypeError as CPython's descr_check does. */
+        if (obj == NULL || !PyObject_TypeCheck(obj, PyDescr_TYPE(d->method)))
+            return Py_TYPE(d->method)->tp_descr_get(d->method, obj, type);
         arenalib_bound_method *b;
     #if !ARENALIB_FREE_THREADED
         if (arenalib_bound_free_count) {

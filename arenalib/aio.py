@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import cast
 
 from arenalib._arena import Arena, ArenaBase, Segment
+from arenalib._errors import UnsupportedOperation
 
 __all__ = ["FRAME_HEADER", "FrameError", "FrameReader", "frame_header"]
 
@@ -45,7 +46,7 @@ def frame_header(size: int) -> bytes:
 class FrameReader(asyncio.BufferedProtocol):
     """Length-prefixed frames received into Segments of an arena, one Segment a frame.
 
-    FrameReader(on_frame, *, arena=None, max_frame_size=1 << 32, staging_size=65536,
+    FrameReader(on_frame, *, arena=None, max_frame_size=1 << 30, staging_size=65536,
     on_connection_lost=None).  ``on_frame(segment)`` gets each whole frame; the segment is then the
     callee's, to free with ``segment.free(deferred=True)`` when done (or to leave to the arena's
     close).  Without ``arena``, the reader makes an Arena of its own and closes it when the
@@ -57,7 +58,7 @@ class FrameReader(asyncio.BufferedProtocol):
     (or is stored in ``error``)."""
 
     def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
-                 max_frame_size: int = 1 << 32, staging_size: int = 65536,
+                 max_frame_size: int = 1 << 30, staging_size: int = 65536,
                  on_connection_lost: Callable[[BaseException | None], object] | None = None) -> None:
         if staging_size < FRAME_HEADER.size:
             raise ValueError(f"staging_size must be at least {FRAME_HEADER.size}, not {staging_size}")
@@ -128,9 +129,12 @@ class FrameReader(asyncio.BufferedProtocol):
             self.transport.abort()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._frame is not None:  # a frame cut short: nobody will see it
-            self._frame.free(deferred=True)
-            self._frame = None
+        frame, self._frame = self._frame, None
+        if frame is not None:  # a frame cut short: nobody will see it
+            try:
+                frame.free(deferred=True)
+            except UnsupportedOperation:
+                pass  # a SlicingArena's: its reset or close takes it
         if self._owns_arena:
             # Frames still held by the callee keep their exports: close once they are released.
             try:

@@ -163,6 +163,35 @@ def test_deferred_free_of_a_confined_segment_released_elsewhere_waits_for_close(
         assert a.stats()["live_segments"] == 1  # not freed from the other thread; close takes it
 
 
+def test_free_deferred_of_a_slicing_segment_is_refused_at_the_call():
+    # A SlicingArena frees nothing one by one: free(deferred=True) must say so at once, export or
+    # not, instead of failing later inside __releasebuffer__ where the error is unraisable.
+    import sys
+
+    unraisable = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        a = arenalib.SlicingArena()
+        seg = a.allocate(64)
+        with memoryview(seg):
+            with pytest.raises(arenalib.UnsupportedOperation):
+                seg.free(deferred=True)
+    finally:
+        sys.unraisablehook = hook
+    a.close()
+    assert not unraisable
+
+
+def test_connection_lost_mid_frame_with_a_slicing_arena_still_reports_the_loss():
+    lost = []
+    with arenalib.SlicingArena() as arena:
+        reader = FrameReader(lambda seg: None, arena=arena, staging_size=16,
+                             on_connection_lost=lost.append)
+        feed(reader, frame_header(1000) + b"x" * 8, [])
+        reader.connection_lost(None)  # raised UnsupportedOperation from the partial frame's free
+    assert lost == [None]
+
+
 # -- over sockets ----------------------------------------------------------------------------------
 
 LOOPBACK = r"""

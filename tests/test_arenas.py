@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support import FREEABLE_KINDS, KINDS, release, slots_in_use
+from support import FREEABLE_KINDS, KINDS, assert_ok, release, run_python, slots_in_use
 
 import arenalib
 from arenalib import (
@@ -587,6 +587,32 @@ def test_context_methods_bound_like_builtin_methods(kind):
     assert not a.closed
     assert exit_(None, None, tb=None) is False and a.closed
     type(a).__exit__(a, None, None, None)  # idempotent, as close() is
+
+
+def test_context_method_descriptor_refuses_an_object_that_is_not_an_arena():
+    # The descriptor in ArenaBase's dict (arenalib/_with.pxi) calls the method's C function with
+    # whatever it was bound to: it must refuse a non-arena as the method descriptor does, not hand
+    # it to C code that reads it as an ArenaCore (SIGSEGV before the fix).
+    result = run_python("""
+        import arenalib
+        enter = vars(arenalib.ArenaBase)["__enter__"]
+        exit_ = vars(arenalib.ArenaBase)["__exit__"]
+
+        class NotAnArena:
+            __enter__ = enter
+            __exit__ = exit_
+
+        for call in (lambda: type(enter).__get__(enter, bytearray(64))(),
+                     lambda: NotAnArena().__enter__()):
+            try:
+                call()
+            except TypeError:
+                pass
+            else:
+                raise SystemExit("bound to a non-arena")
+        print("refused")
+        """)
+    assert assert_ok(result).strip() == "refused"
 
 
 def test_bound_context_methods_keep_their_arena(kind):
