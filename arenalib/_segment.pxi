@@ -427,7 +427,12 @@ cdef class Segment:
         if life.owner and life.owner != thread_ident():
             return 0  # a ConfinedArena's, released elsewhere: its reset or close takes it
         if life.generation == self._generation and not self._dead_root():
-            self._arena._free_segment(self)
+            try:
+                self._arena._free_segment(self)
+            except BufferError:
+                # With the GIL off, another thread took a new export since the count was read:
+                # the free waits for that one in turn.
+                self._free_when_unexported()
         return 0
 
     def __getitem__(self, key):
