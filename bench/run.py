@@ -6,7 +6,7 @@ every figure and PNG plots.
     python3 dev.py bench                      # quick mode (under 3 minutes on 2 cores)
     python3 dev.py bench --full               # the careful run
     .venv/py3.11/bin/python bench/run.py [--full] [--out DIR]
-                                         [--only roundtrip,memory,threads,pool,native,scopes,uring]
+                                         [--only roundtrip,memory,threads,pool,native,scopes,uring,aio]
 
 Experiments (each module's docstring says what it measures and how):
     roundtrip.py   allocate + fill(3) + free per op, 8 B to 1 MiB: ns/op, ops/ms, ratio to bytearray
@@ -17,6 +17,8 @@ Experiments (each module's docstring says what it measures and how):
     uring.py       reading a file through arenalib.Ring (read_fixed, QD 1/8/32, page cache and O_DIRECT)
                    against an os.preadv loop, a C loop over liburing and PyPI's liburing; the Python
                    overhead per request (a QD32 NOP loop from Python minus the same loop in C)
+    aio.py         asyncio frames over loopback between two processes, 1 MiB and 64 MiB: FrameReader
+                   into arena segments vs a bytearray(n) per frame; throughput and server CPU per frame
 
 Each experiment runs in a child process of its own (``run.py --child NAME``): one that dies (a signal,
 such as SIGILL from an extension built for another CPU) or raises is reported by name with the reason,
@@ -62,10 +64,10 @@ from _common import (  # noqa: E402
     table,
 )
 
-EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes", "uring")
+EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes", "uring", "aio")
 # Run order: the memory experiment after the Python-level timings, so the kernel's reclaiming of its
-# 1.5 GB children does not disturb them (scopes counts page faults); the file reads of uring last.
-RUN_ORDER = ("roundtrip", "threads", "scopes", "memory", "pool", "native", "uring")
+# 1.5 GB children does not disturb them (scopes counts page faults); the I/O of uring and aio last.
+RUN_ORDER = ("roundtrip", "threads", "scopes", "memory", "pool", "native", "uring", "aio")
 CHEAPEST = "bytearray_repeat"
 
 
@@ -156,6 +158,9 @@ def targets(res: dict) -> list[dict]:
     if ur:
         import uring
         checks.extend(uring.targets(ur))
+    if res.get("aio"):
+        import aio
+        checks.extend(aio.targets(res["aio"]))
     return checks
 
 
@@ -311,9 +316,8 @@ def targets_text(checks: list[dict], markdown: bool = False) -> str:
             out.extend(["", f"**{c['target']}**", ""] if markdown else ["  " + c["target"]])
             last = c["target"]
         size = f" at {fmt_size(c['size'])}" if c.get("size") else ""
-        if c["target"].startswith("uring "):
-            import uring
-            line = uring.target_line(c)
+        if c["target"].startswith(("uring ", "aio ")):  # their own modules say how
+            line = importlib.import_module(c["target"].split()[0]).target_line(c)
         elif c["ratio"] is None:
             line = f"{c['status']:6s} {c['label']}{size}: not measured"
         elif "versus" in c:
@@ -478,6 +482,10 @@ def markdown_report(res: dict, checks: list[dict], pngs: list[str]) -> str:
         parts += ["## 6. io_uring: arenalib.Ring (issue 15)", "",
                   "What and how: bench/uring.py's docstring.", "",
                   uring.tables(res["uring"], markdown=True), ""]
+    if "aio" in res:
+        import aio
+        parts += ["## 7. asyncio frames: arenalib.aio.FrameReader (issue 15)", "",
+                  "What and how: bench/aio.py's docstring.", "", aio.tables(res["aio"], markdown=True), ""]
     for png in pngs:
         parts.append(f"![{png}]({png})")
     return "\n".join(parts) + "\n"
@@ -778,6 +786,9 @@ def report(res: dict, out: Path) -> None:
     if "uring" in res:
         import uring
         print(uring.tables(res["uring"]) + "\n")
+    if "aio" in res:
+        import aio
+        print(aio.tables(res["aio"]) + "\n")
     if checks:
         print(targets_text(checks) + "\n")
     extra = extra_reports(res)
