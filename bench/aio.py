@@ -3,11 +3,12 @@ arenalib.aio.FrameReader against receiving each into a new ``bytearray(n)``, ove
 two processes.
 
 What it measures: a client process sends N frames of 1 MiB or 64 MiB (an 8-byte big-endian length,
-then the bytes) to an asyncio server in another process; per connection, the server's throughput
-(the frames' bytes over the time from the client's connect to the server's reply after the last
-frame) and the server's CPU time per frame (``resource.getrusage(RUSAGE_SELF)``, user + system, in the
-server process, from the connection's ``connection_made`` to its ``eof_received``: the receiving and
-the frames' allocation and freeing, kernel copies included).  Two server protocols, the same code:
+then the bytes) to an asyncio server in another process; per connection, after a warm-up frame, the
+throughput (the frames' bytes over the time from the end of the warm-up frame's sending to the
+server's reply after the last frame) and the server's CPU time per frame
+(``resource.getrusage(RUSAGE_SELF)``, user + system, in the server process, from the warm-up frame's
+delivery to ``eof_received``: the receiving and the frames' allocation and freeing, kernel copies
+included), and its minor page faults per frame.  Two server protocols, the same code:
 - ``FrameReader (arena)``: ``arenalib.aio.FrameReader`` with its own Arena per connection (its
   default), the consumer freeing each frame with ``seg.free(deferred=True)``;
 - ``bytearray(n) per frame``: the very same FrameReader code with an allocator whose ``allocate(n)``
@@ -19,17 +20,19 @@ So the two differ only in where a frame's memory comes from: a zeroed ``bytearra
 the free) or an arena whose freed memory is reused by the next frame.
 
 How:
-* The server (``python bench/aio.py --serve``) listens on one port per protocol, on asyncio's own
-  event loop (the loop dask runs on by default); it answers the client's end of sending (shutdown of
-  its write side, seen as ``eof_received``) with a JSON line of its figures for the connection.
+* The server (``python bench/aio.py --serve LOOP``) listens on one port per protocol; it answers the
+  client's end of sending (shutdown of its write side, seen as ``eof_received``) with a JSON line of
+  its figures for the connection.  Two server processes run side by side: one on asyncio's own event
+  loop (the selector loop dask runs on by default: the targets are checked there) and one on uvloop
+  where it imports and runs (reported beside; skipped with the reason otherwise).
 * The client is a blocking socket in the benchmark's process (``sendall`` of a prebuilt payload
   through a memoryview: no copy in user space, so the client is not what bounds the server).  One
-  measurement is one connection; its first frame is sent before the timer starts (warm-up: the
-  server's first allocation of an arena, the TCP window).
-* Rounds: each round measures both protocols, the first rotating; ratios are taken within a round
-  (FrameReader over bytearray: throughput, CPU per frame) and their medians reported.  Quick mode:
-  5 rounds of 8 x 64 MiB and 256 x 1 MiB frames per measurement; full mode: 9 rounds of 24 x 64 MiB
-  and 768 x 1 MiB.
+  measurement is one connection; its first frame is sent before the timer starts and the server's
+  figures start at its delivery (warm-up: the connection's arena and first pages, the TCP window).
+* Rounds: each round measures both protocols on each loop, the first of the two alternating; ratios
+  are taken within a round (FrameReader over bytearray: throughput, CPU per frame) and their medians
+  reported.  A whole untimed measurement of each comes first.  Quick mode: 7 rounds of 8 x 64 MiB and
+  512 x 1 MiB frames per measurement; full mode: 9 rounds of 24 x 64 MiB and 1536 x 1 MiB.
 
 What bounds it: the kernel's copy out of the socket (the same for both), the machine's two cores
 (the client and the server each take one; on a loaded machine they share), and for bytearray at
@@ -55,8 +58,10 @@ SIZES = (1 << 20, 64 << 20)
 KEYS = ("framereader", "bytearray")
 LABELS = {"framereader": "FrameReader (arena), seg.free(deferred=True)",
           "bytearray": "bytearray(n) per frame (dask's TCP comm)"}
-SETTINGS = {"quick": {"rounds": 5, "frames": {1 << 20: 256, 64 << 20: 8}},
-            "full": {"rounds": 9, "frames": {1 << 20: 768, 64 << 20: 24}}}
+LOOPS = ("asyncio", "uvloop")
+TARGET_LOOP = "asyncio"   # the issue's (and dask's default) loop; uvloop's figures are shown beside
+SETTINGS = {"quick": {"rounds": 7, "frames": {1 << 20: 512, 64 << 20: 8}},
+            "full": {"rounds": 9, "frames": {1 << 20: 1536, 64 << 20: 24}}}
 # Targets of issue 15: FrameReader over bytearray, same round.
 TARGETS = {64 << 20: {"throughput": 1.5, "cpu": 0.6}, 1 << 20: {"throughput": 1.2}}
 
@@ -155,64 +160,94 @@ def send_frames(port: int, size: int, count: int, payload: memoryview) -> dict:
 def plan_units(cfg: Config) -> float:
     """Estimated milliseconds at ~1.5 GB/s over loopback."""
     s = settings(cfg)
-    per_round = sum(2 * (n + 1) * size for size, n in s["frames"].items()) / 1.5e6
-    return per_round * (s["rounds"] + 1)
+    per_round = sum(2 * n * size for size, n in s["frames"].items()) / 1.5e6
+    return len(LOOPS) * per_round * (s["rounds"] + 1)
+
+
+def start_server(loop: str) -> tuple[subprocess.Popen | None, dict | str]:
+    """The server process on event loop ``loop`` ("asyncio" or "uvloop"): (process, ports by protocol),
+    or (None, why it did not start: uvloop missing, or dead by a signal)."""
+    server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", loop],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    line = server.stdout.readline()
+    if line:
+        return server, json.loads(line)["ports"]
+    server.stdin.close()
+    err = server.stderr.read().strip().splitlines()
+    status = server.wait()
+    why = f"killed by signal {-status}" if status < 0 else (err[-1] if err else f"exit status {status}")
+    return None, f"the {loop} server did not start: {why}"
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    server.stdin.close()   # its signal to stop
+    try:
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    server.stdout.close()
+    server.stderr.close()
 
 
 def run(cfg: Config, progress: Progress) -> dict:
     s = settings(cfg)
     rounds = s["rounds"]
-    server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    results: dict = {
+        "method": {"rounds": rounds, "loops": list(LOOPS),
+                   "frames_per_measurement": {str(k): v for k, v in s["frames"].items()},
+                   "client": "blocking socket, sendall, another process",
+                   "cpu": "server getrusage(RUSAGE_SELF) utime+stime, from the warm-up frame's delivery to "
+                          "eof_received", "sizes": list(SIZES)},
+        "candidates": dict(LABELS),
+        "skipped": {},
+        "cells": {},
+    }
+    servers: dict[str, tuple[subprocess.Popen, dict]] = {}
     try:
-        line = server.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the server exited with status {server.wait()} before listening")
-        ports = json.loads(line)["ports"]
-        results: dict = {
-            "method": {"rounds": rounds,
-                       "frames_per_measurement": {str(k): v for k, v in s["frames"].items()},
-                       "loop": "asyncio (selector)", "client": "blocking socket, sendall, another process",
-                       "cpu": "server getrusage(RUSAGE_SELF) utime+stime, connection_made -> eof_received",
-                       "sizes": list(SIZES)},
-            "candidates": dict(LABELS),
-            "cells": {},
-        }
+        for loop in LOOPS:
+            server, ports = start_server(loop)
+            if server is None:
+                results["skipped"][loop] = ports
+                progress.note(f"aio: skipping {loop}: {ports}")
+            else:
+                servers[loop] = (server, ports)
         for size in SIZES:
             count = s["frames"][size]
             payload = memoryview(os.urandom(1 << 20) * (size >> 20))
             progress.set_label(f"aio {fmt_size(size)}: warm-up")
-            for kind in KEYS:   # a whole measurement each, untimed
-                send_frames(ports[kind], size, count, payload)
-            per: dict = {kind: {"gb_per_s": [], "cpu_ms_per_frame": [], "faults_per_frame": []}
-                         for kind in KEYS}
+            for _, ports in servers.values():
+                for kind in KEYS:   # a whole measurement each, untimed
+                    send_frames(ports[kind], size, count, payload)
+            per: dict = {loop: {kind: {"gb_per_s": [], "cpu_ms_per_frame": [], "faults_per_frame": []}
+                                for kind in KEYS} for loop in servers}
             for rnd in range(rounds):
-                order = KEYS if rnd % 2 == 0 else KEYS[::-1]
-                for kind in order:
-                    f = send_frames(ports[kind], size, count, payload)
-                    frames = f["timed_frames"]
-                    per[kind]["gb_per_s"].append(count * size / f["seconds"] / 1e9)
-                    per[kind]["cpu_ms_per_frame"].append(f["cpu_s"] * 1e3 / frames)
-                    per[kind]["faults_per_frame"].append(f["minflt"] / frames)
+                for loop, (_, ports) in servers.items():
+                    for kind in (KEYS if rnd % 2 == 0 else KEYS[::-1]):
+                        f = send_frames(ports[kind], size, count, payload)
+                        frames = f["timed_frames"]
+                        cell = per[loop][kind]
+                        cell["gb_per_s"].append(count * size / f["seconds"] / 1e9)
+                        cell["cpu_ms_per_frame"].append(f["cpu_s"] * 1e3 / frames)
+                        cell["faults_per_frame"].append(f["minflt"] / frames)
                 progress.step(f"aio {fmt_size(size)}: round {rnd + 1}/{rounds}",
-                              2 * (count + 1) * size / 1.5e6)
-            cells = results["cells"].setdefault(str(size), {})
-            for kind in KEYS:
-                cells[kind] = {name: summarize(values) for name, values in per[kind].items()}
-                cells[kind]["per_round"] = per[kind]
-            cells["ratios"] = {
-                "throughput": same_round_ratio(per["framereader"]["gb_per_s"], per["bytearray"]["gb_per_s"]),
-                "cpu_per_frame": same_round_ratio(per["framereader"]["cpu_ms_per_frame"],
-                                                  per["bytearray"]["cpu_ms_per_frame"]),
-            }
+                              len(servers) * 2 * count * size / 1.5e6)
+            for loop in servers:
+                p = per[loop]
+                cells = results["cells"].setdefault(loop, {}).setdefault(str(size), {})
+                for kind in KEYS:
+                    cells[kind] = {name: summarize(values) for name, values in p[kind].items()}
+                    cells[kind]["per_round"] = p[kind]
+                cells["ratios"] = {
+                    "throughput": same_round_ratio(p["framereader"]["gb_per_s"], p["bytearray"]["gb_per_s"]),
+                    "cpu_per_frame": same_round_ratio(p["framereader"]["cpu_ms_per_frame"],
+                                                      p["bytearray"]["cpu_ms_per_frame"]),
+                }
         return results
     finally:
-        server.stdin.close()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        for server, _ in servers.values():
+            stop_server(server)
 
 
 # -- reading the results back -----------------------------------------------------------------------
@@ -220,11 +255,11 @@ def run(cfg: Config, progress: Progress) -> dict:
 def targets(results: dict) -> list[dict]:
     checks = []
     for size, limits in TARGETS.items():
-        ratios = results["cells"].get(str(size), {}).get("ratios")
+        ratios = results["cells"].get(TARGET_LOOP, {}).get(str(size), {}).get("ratios")
         for what, limit in limits.items():
             r = ratios["throughput" if what == "throughput" else "cpu_per_frame"] if ratios else None
             at_least = what == "throughput"
-            item = {"target": f"aio (issue 15): FrameReader over bytearray(n) per frame, "
+            item = {"target": f"aio (issue 15): FrameReader over bytearray(n) per frame, {TARGET_LOOP} loop, "
                               f"{'throughput >=' if at_least else 'server CPU per frame <='} {limit}x",
                     "candidate": "framereader", "label": LABELS["framereader"], "size": size,
                     "versus": "bytearray", "versus_label": LABELS["bytearray"], "limit": limit,
@@ -251,28 +286,36 @@ def target_line(c: dict) -> str:
 def tables(results: dict, markdown: bool = False) -> str:
     h = "### " if markdown else ""
     rows = []
-    for size in results["method"]["sizes"]:
-        cells = results["cells"].get(str(size))
-        if not cells:
-            continue
-        for kind in KEYS:
-            c = cells[kind]
-            mine = kind == "framereader"
-            rows.append([results["candidates"][kind], fmt_size(size), f"{c['gb_per_s']['median']:.2f}",
-                         f"{cells['ratios']['throughput']['median']:.2f}" if mine else "",
-                         f"{c['cpu_ms_per_frame']['median']:.3f}",
-                         f"{cells['ratios']['cpu_per_frame']['median']:.2f}" if mine else "",
-                         f"{c['faults_per_frame']['median']:.0f}"])
+    for loop, by_size in results["cells"].items():
+        for size in results["method"]["sizes"]:
+            cells = by_size.get(str(size))
+            if not cells:
+                continue
+            for kind in KEYS:
+                c = cells[kind]
+                mine = kind == "framereader"
+                rows.append([results["candidates"][kind], loop, fmt_size(size),
+                             f"{c['gb_per_s']['median']:.2f}",
+                             f"{cells['ratios']['throughput']['median']:.2f}" if mine else "",
+                             f"{c['cpu_ms_per_frame']['median']:.3f}",
+                             f"{cells['ratios']['cpu_per_frame']['median']:.2f}" if mine else "",
+                             f"{c['faults_per_frame']['median']:.0f}"])
     m = results["method"]
     title = (f"{h}asyncio frames over loopback (two processes; {m['rounds']} rounds, medians; ratios: "
              "FrameReader over bytearray in the same round)")
-    return title + "\n" + table(["server protocol", "frame", "GB/s", "ratio", "server CPU ms/frame", "ratio",
-                                 "faults/frame"], rows, markdown)
+    out = [title, table(["server protocol", "loop", "frame", "GB/s", "ratio", "server CPU ms/frame", "ratio",
+                         "faults/frame"], rows, markdown)]
+    out += [f"Skipped {loop}: {why}" for loop, why in results.get("skipped", {}).items()]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        asyncio.run(serve())
+    if sys.argv[1:2] == ["--serve"]:
+        if sys.argv[2] == "uvloop":
+            import uvloop
+            uvloop.run(serve())
+        else:
+            asyncio.run(serve())
         sys.exit(0)
     import argparse
 
