@@ -52,7 +52,10 @@ def build_kernels(name: str = "arenalib_bench_kernels"):
         subprocess.run([*meson, "setup", str(build), str(source), f"--native-file={native}"],
                        check=True, env=env, stdout=subprocess.DEVNULL)
     subprocess.run([*meson, "compile", "-C", str(build)], check=True, env=env, stdout=subprocess.DEVNULL)
-    [built] = build.glob(f"{name}*.so")
+    built = next(build.glob(f"{name}*.so"), None)
+    if built is None:
+        raise ImportError(f"bench/native/ built no {name} module (for arenalib_bench_uring: liburing's "
+                          "source was not found; python3 dev.py setup fetches it)")
     spec = importlib.util.spec_from_file_location(name, built)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
