@@ -46,9 +46,10 @@ What bounds it:
   system calls, and a loop of preadv does the same copy.  What the Ring adds over the C loop is the
   interpreter's work per request (~0.4 us at QD32, ~0.8-1 us at QD1 where each request is a wait() of
   its own, measured on the first runs): a tenth of a 64 KiB read, a hundredth of a 1 MiB one.  At
-  QD32 with 1 MiB blocks the destinations span 32 MiB, more than the CPU's caches, where the preadv
-  loop rewrites one 1 MiB buffer that stays cached: both io_uring loops, C and Python, come out ~0.7x
-  the preadv loop there (first runs) for that reason, not for io_uring's.
+  QD32 with 1 MiB blocks both io_uring loops, C and Python alike, came out ~0.7x the preadv loop in
+  the first runs.  Part of it is where the copies land: the destinations span 32 MiB, the size of
+  this CPU's L3, where the preadv loop rewrites one 1 MiB buffer (a preadv loop cycling through 32
+  such buffers ran at ~0.85x the one-buffer loop); the rest is io_uring's, not the Python layer's.
 * O_DIRECT: the device (here a virtio disk of the VM, whose host may have the file in its own cache).
   Queue depth is what io_uring adds over preadv: the loop of preadv has one read in flight.
 * The per-request overhead is interpreter work: argument conversion, the buffer export that pins the
