@@ -36,9 +36,11 @@ How:
 * Rounds: in each round, for each mode and block size, every candidate runs once, the starting
   candidate rotating by one each round; ratios are taken within a round (cancelling the machine's
   slow drifts) and the medians over the rounds reported.  One untimed warm-up pass of every candidate
-  through the page cache comes first.  Quick mode: 5 rounds; full mode: 7.
+  through the page cache comes first.  Rounds: page cache 15 in quick mode, 21 in full mode (a pass
+  takes milliseconds there, and its figures are the noisier); O_DIRECT 5 and 7 (a pass takes seconds);
+  the O_DIRECT rounds run among the first page-cache rounds.
 * The NOP loops: ~50 ms per measurement (calibrated on the Python loop; the C loop runs the same
-  number of batches), interleaved, the same number of rounds.
+  number of batches), interleaved, as many rounds as the page cache's.
 
 What bounds it:
 * Page cache: each read is a copy from cached pages (~7-10 us per 64 KiB at 6-10 GB/s), which
@@ -85,8 +87,8 @@ ALIGN = 4096
 FILE_DIR = "/var/tmp"            # on the disk (O_DIRECT means something there), not a tmpfs
 NOP_DEPTH = 32
 BASELINE = "preadv_pool"
-SETTINGS = {"quick": {"file_bytes": 128 << 20, "rounds": 5, "nop_ms": 50.0},
-            "full": {"file_bytes": 1 << 30, "rounds": 7, "nop_ms": 100.0}}
+SETTINGS = {"quick": {"file_bytes": 128 << 20, "rounds": {"cache": 15, "direct": 5}, "nop_ms": 50.0},
+            "full": {"file_bytes": 1 << 30, "rounds": {"cache": 21, "direct": 7}, "nop_ms": 100.0}}
 # Targets of issue 15, as throughput ratios (higher is faster).
 DIRECT_QD32_VS_PREADV = 2.0
 CACHE_VS_PREADV = 1.2
@@ -312,8 +314,9 @@ def plan_units(cfg: Config) -> float:
     s = settings(cfg)
     per_pass_ms = s["file_bytes"] / 1e6
     passes = len(BLOCKS) * (2 + 2 * len(DEPTHS))
-    return per_pass_ms * 2 + s["rounds"] * passes * per_pass_ms * (1 / 4 + 1 / 0.5) + \
-        s["rounds"] * 2 * s["nop_ms"]
+    rounds = s["rounds"]
+    return (per_pass_ms * 2 + passes * per_pass_ms * (rounds["cache"] / 4 + rounds["direct"] / 0.5)
+            + rounds["cache"] * 2 * s["nop_ms"])
 
 
 def run(cfg: Config, progress: Progress) -> dict:
@@ -371,8 +374,8 @@ def run(cfg: Config, progress: Progress) -> dict:
                     os.close(fd)
             per_round: dict = {mode: {block: {key: [] for key in setups[mode, block]} for block in BLOCKS}
                                for mode in modes}
-            for rnd in range(rounds):
-                for mode in modes:
+            for rnd in range(max(rounds[mode] for mode in modes)):
+                for mode in (mode for mode in modes if rnd < rounds[mode]):
                     for block in BLOCKS:
                         keys = list(setups[mode, block])
                         shift = rnd % len(keys)
@@ -383,7 +386,7 @@ def run(cfg: Config, progress: Progress) -> dict:
                         finally:
                             os.close(fd)
                         speed = 4 if mode == "cache" else 0.5  # GB/s, as plan_units guesses
-                        progress.step(f"uring: round {rnd + 1}/{rounds}, {MODE_LABELS[mode]}, "
+                        progress.step(f"uring: round {rnd + 1}/{rounds[mode]}, {MODE_LABELS[mode]}, "
                                       f"{fmt_size(block)}", per_pass_ms * len(keys) / speed)
             for mode in modes:
                 for block in BLOCKS:
@@ -391,13 +394,19 @@ def run(cfg: Config, progress: Progress) -> dict:
                     for key, ns in per_round[mode][block].items():
                         cells[key] = {"gb_per_s": summarize([size / x for x in ns]),
                                       "per_round_ns": ns}
-        results["nop"] = run_nops(k, rounds, s["nop_ms"], progress)
+        results["nop"] = run_nops(k, rounds["cache"], s["nop_ms"], progress)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     return results
 
 
 # -- reading the results back (run.py's targets and tables; also from a results.json) -------------
+
+def rounds_of(method: dict, mode: str) -> int:
+    """The rounds of ``mode`` (a results.json may hold one number for all modes)."""
+    rounds = method["rounds"]
+    return rounds[mode] if isinstance(rounds, dict) else rounds
+
 
 def speedup(results: dict, mode: str, block: int, key: str, other: str) -> dict | None:
     """Median of the same-round throughput ratios key/other (other's ns / key's ns): > 1 is faster."""
@@ -495,9 +504,9 @@ def tables(results: dict, markdown: bool = False) -> str:
                         f"{vs_c['median']:.2f}" if vs_c else ""]
             rows.append(row)
         out += [f"{h}io_uring, {MODE_LABELS[mode]}: reading a {fmt_size(method['file_bytes'])} file; GB/s "
-                f"(median of {method['rounds']} rounds) and same-round throughput ratios to the os.preadv "
-                "loop into a pool segment and to the C liburing loop at the same queue depth (higher is "
-                "faster)",
+                f"(median of {rounds_of(method, mode)} rounds) and same-round throughput ratios to the "
+                "os.preadv loop into a pool segment and to the C liburing loop at the same queue depth "
+                "(higher is faster)",
                 table(heads, rows, markdown), ""]
     reasons: dict[str, list[str]] = {}
     for what, why in results.get("skipped", {}).items():
