@@ -53,7 +53,10 @@ What bounds it:
   this CPU's L3, where the preadv loop rewrites one 1 MiB buffer (a preadv loop cycling through 32
   such buffers ran at ~0.85x the one-buffer loop); the rest is io_uring's, not the Python layer's.
 * O_DIRECT: the device (here a virtio disk of the VM, whose host may have the file in its own cache).
-  Queue depth is what io_uring adds over preadv: the loop of preadv has one read in flight.
+  Queue depth is what io_uring adds over preadv: the loop of preadv has one read in flight.  At 1 MiB
+  the device's bandwidth is the ceiling, and it moved between runs on this VM (QD32 read 0.9-1.9 GB/s,
+  C and Python alike; one 1 MiB read in flight already took 0.8-1 GB/s): the QD32 ratio to preadv at
+  1 MiB says how much headroom the device had in that run (the C loop's column shows the same).
 * The per-request overhead is interpreter work: argument conversion, the buffer export that pins the
   segment, the request table, the completion tuple.
 """
