@@ -34,8 +34,9 @@ HERE = Path(__file__).resolve().parent
 SIZES = [8, 512, 1024, 4096, 65536]
 
 
-def build_kernels():
-    """Build (once) and import the Cython kernel module."""
+def build_kernels(name: str = "arenalib_bench_kernels"):
+    """Build (once) and import a Cython kernel module of bench/native/: ``arenalib_bench_kernels``,
+    or ``arenalib_bench_uring`` (bench/uring.py's liburing loops)."""
     tag = f"py{sys.version_info[0]}.{sys.version_info[1]}"
     build = HERE.parent / "build" / f"bench-native-{tag}"
     source = HERE / "native"
@@ -51,8 +52,11 @@ def build_kernels():
         subprocess.run([*meson, "setup", str(build), str(source), f"--native-file={native}"],
                        check=True, env=env, stdout=subprocess.DEVNULL)
     subprocess.run([*meson, "compile", "-C", str(build)], check=True, env=env, stdout=subprocess.DEVNULL)
-    [built] = build.glob("arenalib_bench_kernels*.so")
-    spec = importlib.util.spec_from_file_location("arenalib_bench_kernels", built)
+    built = next(build.glob(f"{name}*.so"), None)
+    if built is None:
+        raise ImportError(f"bench/native/ built no {name} module (for arenalib_bench_uring: liburing's "
+                          "source was not found; python3 dev.py setup fetches it)")
+    spec = importlib.util.spec_from_file_location(name, built)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

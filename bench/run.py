@@ -6,7 +6,7 @@ every figure and PNG plots.
     python3 dev.py bench                      # quick mode (under 3 minutes on 2 cores)
     python3 dev.py bench --full               # the careful run
     .venv/py3.11/bin/python bench/run.py [--full] [--out DIR]
-                                         [--only roundtrip,memory,threads,pool,native,scopes]
+                                         [--only roundtrip,memory,threads,pool,native,scopes,uring,aio]
 
 Experiments (each module's docstring says what it measures and how):
     roundtrip.py   allocate + fill(3) + free per op, 8 B to 1 MiB: ns/op, ops/ms, ratio to bytearray
@@ -14,6 +14,11 @@ Experiments (each module's docstring says what it measures and how):
     threads.py     1 and 2 Python threads allocating: ops/s, scaling, single-thread ratio to bytearray
     scopes.py      one arena per scope (k blocks of 8 B to 1 MiB, then close): ns/block, ratio to
                    bytearray, minor page faults per scope; the per-scope cost of a 512 B ConfinedArena
+    uring.py       reading a file through arenalib.Ring (read_fixed, QD 1/8/32, page cache and O_DIRECT)
+                   against an os.preadv loop, a C loop over liburing and PyPI's liburing; the Python
+                   overhead per request (a QD32 NOP loop from Python minus the same loop in C)
+    aio.py         asyncio frames over loopback between two processes, 1 MiB and 64 MiB: FrameReader
+                   into arena segments vs a bytearray(n) per frame; throughput and server CPU per frame
 
 Each experiment runs in a child process of its own (``run.py --child NAME``): one that dies (a signal,
 such as SIGILL from an extension built for another CPU) or raises is reported by name with the reason,
@@ -59,10 +64,10 @@ from _common import (  # noqa: E402
     table,
 )
 
-EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes")
+EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes", "uring", "aio")
 # Run order: the memory experiment after the Python-level timings, so the kernel's reclaiming of its
-# 1.5 GB children does not disturb them (scopes counts page faults).
-RUN_ORDER = ("roundtrip", "threads", "scopes", "memory", "pool", "native")
+# 1.5 GB children does not disturb them (scopes counts page faults); the I/O of uring and aio last.
+RUN_ORDER = ("roundtrip", "threads", "scopes", "memory", "pool", "native", "uring", "aio")
 CHEAPEST = "bytearray_repeat"
 
 
@@ -149,6 +154,13 @@ def targets(res: dict) -> list[dict]:
             f"zero=False).fill(3)` vs bytearray({scopes.PER_SCOPE_SIZE})+fill", "ConfinedArena",
             per.get("ConfinedArena", {}).get("label", "ConfinedArena"), scopes.PER_SCOPE_SIZE, BASELINE, base,
             2.0, scopes.per_scope_ratio(sc)))
+    ur = res.get("uring")
+    if ur:
+        import uring
+        checks.extend(uring.targets(ur))
+    if res.get("aio"):
+        import aio
+        checks.extend(aio.targets(res["aio"]))
     return checks
 
 
@@ -304,7 +316,9 @@ def targets_text(checks: list[dict], markdown: bool = False) -> str:
             out.extend(["", f"**{c['target']}**", ""] if markdown else ["  " + c["target"]])
             last = c["target"]
         size = f" at {fmt_size(c['size'])}" if c.get("size") else ""
-        if c["ratio"] is None:
+        if c["target"].startswith(("uring ", "aio ")):  # their own modules say how
+            line = importlib.import_module(c["target"].split()[0]).target_line(c)
+        elif c["ratio"] is None:
             line = f"{c['status']:6s} {c['label']}{size}: not measured"
         elif "versus" in c:
             line = (f"{c['status']:6s} {c['label']}{size}: {c['ratio']:.2f}x "
@@ -463,6 +477,15 @@ def markdown_report(res: dict, checks: list[dict], pngs: list[str]) -> str:
                 note = f" — {c['note']}" if c["note"] else ""
                 parts.append(f"- {c['label']}: `{c['scope']}`, per block `{c['block']}`{note}")
         parts += ["", scopes_tables(res["scopes"], markdown=True), ""]
+    if "uring" in res:
+        import uring
+        parts += ["## 6. io_uring: arenalib.Ring (issue 15)", "",
+                  "What and how: bench/uring.py's docstring.", "",
+                  uring.tables(res["uring"], markdown=True), ""]
+    if "aio" in res:
+        import aio
+        parts += ["## 7. asyncio frames: arenalib.aio.FrameReader (issue 15)", "",
+                  "What and how: bench/aio.py's docstring.", "", aio.tables(res["aio"], markdown=True), ""]
     for png in pngs:
         parts.append(f"![{png}]({png})")
     return "\n".join(parts) + "\n"
@@ -760,6 +783,12 @@ def report(res: dict, out: Path) -> None:
         print("  " + res["threads"]["method"]["note"] + "\n")
     if "scopes" in res:
         print(scopes_tables(res["scopes"]) + "\n")
+    if "uring" in res:
+        import uring
+        print(uring.tables(res["uring"]) + "\n")
+    if "aio" in res:
+        import aio
+        print(aio.tables(res["aio"]) + "\n")
     if checks:
         print(targets_text(checks) + "\n")
     extra = extra_reports(res)

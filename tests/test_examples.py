@@ -1,0 +1,172 @@
+"""The examples of arenalib.Ring and arenalib.aio, run end to end in child processes:
+examples/ring_read.py (read_fixed into a registered pool, page cache and O_DIRECT, and its fallback
+when the filesystem refuses O_DIRECT) and examples/frame_server.py with examples/frame_client.py over
+loopback, with asyncio's loop and uvloop.  (examples/io_uring_read.py, the raw-syscall reader, is run
+by tests/test_pool.py.)"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import TIMEOUT_S, run_python
+from test_aio import uvloop_usable
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+RING_READ = EXAMPLES / "ring_read.py"
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> tuple[str, bytes]:
+    """A file of 3 MiB + 1000 bytes on the disk (not tmpfs, where O_DIRECT may mean nothing): its
+    last block is partial, which O_DIRECT reads as a short read at the end of the file."""
+    data = os.urandom(3 * (1 << 20) + 1000)
+    path = tmp_path_factory.mktemp("ring_read") / "data.bin"
+    path.write_bytes(data)
+    return str(path), data
+
+
+def ring_read(*argv: str) -> subprocess.CompletedProcess:
+    result = run_python(RING_READ, *argv)
+    if result.returncode == 77:
+        pytest.skip(result.stdout.strip())
+    return result
+
+
+@pytest.mark.parametrize("options", [
+    [],
+    ["--direct"],
+    ["--direct", "--depth", "32", "--block-size", "65536"],
+    ["--depth", "1", "--block-size", "4096"],
+    ["--depth", "3", "--block-size", "1000"],   # an odd size: fine through the page cache
+], ids=["default", "direct", "direct-qd32-64k", "qd1-4k", "odd-block"])
+def test_ring_read_gives_the_files_sha256(data_file, options):
+    path, data = data_file
+    result = ring_read(path, *options)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"read {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}"
+    block = int(options[options.index("--block-size") + 1]) if "--block-size" in options else 1 << 20
+    depth = options[options.index("--depth") + 1] if "--depth" in options else "8"
+    mode = "O_DIRECT" if "--direct" in options else "page cache"
+    reads = -(-len(data) // block)
+    assert lines[1].startswith(f"{reads} reads of {block} bytes, depth {depth}, {mode}: "), lines[1]
+    assert lines[1].endswith(" MB/s")
+
+
+def test_ring_read_of_an_empty_file(tmp_path):
+    path = tmp_path / "empty"
+    path.write_bytes(b"")
+    result = ring_read(str(path), "--direct")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == f"read 0 bytes, sha256 {hashlib.sha256(b'').hexdigest()}"
+
+
+def test_ring_read_refuses_an_unaligned_direct_block_size(data_file):
+    result = run_python(RING_READ, data_file[0], "--direct", "--block-size", "1000")
+    assert result.returncode == 2
+    assert "--direct needs a --block-size that is a multiple of 4096, not 1000" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["open", "read"])
+def test_ring_read_falls_back_when_o_direct_is_refused(data_file, where):
+    """A filesystem that refuses O_DIRECT at the open, or accepts the flag and fails the reads with
+    EINVAL (as some FUSE and network filesystems do): the example says so and reads through the
+    page cache, with the right digest."""
+    path, data = data_file
+    refuse = "os.open" if where == "open" else "os.preadv"
+    result = run_python(f"""
+        import errno, os, runpy, sys
+        real_open, real_preadv = os.open, os.preadv
+        direct = set()
+
+        def fake_open(path, flags, *args, **kwargs):
+            if flags & os.O_DIRECT and {refuse!r} == "os.open":
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
+            fd = real_open(path, flags, *args, **kwargs)
+            if flags & os.O_DIRECT:
+                direct.add(fd)
+            return fd
+
+        def fake_preadv(fd, buffers, offset, *args):
+            if fd in direct:
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            return real_preadv(fd, buffers, offset, *args)
+
+        os.open, os.preadv = fake_open, fake_preadv
+        sys.argv = [{str(RING_READ)!r}, {path!r}, "--direct"]
+        runpy.run_path({str(RING_READ)!r}, run_name="__main__")
+    """)
+    if result.returncode == 77:
+        pytest.skip(result.stdout.strip())
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    what = "O_DIRECT refused" if where == "open" else "O_DIRECT reads refused"
+    assert lines[0].startswith(f"{what} by the filesystem of {path} (Invalid argument): reading through "
+                               "the page cache instead")
+    assert lines[1] == f"read {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}"
+    assert ", page cache: " in lines[2]
+
+
+# -- the frame server and its client ----------------------------------------------------------------
+
+def start_server(*argv: str) -> tuple[subprocess.Popen, int, str]:
+    """examples/frame_server.py on a free port: (the process, its port, the loop it says it runs)."""
+    cmd = [sys.executable, "-X", "faulthandler", str(EXAMPLES / "frame_server.py"), "--port", "0", *argv]
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = server.stdout.readline()
+    if not first.startswith("listening on "):
+        server.kill()
+        _, err = server.communicate()
+        pytest.fail(f"the server did not start: {first!r}\n{err}")
+    address, loop = first.removeprefix("listening on ").split(" (")
+    return server, int(address.rsplit(":", 1)[1]), loop
+
+
+def finish(server: subprocess.Popen) -> tuple[str, str]:
+    try:
+        out, err = server.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        out, err = server.communicate()
+        pytest.fail(f"the server did not exit after its connection closed\n{out}\n{err}")
+    assert server.returncode == 0, err
+    return out, err
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_frame_server_answers_every_frame(loop):
+    if loop == "uvloop":
+        why = uvloop_usable()
+        if why:
+            pytest.skip(why)
+    flags = ["--no-uvloop"] if loop == "asyncio" else []
+    server, port, loop_name = start_server("--once", *flags)
+    try:
+        assert loop_name == f"{loop} loop)\n"
+        sizes = [0, 1, 7, 8, 9, 65535, 65536, 65537, 1 << 20, 5 << 20]
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port),
+                            "--sizes", ",".join(map(str, sizes)), "--count", "25", *flags)
+    finally:
+        out, _ = finish(server)
+    assert result.returncode == 0, result.stdout + result.stderr
+    total = sum(sizes[i % len(sizes)] for i in range(25))
+    assert result.stdout.startswith(f"25 frames, {total} bytes: every reply matched (")
+    assert out.splitlines() == [f"connection closed: 25 frames, {total} bytes",
+                                f"served 1 connection(s), 25 frames, {total} bytes"]
+
+
+def test_frame_server_drops_a_connection_whose_frame_is_too_large():
+    server, port, _ = start_server("--once", "--max-frame-size", "1000")
+    try:
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "10,100000")
+    finally:
+        out, _ = finish(server)
+    assert result.returncode == 1
+    assert "the server" in result.stdout and "the connection after 1 of 2 replies" in result.stdout
+    assert out.splitlines()[0] == ("connection closed: 1 frames, 10 bytes (FrameError: a frame of 100000 "
+                                   "bytes is above max_frame_size (1000))")
