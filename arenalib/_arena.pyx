@@ -258,7 +258,7 @@ cdef class ArenaBase(SegmentOwner):
         if err == ARENA_EEXPORTED:
             raise BufferError(
                 f"cannot free a segment while {exports} buffer export(s) of it "
-                "(memoryview, NumPy array ...) are alive; release them first")
+                "(memoryview, NumPy array, io_uring request in flight ...) are alive; release them first")
         if err:
             self._raise(err, "cannot free this segment")
         if self._traced is not None:

@@ -167,7 +167,7 @@ cdef class BufferPool(SegmentOwner):
 
     cdef str _exports_alive(self, str context, Py_ssize_t exports):
         return (f"{context}: {exports} buffer export(s) of its segments (memoryview, "
-                "NumPy array ...) are alive; release them first")
+                "NumPy array, io_uring request in flight ...) are alive; release them first")
 
     @property
     def closed(self):
@@ -311,7 +311,7 @@ cdef class BufferPool(SegmentOwner):
                 free_end(seg, False)
                 raise BufferError(
                     f"cannot release a buffer while {exports} buffer export(s) of it (memoryview, "
-                    "NumPy array ...) are alive; release them first")
+                    "NumPy array, io_uring request in flight ...) are alive; release them first")
             if seg._ptr != self._base + <size_t>i * self._stride or self._state[i] != IN_USE:
                 free_end(seg, False)
                 raise ArenaError(f"internal error: buffer {i} of the BufferPool is not in use")

@@ -50,7 +50,10 @@ class FrameReader(asyncio.BufferedProtocol):
     on_connection_lost=None).  ``on_frame(segment)`` gets each whole frame; the segment is then the
     callee's, to free with ``segment.free(deferred=True)`` when done (or to leave to the arena's
     close).  Without ``arena``, the reader makes an Arena of its own and closes it when the
-    connection is lost, so no frame outlives the connection unless the caller gives the arena.
+    connection is lost, so no frame outlives the connection unless the caller gives the arena (a
+    frame's export still alive then keeps that arena open until it is collected, with the
+    ResourceWarning of an unclosed arena: release frames' memoryviews with the connection, or pass
+    an arena of your own).
 
     Small frames and the length prefixes land in a staging buffer first (one ``recv_into`` may
     carry several); a frame's bytes past the first read go straight into its segment.  A length

@@ -120,6 +120,13 @@ def test_allocate(kind, size, zero, align, extra):
     # max_bytes keeps a valid but huge size from really being allocated.
     with kind(max_bytes=64 << 20) as arena:
         keep = arena.allocate(SEG_SIZE).fill(0x17)
+        try:
+            bool(zero)
+        except Exception as exc:  # zero is read as bool() reads it: the same refusal
+            with pytest.raises(type(exc)):
+                arena.allocate(size, zero=zero, align=align)
+            assert_usable(arena, keep, b"\x17" * SEG_SIZE)
+            return
         kwargs = {"zero": zero, "align": align}
         if extra is not None:
             kwargs["bogus"] = extra
