@@ -310,3 +310,19 @@ def table(headers: list[str], rows: list[list[str]], markdown: bool = False) -> 
         out.append("  ".join("-" * w for w in widths))
     out.extend(line(r) for r in rows)
     return "\n".join(out)
+
+
+def run_standalone(module) -> None:
+    """An experiment run by itself (``python3 bench/<name>.py [--full]``): its run(cfg, progress),
+    then its tables and target lines."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=module.__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="the careful run (longer)")
+    cfg = Config.full() if parser.parse_args().full else Config.quick()
+    progress = Progress(module.plan_units(cfg))
+    results = module.run(cfg, progress)
+    progress.close()
+    print(module.tables(results))
+    for check in module.targets(results):
+        print(module.target_line(check))

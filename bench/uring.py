@@ -74,7 +74,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import Config, Progress, fmt_size, same_round_ratio, summarize, table
+from _common import Config, Progress, fmt_size, run_standalone, same_round_ratio, summarize, table
 
 import arenalib
 
@@ -532,24 +532,4 @@ def tables(results: dict, markdown: bool = False) -> str:
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true")
-    args = parser.parse_args()
-
-    class _Print:
-        def step(self, label=None, units=1):
-            if label:
-                print(label, file=sys.stderr)
-
-        def set_label(self, label):
-            print(label, file=sys.stderr)
-
-        def note(self, message):
-            print(message, file=sys.stderr)
-
-    res = run(Config.full() if args.full else Config.quick(), _Print())  # type: ignore[arg-type]
-    print(tables(res))
-    for c in targets(res):
-        print(target_line(c))
+    run_standalone(sys.modules[__name__])
