@@ -24,6 +24,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import threading
 from functools import partial
 from pathlib import Path
@@ -37,7 +38,10 @@ SIZES = [8, 512, 1024, 4096, 65536]
 def build_kernels(name: str = "arenalib_bench_kernels"):
     """Build (once) and import a Cython kernel module of bench/native/: ``arenalib_bench_kernels``,
     or ``arenalib_bench_uring`` (bench/uring.py's liburing loops)."""
-    tag = f"py{sys.version_info[0]}.{sys.version_info[1]}"
+    # One build per interpreter and venv: a free-threaded 3.13t cannot load what 3.13 built (the
+    # ABI differs: "init function ... returned uninitialized object"), nor should an ASan venv share.
+    version = f"py{sys.version_info[0]}.{sys.version_info[1]}{sys.abiflags}"
+    tag = Path(sys.prefix).name if sys.prefix != sys.base_prefix else version
     build = HERE.parent / "build" / f"bench-native-{tag}"
     source = HERE / "native"
     bin_dir = Path(sys.executable).parent
@@ -52,8 +56,8 @@ def build_kernels(name: str = "arenalib_bench_kernels"):
         subprocess.run([*meson, "setup", str(build), str(source), f"--native-file={native}"],
                        check=True, env=env, stdout=subprocess.DEVNULL)
     subprocess.run([*meson, "compile", "-C", str(build)], check=True, env=env, stdout=subprocess.DEVNULL)
-    built = next(build.glob(f"{name}*.so"), None)
-    if built is None:
+    built = build / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not built.exists():
         raise ImportError(f"bench/native/ built no {name} module (for arenalib_bench_uring: liburing's "
                           "source was not found; python3 dev.py setup fetches it)")
     spec = importlib.util.spec_from_file_location(name, built)
