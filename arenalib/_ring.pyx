@@ -25,6 +25,7 @@ from cpython.buffer cimport (
     PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer,
 )
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.number cimport PyNumber_Index
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
@@ -34,6 +35,18 @@ from libc.string cimport memset
 
 from arenalib._arena cimport Segment
 from arenalib._capi cimport thread_ident
+from arenalib._liburing cimport (
+    IORING_ASYNC_CANCEL_ALL, IORING_ASYNC_CANCEL_ANY, IORING_SETUP_CLAMP, IORING_SETUP_COOP_TASKRUN,
+    IORING_SETUP_CQSIZE, IORING_SETUP_IOPOLL, IORING_SETUP_SQPOLL, IORING_SETUP_SUBMIT_ALL,
+    IORING_SETUP_TASKRUN_FLAG, io_uring, io_uring_cq_advance, io_uring_cqe, io_uring_free_probe,
+    io_uring_get_probe_ring, io_uring_get_sqe, io_uring_opcode_supported, io_uring_params,
+    io_uring_peek_batch_cqe, io_uring_prep_cancel64, io_uring_prep_nop, io_uring_prep_read,
+    io_uring_prep_read_fixed, io_uring_prep_readv, io_uring_prep_recv, io_uring_prep_send,
+    io_uring_prep_write, io_uring_prep_write_fixed, io_uring_prep_writev, io_uring_probe,
+    io_uring_queue_exit, io_uring_queue_init_params, io_uring_register_buffers, io_uring_ring_dontfork,
+    io_uring_sqe, io_uring_sqe_set_data64, io_uring_submit, io_uring_submit_and_wait,
+    io_uring_unregister_buffers, iovec,
+)
 from arenalib._pool cimport BufferPool
 
 import os
@@ -43,11 +56,6 @@ from arenalib._errors import WrongThreadError
 
 cdef extern from "Python.h":
     int PyObject_AsFileDescriptor(object o) except -1
-
-cdef extern from "<sys/uio.h>" nogil:
-    struct iovec:
-        void* iov_base
-        size_t iov_len
 
 cdef extern from "<unistd.h>" nogil:
     int c_close "close"(int fd)
@@ -63,62 +71,6 @@ cdef extern from *:
     """
     unsigned long ring_forks "arenalib_ring_forks"
     int ring_atfork "arenalib_ring_atfork"() noexcept
-
-cdef extern from "liburing.h" nogil:
-    struct io_uring_sqe:
-        uint64_t user_data
-    struct io_uring_cqe:
-        uint64_t user_data
-        int res
-    struct io_uring_sq:
-        unsigned sqe_head            # the next SQE to submit
-        unsigned sqe_tail            # the next SQE to hand out
-        unsigned ring_mask
-        io_uring_sqe* sqes
-    struct io_uring:
-        io_uring_sq sq
-        int ring_fd
-    struct io_uring_params:
-        unsigned sq_entries
-        unsigned cq_entries
-        unsigned flags
-        unsigned features
-    struct io_uring_probe:
-        unsigned char last_op
-        unsigned char ops_len
-
-    int io_uring_queue_init_params(unsigned entries, io_uring* ring, io_uring_params* p)
-    void io_uring_queue_exit(io_uring* ring)
-    int io_uring_ring_dontfork(io_uring* ring)
-    io_uring_sqe* io_uring_get_sqe(io_uring* ring)
-    int io_uring_submit(io_uring* ring)
-    int io_uring_submit_and_wait(io_uring* ring, unsigned wait_nr)
-    unsigned io_uring_peek_batch_cqe(io_uring* ring, io_uring_cqe** cqes, unsigned count)
-    void io_uring_cq_advance(io_uring* ring, unsigned nr)
-    void io_uring_sqe_set_data64(io_uring_sqe* sqe, uint64_t data)
-    void io_uring_prep_nop(io_uring_sqe* sqe)
-    void io_uring_prep_read(io_uring_sqe* sqe, int fd, void* buf, unsigned nbytes, uint64_t offset)
-    void io_uring_prep_write(io_uring_sqe* sqe, int fd, const void* buf, unsigned nbytes, uint64_t offset)
-    void io_uring_prep_readv(io_uring_sqe* sqe, int fd, const iovec* iovecs, unsigned nr_vecs,
-                             uint64_t offset)
-    void io_uring_prep_writev(io_uring_sqe* sqe, int fd, const iovec* iovecs, unsigned nr_vecs,
-                              uint64_t offset)
-    void io_uring_prep_read_fixed(io_uring_sqe* sqe, int fd, void* buf, unsigned nbytes, uint64_t offset,
-                                  int buf_index)
-    void io_uring_prep_write_fixed(io_uring_sqe* sqe, int fd, const void* buf, unsigned nbytes,
-                                   uint64_t offset, int buf_index)
-    void io_uring_prep_recv(io_uring_sqe* sqe, int sockfd, void* buf, size_t len, int flags)
-    void io_uring_prep_send(io_uring_sqe* sqe, int sockfd, const void* buf, size_t len, int flags)
-    void io_uring_prep_cancel64(io_uring_sqe* sqe, uint64_t user_data, int flags)
-    int io_uring_register_buffers(io_uring* ring, const iovec* iovecs, unsigned nr_iovecs)
-    int io_uring_unregister_buffers(io_uring* ring)
-    io_uring_probe* io_uring_get_probe_ring(io_uring* ring)
-    void io_uring_free_probe(io_uring_probe* probe)
-    bint io_uring_opcode_supported(const io_uring_probe* p, int op)
-
-    unsigned IORING_SETUP_IOPOLL, IORING_SETUP_SQPOLL, IORING_SETUP_CQSIZE, IORING_SETUP_CLAMP
-    unsigned IORING_SETUP_SUBMIT_ALL, IORING_SETUP_COOP_TASKRUN, IORING_SETUP_TASKRUN_FLAG
-    int IORING_ASYNC_CANCEL_ALL, IORING_ASYNC_CANCEL_ANY
 
 # The setup flags a caller may add (module constants SETUP_*).  Left out: those that would break this
 # class's rules (SINGLE_ISSUER and DEFER_TASKRUN refuse a close from the thread that collects the
@@ -202,16 +154,17 @@ cdef int _fd(object fd) except -1:
 
 cdef uint64_t _offset(object offset) except? 0xFFFFFFFFFFFFFFFE:
     """A file offset: >= 0, or -1 for the file's current position (as read(2) without an offset)."""
-    cdef object index = PyNumber_Index(offset)
-    if index == -1:
-        return <uint64_t>-1
-    if index < 0:
-        raise ValueError(f"offset must be >= 0 or -1 (the current position), not {offset!r}")
+    # An int as it is (the common case: no new reference, C comparisons); anything else by __index__.
+    cdef object index = offset if type(offset) is int else PyNumber_Index(offset)
     cdef int64_t value
     try:
         value = index
     except OverflowError:
-        raise ValueError(f"offset {offset!r} is too large") from None
+        raise ValueError(f"offset {offset!r} is out of range") from None
+    if value == -1:
+        return <uint64_t>-1
+    if value < 0:
+        raise ValueError(f"offset must be >= 0 or -1 (the current position), not {offset!r}")
     return <uint64_t>value
 
 
@@ -654,10 +607,13 @@ cdef class Ring:
         return 0
 
     cdef list _take_done(self):
-        cdef list result = []
-        cdef unsigned i
-        for i in range(self._ndone):  # a MemoryError here keeps them all for the next wait()
-            result.append((<object>self._done[i].user_data, self._done[i].result))
+        cdef unsigned i, n = self._ndone
+        cdef list result = PyList_New(n)  # sized at once: no append's reallocation
+        cdef object item
+        for i in range(n):  # a MemoryError here keeps them all for the next wait()
+            item = (<object>self._done[i].user_data, self._done[i].result)
+            Py_INCREF(item)  # PyList_SET_ITEM steals it
+            PyList_SET_ITEM(result, i, item)
         self._drop_done()
         return result
 

@@ -110,6 +110,17 @@ class Progress:
             print(text, file=self.stream, flush=True)
 
 
+class QuietProgress(Progress):
+    """A Progress that draws nothing (tests run the experiments at a small scale); notes still go to
+    stderr."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+
+    def _draw(self) -> None:
+        pass
+
+
 def fmt_seconds(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 60}:{seconds % 60:02d}"

@@ -16,15 +16,10 @@ SMALL_RUN = f"""
     sys.path.insert(0, {str(BENCH)!r})
     import aio
     import run as runner
-    from _common import Config
-
-    class Quiet:
-        def step(self, label=None, units=1): pass
-        def set_label(self, label): pass
-        def note(self, message): print(message, file=sys.stderr)
+    from _common import Config, QuietProgress
 
     aio.SETTINGS["quick"] = {{"rounds": 2, "frames": {{1 << 20: 8, 64 << 20: 1}}}}
-    res = aio.run(Config.quick(), Quiet())
+    res = aio.run(Config.quick(), QuietProgress())
     print(json.dumps({{"res": res, "tables": aio.tables(res),
                       "targets_text": runner.targets_text(runner.targets({{"aio": res}}))}}))
 """

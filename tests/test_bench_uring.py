@@ -16,18 +16,13 @@ SMALL_RUN = f"""
     sys.path.insert(0, {str(BENCH)!r})
     import run as runner
     import uring
-    from _common import Config
-
-    class Quiet:
-        def step(self, label=None, units=1): pass
-        def set_label(self, label): pass
-        def note(self, message): print(message, file=sys.stderr)
+    from _common import Config, QuietProgress
 
     # 8 MiB and a partial last block: O_DIRECT reads it as a short read at the end of the file.
     uring.SETTINGS["quick"] = {{"file_bytes": (8 << 20) + 12345, "rounds": {{"cache": 3, "direct": 2}},
                                "nop_ms": 5.0}}
     before = set(glob.glob(uring.FILE_DIR + "/arenalib-uring-*"))
-    res = uring.run(Config.quick(), Quiet())
+    res = uring.run(Config.quick(), QuietProgress())
     left = sorted(set(glob.glob(uring.FILE_DIR + "/arenalib-uring-*")) - before)
     checks = uring.targets(res)
     print(json.dumps({{"res": res, "checks": checks, "left": left, "tables": uring.tables(res),

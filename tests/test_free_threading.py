@@ -347,6 +347,35 @@ def test_double_free_from_two_threads_frees_once():
         assert arena.stats()["live_segments"] == 0
 
 
+def test_deferred_free_racing_the_last_releases_frees_once():
+    """free(deferred=True) in one thread while three others release the segment's exports and a
+    fourth takes new ones: the segment is freed exactly once, only when no export is alive (every
+    export taken reads its owner's bytes), and the arena's books end with nothing live."""
+    with Arena() as arena:
+        for step in range(ROUNDS):
+            own = 1 + step % 200
+            seg = arena.allocate(256, zero=False).fill(own)
+            views = [memoryview(seg) for _ in range(3)]
+
+            def worker(index, seg=seg, views=views, own=own):
+                if index == 0:
+                    seg.free(deferred=True)
+                    return "asked"
+                if index <= 3:
+                    views[index - 1].release()
+                    return "released"
+                try:
+                    with memoryview(seg) as view:  # a new export: the free waits for it in turn
+                        return "read" if view.tobytes() == bytes([own]) * 256 else "foreign"
+                except ArenaClosedError:
+                    return "too late"
+
+            outcomes = run_threads(worker, n=5)
+            assert "foreign" not in outcomes
+            assert not seg.alive
+            assert arena.stats()["live_segments"] == 0
+
+
 def _free_outcome(seg):
     try:
         seg.free()

@@ -73,10 +73,18 @@ def test_read_into_a_segment_and_a_bytearray_equals_the_file(ring, data_file):
         seg = arena.allocate(4096, zero=False)
         ba = bytearray(1000)
         ring.read(f, seg, 8192, user_data="seg")
-        ring.read(f.fileno(), ba, 100, user_data="ba")
+        ring.read(f.fileno(), ba, Offset(100), user_data="ba")  # any __index__ is an offset
         assert one(ring, 2) == {"seg": 4096, "ba": 1000}
         assert seg.tobytes() == data[8192:8192 + 4096]
         assert ba == data[100:1100]
+
+
+class Offset:
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        return self.value
 
 
 def test_read_at_the_file_position(ring, data_file):
@@ -319,8 +327,11 @@ def test_bad_arguments_raise_before_anything_is_queued(ring):
         ring.read(0, b"read-only")  # a read needs a writable buffer
     with pytest.raises(TypeError):
         ring.write(0, 42)
-    with pytest.raises(ValueError):
-        ring.read(0, bytearray(1), -2)
+    for offset in (-2, -(1 << 63), -(1 << 64), 1 << 63, 1 << 64):  # int64 and beyond, both ways
+        with pytest.raises(ValueError):
+            ring.read(0, bytearray(1), offset)
+    with pytest.raises(TypeError):
+        ring.read(0, bytearray(1), 1.0)
     with pytest.raises(TypeError):
         ring.read("not a file", bytearray(1))
     with pytest.raises(ValueError):

@@ -10,35 +10,14 @@ nanoseconds of the timed part, so no Python call is measured.  The buffers are g
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc
 
+from arenalib._liburing cimport (
+    io_uring, io_uring_cq_advance, io_uring_cqe, io_uring_get_sqe, io_uring_peek_batch_cqe,
+    io_uring_prep_nop, io_uring_prep_read, io_uring_prep_read_fixed, io_uring_queue_exit,
+    io_uring_queue_init, io_uring_register_buffers, io_uring_sqe, io_uring_sqe_set_data64,
+    io_uring_submit_and_wait, iovec,
+)
+
 import os
-
-cdef extern from "<sys/uio.h>" nogil:
-    struct iovec:
-        void* iov_base
-        size_t iov_len
-
-cdef extern from "liburing.h" nogil:
-    struct io_uring_sqe:
-        pass
-    struct io_uring_cqe:
-        uint64_t user_data
-        int res
-    struct io_uring:
-        pass
-    int io_uring_queue_init(unsigned entries, io_uring* ring, unsigned flags)
-    void io_uring_queue_exit(io_uring* ring)
-    io_uring_sqe* io_uring_get_sqe(io_uring* ring)
-    int io_uring_submit(io_uring* ring)
-    int io_uring_submit_and_wait(io_uring* ring, unsigned wait_nr)
-    unsigned io_uring_peek_batch_cqe(io_uring* ring, io_uring_cqe** cqes, unsigned count)
-    void io_uring_cq_advance(io_uring* ring, unsigned nr)
-    void io_uring_sqe_set_data64(io_uring_sqe* sqe, uint64_t data)
-    void io_uring_prep_nop(io_uring_sqe* sqe)
-    void io_uring_prep_read(io_uring_sqe* sqe, int fd, void* buf, unsigned nbytes, uint64_t offset)
-    void io_uring_prep_read_fixed(io_uring_sqe* sqe, int fd, void* buf, unsigned nbytes, uint64_t offset,
-                                  int buf_index)
-    int io_uring_register_buffers(io_uring* ring, const iovec* iovecs, unsigned nr_iovecs)
-    int io_uring_unregister_buffers(io_uring* ring)
 
 cdef extern from *:
     """
