@@ -72,6 +72,16 @@ cdef extern from *:
     unsigned long ring_forks "arenalib_ring_forks"
     int ring_atfork "arenalib_ring_atfork"() noexcept
 
+# Tests set it (_use_per_request_cancel) to run close()'s fallback for kernels before 5.19 here.
+cdef bint per_request_cancel = False
+
+
+def _use_per_request_cancel(bint on):
+    """Make close() cancel request by request, as it does on a kernel without CANCEL_ANY (tests)."""
+    global per_request_cancel
+    per_request_cancel = on
+
+
 # The setup flags a caller may add (module constants SETUP_*).  Left out: those that would break this
 # class's rules (SINGLE_ISSUER and DEFER_TASKRUN refuse a close from the thread that collects the
 # garbage; R_DISABLED, ATTACH_WQ, CQSIZE, SQE128/CQE32 are the ring's own business).
@@ -117,6 +127,7 @@ ctypedef struct Request:
     iovec* iov               # readv/writev: the iovecs the kernel reads (PyMem), else NULL
     Py_ssize_t nviews        # buffers held: 0 (nop), 1 or the vector's length
     bint fixed               # a read_fixed/write_fixed: the registration must outlive it
+    bint cancelling          # close() has sent a cancel for it (the per-request fallback)
 
 
 ctypedef struct Completion:
@@ -743,8 +754,9 @@ cdef class Ring:
         cdef io_uring_sqe* sqe
         cdef uint64_t rid
         cdef int ret
-        cdef bint sent = False
-        cdef unsigned i
+        cdef bint sent_any = False
+        # A kernel older than 5.19 knows no CANCEL_ANY (EINVAL): one cancel per request, by its id.
+        cdef bint per_request = per_request_cancel
         cdef int failures = 0
         # Queued, not submitted: turned into NOPs, which complete at once and touch no memory.
         while head != self._ring.sq.sqe_tail:
@@ -754,13 +766,15 @@ cdef class Ring:
             io_uring_sqe_set_data64(sqe, rid)
             head += 1
         while self._in_flight():
-            if not sent:
+            if per_request:
+                self._cancel_each()
+            elif not sent_any:
                 sqe = self._sqe_or_null()
                 if sqe != NULL:
                     io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ALL | IORING_ASYNC_CANCEL_ANY)
                     io_uring_sqe_set_data64(sqe, CANCEL_ID)
                     self._cancels += 1
-                    sent = True
+                    sent_any = True
             with nogil:
                 ret = io_uring_submit_and_wait(&self._ring, 1)
             if ret < 0 and ret != -EINTR:
@@ -771,18 +785,9 @@ cdef class Ring:
                 self._reap()
             except BaseException:  # (only a MemoryError could get here; nothing is lost by it)
                 pass
-            if sent and not self._cancels and self._cancel_result == -EINVAL and self._in_flight():
-                # A kernel older than 5.19 knows no CANCEL_ANY: one cancel per request, by its id.
-                self._cancel_result = 0
-                for i in range(self._capacity):
-                    if self._requests[i].user_data != NULL:
-                        sqe = self._sqe_or_null()
-                        if sqe == NULL:
-                            break  # the kernel takes no more: the loop waits and counts failures
-                        io_uring_prep_cancel64(sqe, i, 0)
-                        io_uring_sqe_set_data64(sqe, CANCEL_ID)
-                        self._cancels += 1
-                sent = True
+            if sent_any and not self._cancels and self._cancel_result == -EINVAL:
+                per_request = True
+                sent_any = False
         while self._cancels:  # the cancel requests' own completions
             with nogil:
                 ret = io_uring_submit_and_wait(&self._ring, 1)
@@ -795,6 +800,21 @@ cdef class Ring:
             except BaseException:
                 pass
         return True
+
+    cdef void _cancel_each(self) noexcept:
+        """Queue a cancel for every request in flight that has none yet, as far as the submission
+        queue takes them (the rest at the next call, after a wait has made room)."""
+        cdef unsigned i
+        cdef io_uring_sqe* sqe
+        for i in range(self._capacity):
+            if self._requests[i].user_data != NULL and not self._requests[i].cancelling:
+                sqe = self._sqe_or_null()
+                if sqe == NULL:
+                    return
+                io_uring_prep_cancel64(sqe, i, 0)
+                io_uring_sqe_set_data64(sqe, CANCEL_ID)
+                self._requests[i].cancelling = True
+                self._cancels += 1
 
     cdef io_uring_sqe* _sqe_or_null(self) noexcept:
         """A submission slot for close's cancels (the queue submitted first when full), or NULL."""
