@@ -300,9 +300,8 @@ def target_line(c: dict) -> str:
             f"{c['limit']:.2f}x{', within noise' if c.get('borderline') else ''})")
     if c.get("server_bound") is not None:
         busy = c["server_busy"]
-        line += (f"; server busy {busy['framereader']:.0%} / {busy['bytearray']:.0%} of the time, so "
-                 f"{'the client bounds both' if max(busy.values()) < 0.9 else 'the server bounds'}; "
-                 f"a server-bound run could reach {c['server_bound']:.2f}x (their CPU per frame)")
+        line += (f"; servers busy {busy['framereader']:.0%} / {busy['bytearray']:.0%} of the time; were the "
+                 f"server all that bounds it: {c['server_bound']:.2f}x (the inverse of their CPU per frame)")
     return line
 
 

@@ -8,7 +8,8 @@ What it measures:
    cache bypassed: the device's speed; no cache dropping needed), by
    - ``Ring, read_fixed`` at queue depth 1, 8 and 32: ``arenalib.Ring(depth)`` with a BufferPool
      registered (``register_pool``), ``depth`` segments acquired, each read into again (``read_fixed(fd,
-     seg, offset, user_data=i)``) as soon as ``wait(1)`` returns its completion;
+     seg, offset, user_data=i)``) as soon as ``wait(1)`` returns its completion; at depth 1 the loop
+     as one writes it, preadv's shape: ``read_fixed(fd, seg, offset)``, then ``wait(1)``, per block;
    - ``C liburing, read_fixed`` at the same depths: the same loop as a nogil C kernel over liburing 2.3,
      built from the same wrap and overlay as arenalib's (bench/native/arenalib_bench_uring.pyx), into
      the same pool buffers, registered with a ring of its own;
@@ -46,8 +47,10 @@ What bounds it:
 * Page cache: each read is a copy from cached pages (~7-10 us per 64 KiB at 6-10 GB/s), which
   io_uring runs inline at submission: a queue depth above 1 brings no parallelism to it, only fewer
   system calls, and a loop of preadv does the same copy.  What the Ring adds over the C loop is the
-  interpreter's work per request (~0.4 us at QD32, ~0.8-1 us at QD1 where each request is a wait() of
-  its own, measured on the first runs): a tenth of a 64 KiB read, a hundredth of a 1 MiB one.  At
+  interpreter's work per request (~0.4 us at QD32; ~0.5 us at QD1, where each request is a wait() of
+  its own, ~3,000 instructions under callgrind of which ~1,000 are the Ring's and ~350 the GIL's
+  release and retake: the rest is the loop's bytecode and its ints and tuples): a tenth of a 64 KiB
+  read, a hundredth of a 1 MiB one.  At
   QD32 with 1 MiB blocks both io_uring loops, C and Python alike, came out ~0.7x the preadv loop in
   the first runs.  Part of it is where the copies land: the destinations span 32 MiB, the size of
   this CPU's L3, where the preadv loop rewrites one 1 MiB buffer (a preadv loop cycling through 32
@@ -55,8 +58,9 @@ What bounds it:
 * O_DIRECT: the device (here a virtio disk of the VM, whose host may have the file in its own cache).
   Queue depth is what io_uring adds over preadv: the loop of preadv has one read in flight.  At 1 MiB
   the device's bandwidth is the ceiling, and it moved between runs on this VM (QD32 read 0.9-1.9 GB/s,
-  C and Python alike; one 1 MiB read in flight already took 0.8-1 GB/s): the QD32 ratio to preadv at
-  1 MiB says how much headroom the device had in that run (the C loop's column shows the same).
+  C and Python alike; one 1 MiB read in flight already took 0.7-1 GB/s; the C loop at QD 1 to 128
+  stayed within 0.7-1.2 GB/s in one sweep): the QD32 ratio to preadv at 1 MiB says how much headroom
+  the device had in that run, and the target line shows the C loop's ratio beside it.
 * The per-request overhead is interpreter work: argument conversion, the buffer export that pins the
   segment, the request table, the completion tuple.
 """
