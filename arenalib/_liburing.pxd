@@ -42,6 +42,7 @@ cdef extern from "liburing.h" nogil:
     io_uring_sqe* io_uring_get_sqe(io_uring* ring)
     int io_uring_submit(io_uring* ring)
     int io_uring_submit_and_wait(io_uring* ring, unsigned wait_nr)
+    int io_uring_sqring_wait(io_uring* ring)
     unsigned io_uring_peek_batch_cqe(io_uring* ring, io_uring_cqe** cqes, unsigned count)
     void io_uring_cq_advance(io_uring* ring, unsigned nr)
     void io_uring_sqe_set_data64(io_uring_sqe* sqe, uint64_t data)

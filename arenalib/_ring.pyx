@@ -25,7 +25,6 @@ from cpython.buffer cimport (
     PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer,
 )
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.number cimport PyNumber_Index
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
@@ -44,7 +43,7 @@ from arenalib._liburing cimport (
     io_uring_prep_read_fixed, io_uring_prep_readv, io_uring_prep_recv, io_uring_prep_send,
     io_uring_prep_write, io_uring_prep_write_fixed, io_uring_prep_writev, io_uring_probe,
     io_uring_queue_exit, io_uring_queue_init_params, io_uring_register_buffers, io_uring_ring_dontfork,
-    io_uring_sqe, io_uring_sqe_set_data64, io_uring_submit, io_uring_submit_and_wait,
+    io_uring_sqe, io_uring_sqe_set_data64, io_uring_sqring_wait, io_uring_submit, io_uring_submit_and_wait,
     io_uring_unregister_buffers, iovec,
 )
 from arenalib._pool cimport BufferPool
@@ -59,6 +58,9 @@ cdef extern from "Python.h":
 
 cdef extern from "<unistd.h>" nogil:
     int c_close "close"(int fd)
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
 
 cdef extern from *:
     """
@@ -360,7 +362,7 @@ cdef class Ring:
         cdef int ret
         while sqe == NULL:
             with nogil:
-                ret = io_uring_submit(&self._ring)
+                ret = self._submit_for_room()
             if ret == -EINTR:
                 continue
             if ret < 0:
@@ -619,12 +621,11 @@ cdef class Ring:
 
     cdef list _take_done(self):
         cdef unsigned i, n = self._ndone
-        cdef list result = PyList_New(n)  # sized at once: no append's reallocation
-        cdef object item
+        # Sized at once (no append's reallocation), and full from the start: making a tuple may run
+        # the collector, whose finalizers can reach this list through gc.get_objects().
+        cdef list result = [None] * n
         for i in range(n):  # a MemoryError here keeps them all for the next wait()
-            item = (<object>self._done[i].user_data, self._done[i].result)
-            Py_INCREF(item)  # PyList_SET_ITEM steals it
-            PyList_SET_ITEM(result, i, item)
+            result[i] = (<object>self._done[i].user_data, self._done[i].result)
         self._drop_done()
         return result
 
@@ -765,22 +766,34 @@ cdef class Ring:
             io_uring_prep_nop(sqe)
             io_uring_sqe_set_data64(sqe, rid)
             head += 1
+        cdef unsigned unsent
+        cdef int stalls = 0
         while self._in_flight():
             if per_request:
-                self._cancel_each()
-            elif not sent_any:
-                sqe = self._sqe_or_null()
-                if sqe != NULL:
-                    io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ALL | IORING_ASYNC_CANCEL_ANY)
-                    io_uring_sqe_set_data64(sqe, CANCEL_ID)
-                    self._cancels += 1
-                    sent_any = True
+                unsent = self._cancel_each()
+            else:
+                if not sent_any:
+                    sqe = self._sqe_or_null()
+                    if sqe != NULL:
+                        io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ALL | IORING_ASYNC_CANCEL_ANY)
+                        io_uring_sqe_set_data64(sqe, CANCEL_ID)
+                        self._cancels += 1
+                        sent_any = True
+                unsent = 0 if sent_any else self._in_flight()
+            # Block for a completion only once every request has its cancel: a request without one
+            # may never complete (a read from a silent pipe).  Else submit, reap, and try again.
             with nogil:
-                ret = io_uring_submit_and_wait(&self._ring, 1)
+                ret = io_uring_submit_and_wait(&self._ring, 0 if unsent else 1)
+                if unsent:
+                    sched_yield()
             if ret < 0 and ret != -EINTR:
                 failures += 1
                 if failures > 1000:
                     return False
+            if unsent:
+                stalls += 1
+                if stalls > 100000:
+                    return False  # the kernel takes no cancel: the pins stay (see _shutdown)
             try:
                 self._reap()
             except BaseException:  # (only a MemoryError could get here; nothing is lost by it)
@@ -801,29 +814,45 @@ cdef class Ring:
                 pass
         return True
 
-    cdef void _cancel_each(self) noexcept:
+    cdef unsigned _cancel_each(self) noexcept:
         """Queue a cancel for every request in flight that has none yet, as far as the submission
-        queue takes them (the rest at the next call, after a wait has made room)."""
-        cdef unsigned i
+        queue takes them; how many are left without one (for the next call)."""
+        cdef unsigned i, unsent = 0
         cdef io_uring_sqe* sqe
         for i in range(self._capacity):
             if self._requests[i].user_data != NULL and not self._requests[i].cancelling:
-                sqe = self._sqe_or_null()
+                sqe = self._sqe_or_null() if not unsent else NULL
                 if sqe == NULL:
-                    return
+                    unsent += 1
+                    continue
                 io_uring_prep_cancel64(sqe, i, 0)
                 io_uring_sqe_set_data64(sqe, CANCEL_ID)
                 self._requests[i].cancelling = True
                 self._cancels += 1
+        return unsent
 
     cdef io_uring_sqe* _sqe_or_null(self) noexcept:
         """A submission slot for close's cancels (the queue submitted first when full), or NULL."""
         cdef io_uring_sqe* sqe = io_uring_get_sqe(&self._ring)
         if sqe == NULL:
             with nogil:
-                io_uring_submit(&self._ring)
+                self._submit_for_room()
             sqe = io_uring_get_sqe(&self._ring)
         return sqe
+
+    cdef int _submit_for_room(self) noexcept nogil:
+        """Submit the queue (to make room in it); io_uring_submit's result, or -errno.  With SQPOLL,
+        where submitting only hands the entries to the kernel's polling thread, also wait until that
+        thread has taken some: a full queue stays full until it does."""
+        cdef int ret = io_uring_submit(&self._ring)
+        cdef int waited
+        if ret >= 0 and self._flags & IORING_SETUP_SQPOLL:
+            waited = io_uring_sqring_wait(&self._ring)
+            if waited == -EINVAL:  # a kernel before 5.10 cannot wait for room: let the thread run
+                sched_yield()
+            elif waited < 0:
+                return waited
+        return ret
 
     def __dealloc__(self):
         if not self._open:

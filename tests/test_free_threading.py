@@ -347,33 +347,99 @@ def test_double_free_from_two_threads_frees_once():
         assert arena.stats()["live_segments"] == 0
 
 
-def test_deferred_free_racing_the_last_releases_frees_once():
-    """free(deferred=True) in one thread while three others release the segment's exports and a
-    fourth takes new ones: the segment is freed exactly once, only when no export is alive (every
-    export taken reads its owner's bytes), and the arena's books end with nothing live."""
-    with Arena() as arena:
-        for step in range(ROUNDS):
-            own = 1 + step % 200
-            seg = arena.allocate(256, zero=False).fill(own)
-            views = [memoryview(seg) for _ in range(3)]
+DEFERRED_SECONDS = 1.5  # of rounds (tens of thousands)
+DEFERRED_SWEEP = 40     # the follower's delay cycles through 0..SWEEP-1 loop turns
 
-            def worker(index, seg=seg, views=views, own=own):
-                if index == 0:
+
+def test_deferred_free_against_the_last_release_and_a_new_export():
+    """free(deferred=True) and the exports' releases at once, from two threads started together by
+    a spin on a round number, the second delayed by a varying number of loop turns so that the
+    rounds sweep the window between them.  Three pairings in turn: the deferred free against the
+    only export's release; (the free asked first) the last two releases against each other; the
+    last release against a new export.  Whoever holds an export checks the segment is alive before
+    letting go (a free under an export is caught whether or not the memory is reused); after each
+    round the segment is dead and unexported and the arena has nothing live (no lost free)."""
+    arena = Arena()
+    go, done, stop = [0], [0], [False]
+    failures: list[str] = []
+    state: dict = {}
+
+    def release_checked(view, seg, who):
+        if not seg.alive:
+            failures.append(f"round {state['round']}: {who} holds an export of a freed segment")
+        view.release()
+
+    def new_export(seg, own):
+        try:
+            with memoryview(seg) as view:
+                if not seg.alive or view[0] != own:
+                    failures.append(f"round {state['round']}: a new export sees a freed segment")
+        except ArenaClosedError:
+            pass  # taken after the free: refused
+
+    def act(me, kind, seg, views, own):
+        if kind == 0:
+            if me == 0:
+                seg.free(deferred=True)
+            else:
+                release_checked(views[0], seg, "the releaser")
+        elif kind == 1:
+            release_checked(views[me], seg, f"releaser {me}")
+        elif me == 0:
+            release_checked(views[0], seg, "the releaser")
+        else:
+            new_export(seg, own)
+
+    def follower():
+        r = 0
+        try:
+            while True:
+                r += 1
+                while go[0] < r:
+                    if stop[0]:
+                        return
+                for _ in range(state["delay"]):
+                    pass
+                act(1, state["kind"], state["seg"], state["views"], state["own"])
+                done[0] = r
+        except BaseException as exc:
+            failures.append(f"follower: {exc!r}")
+            done[0] = 1 << 62  # the leader stops waiting
+
+    def leader():
+        rounds = 0
+        deadline = time.monotonic() + DEFERRED_SECONDS
+        try:
+            while time.monotonic() < deadline and not failures:
+                rounds += 1
+                kind, own = rounds % 3, 1 + rounds % 250
+                seg = arena.allocate(64, zero=False).fill(own)
+                views = [memoryview(seg) for _ in range(2 if kind == 1 else 1)]
+                if kind:
                     seg.free(deferred=True)
-                    return "asked"
-                if index <= 3:
-                    views[index - 1].release()
-                    return "released"
-                try:
-                    with memoryview(seg) as view:  # a new export: the free waits for it in turn
-                        return "read" if view.tobytes() == bytes([own]) * 256 else "foreign"
-                except ArenaClosedError:
-                    return "too late"
+                state.update(kind=kind, seg=seg, views=views, own=own, round=rounds,
+                             delay=(rounds // 3) % DEFERRED_SWEEP)
+                go[0] = rounds
+                act(0, kind, seg, views, own)
+                while done[0] < rounds:
+                    pass
+                if seg.alive or seg.exports or arena.stats()["live_segments"]:
+                    failures.append(f"round {rounds} (pairing {kind}): alive={seg.alive} exports="
+                                    f"{seg.exports} live={arena.stats()['live_segments']}: a lost free")
+        except BaseException as exc:
+            failures.append(f"leader: {exc!r}")
+        finally:
+            stop[0] = True
+            state["rounds"] = rounds
 
-            outcomes = run_threads(worker, n=5)
-            assert "foreign" not in outcomes
-            assert not seg.alive
-            assert arena.stats()["live_segments"] == 0
+    threads = [threading.Thread(target=leader), threading.Thread(target=follower)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:3]
+    assert state["rounds"] >= 30  # every pairing, many times over
+    arena.close()
 
 
 def _free_outcome(seg):

@@ -617,6 +617,82 @@ def test_close_cancels_more_requests_than_the_submission_queue_holds(how):
     assert assert_ok(run_python(CLOSE_WITH_A_FULL_QUEUE, how, timeout=60)).strip() == "closed"
 
 
+CLOSE_SQPOLL_RINGS = """
+    import errno, os, sys
+    import arenalib._ring
+    from arenalib import Ring
+    from arenalib._ring import SETUP_SQPOLL
+    arenalib._ring._use_per_request_cancel(sys.argv[1] == "per-request")
+    r, w = os.pipe()
+    try:
+        Ring(2, flags=SETUP_SQPOLL).close()
+    except PermissionError:
+        print("no SQPOLL for this user"); sys.exit()
+    for entries in (2, 2, 2, 2, 2, 2, 2, 2, 8, 64):
+        ring = Ring(entries, flags=SETUP_SQPOLL)
+        bufs = [bytearray(16) for _ in range(ring.cq_entries)]
+        for i, buf in enumerate(bufs):  # more than the submission queue holds: queued in turns
+            ring.read(r, buf, user_data=i)
+        ring.submit()
+        ring.close()                    # right away: the polling thread may not have taken them yet
+        assert ring.in_flight == 0
+        bufs[0].extend(b"resizable again")
+    os.write(w, b"after close")
+    assert os.read(r, 100) == b"after close"
+    print("closed")
+"""
+
+
+@pytest.mark.parametrize("how", ["cancel-any", "per-request"])
+def test_close_of_an_sqpoll_ring_with_a_full_queue_returns(how):
+    """With SETUP_SQPOLL, submitting hands the queue to the kernel's polling thread, which takes the
+    entries later: a full queue right after submit() has no room for close()'s cancels until it
+    does (close() used to wait for completions then, and a read from a silent pipe never comes)."""
+    out = assert_ok(run_python(CLOSE_SQPOLL_RINGS, how, timeout=60)).strip()
+    if out == "no SQPOLL for this user":
+        pytest.skip(out)
+    assert out == "closed"
+
+
+WAIT_WITH_A_FINALIZER_SEARCHING_LISTS = """
+    import gc
+    from arenalib import Ring
+    N = 64
+    armed = False
+
+    class Trap:
+        def __init__(self):
+            self.cycle = self          # cyclic garbage: only the collector frees it, running __del__
+        def __del__(self):
+            if armed:                  # every list of N items, each item read (a NULL one crashes)
+                for o in gc.get_objects():
+                    if type(o) is list and len(o) == N:
+                        for item in o:
+                            type(item)
+
+    ring = Ring(N)
+    for i in range(N):
+        ring.nop(user_data=i)
+    ring.submit()
+    hold = [(i, i) for i in range(5000)]   # no free 2-tuples left: each new one is a GC allocation
+    traps = [Trap() for _ in range(50)]
+    del traps
+    gc.set_threshold(1)
+    armed = True
+    done = ring.wait(N)
+    armed = False
+    gc.set_threshold(700)
+    assert sorted(done) == [(i, 0) for i in range(N)]
+    print("ok")
+"""
+
+
+def test_wait_builds_its_list_whole_for_finalizers_run_meanwhile():
+    """The collector may run while wait() makes its result tuples, and a finalizer may find the
+    result list through gc.get_objects(): every item of it must already be an object."""
+    assert assert_ok(run_python(WAIT_WITH_A_FINALIZER_SEARCHING_LISTS)).strip() == "ok"
+
+
 def test_a_ring_collected_with_requests_in_flight_cancels_them(pipe):
     r, w = pipe
     arena = Arena()
