@@ -1,7 +1,9 @@
 # cython: language_level=3
 """The part of liburing 2.3 (subprojects/liburing.wrap) that arenalib's Ring and the benchmarks' C
-loops use: private to this project, declared once.  Whatever cimports it must link liburing (the
-wrap's liburing_dep), as arenalib._ring and bench/native's uring kernels do."""
+loops use: private to this project, declared once, and not installed (as _jemalloc.pxd is not:
+nothing of liburing leaves the build; bench/native reaches it in the source tree of the editable
+install).  Whatever cimports it must link liburing (the wrap's liburing_dep), as arenalib._ring and
+bench/native's uring kernels do."""
 
 from libc.stdint cimport uint64_t
 
