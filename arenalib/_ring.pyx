@@ -766,8 +766,8 @@ cdef class Ring:
             io_uring_prep_nop(sqe)
             io_uring_sqe_set_data64(sqe, rid)
             head += 1
-        cdef unsigned unsent
-        cdef int stalls = 0
+        cdef unsigned unsent, unsent_before = 0
+        cdef int stalls = 0                # rounds in a row that left requests without a cancel
         while self._in_flight():
             if per_request:
                 unsent = self._cancel_each()
@@ -790,10 +790,13 @@ cdef class Ring:
                 failures += 1
                 if failures > 1000:
                     return False
-            if unsent:
+            if unsent and unsent >= unsent_before:
                 stalls += 1
                 if stalls > 100000:
                     return False  # the kernel takes no cancel: the pins stay (see _shutdown)
+            else:
+                stalls = 0        # progress: a cancel went out
+            unsent_before = unsent
             try:
                 self._reap()
             except BaseException:  # (only a MemoryError could get here; nothing is lost by it)
