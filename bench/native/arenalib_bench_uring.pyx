@@ -38,6 +38,18 @@ cdef int _setup(io_uring* ring, unsigned entries) except -1:
     return 0
 
 
+cdef inline void _queue_read(io_uring* ring, bint fixed, int fd, iovec* iov, unsigned i, unsigned block,
+                             uint64_t nth) noexcept nogil:
+    """Queue the read of the file's block ``nth`` into buffer ``i`` (READ_FIXED when ``fixed``); the
+    user data says both (nth << 16 | i)."""
+    cdef io_uring_sqe* sqe = io_uring_get_sqe(ring)
+    if fixed:
+        io_uring_prep_read_fixed(sqe, fd, iov[i].iov_base, block, nth * block, <int>i)
+    else:
+        io_uring_prep_read(sqe, fd, iov[i].iov_base, block, nth * block)
+    io_uring_sqe_set_data64(sqe, (nth << 16) | i)
+
+
 def read_file(int fd, uint64_t size, unsigned block, list addresses, bint fixed):
     """Read ``size`` bytes of ``fd`` in ``block``-byte reads, len(addresses) of them in flight: buffer
     i (``addresses[i]``, ``block`` bytes) is read into, and read into again at the next offset as
@@ -55,7 +67,6 @@ def read_file(int fd, uint64_t size, unsigned block, list addresses, bint fixed)
         iov[i].iov_len = block
     cdef uint64_t nblocks = (size + block - 1) // block
     cdef uint64_t issued = 0, reaped = 0, offset
-    cdef io_uring_sqe* sqe
     cdef io_uring_cqe* cqe
     cdef unsigned want
     cdef int ret = 0, bad = 0
@@ -71,13 +82,7 @@ def read_file(int fd, uint64_t size, unsigned block, list addresses, bint fixed)
             with nogil:
                 t0 = now_ns()
                 while issued < nblocks and issued < depth:
-                    sqe = io_uring_get_sqe(&ring)
-                    if fixed:
-                        io_uring_prep_read_fixed(sqe, fd, iov[issued].iov_base, block, issued * block,
-                                                 <int>issued)
-                    else:
-                        io_uring_prep_read(sqe, fd, iov[issued].iov_base, block, issued * block)
-                    io_uring_sqe_set_data64(sqe, (issued << 16) | issued)
+                    _queue_read(&ring, fixed, fd, iov, <unsigned>issued, block, issued)
                     issued += 1
                 while reaped < issued:
                     ret = io_uring_submit_and_wait(&ring, 1)
@@ -94,13 +99,7 @@ def read_file(int fd, uint64_t size, unsigned block, list addresses, bint fixed)
                         io_uring_cq_advance(&ring, 1)
                         reaped += 1
                         if issued < nblocks and not bad:  # after a failure: drain, issue no more
-                            sqe = io_uring_get_sqe(&ring)
-                            if fixed:
-                                io_uring_prep_read_fixed(sqe, fd, iov[i].iov_base, block, issued * block,
-                                                         <int>i)
-                            else:
-                                io_uring_prep_read(sqe, fd, iov[i].iov_base, block, issued * block)
-                            io_uring_sqe_set_data64(sqe, (issued << 16) | i)
+                            _queue_read(&ring, fixed, fd, iov, i, block, issued)
                             issued += 1
                 t0 = now_ns() - t0
             if ret < 0:
