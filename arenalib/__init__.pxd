@@ -32,7 +32,9 @@
 # inline open and close of a confined scope leave the shared parked slot to arenalib's functions,
 # which lock the slot pool.  For a scope without any Python object, put an
 # ArenaCore on the stack, prepare it once with arena_core_init(), then use arena_open() /
-# arena_close() (both need the GIL).
+# arena_close() (both need the GIL).  An ArenaCore must not be copied or moved while open: every
+# call treats a copy (a core not at the address it was opened at) as closed (ARENA_ECLOSED), so it
+# can never reach memory the original gave back.
 #
 # The common cases are inline functions, compiled into your module: a ConfinedArena's allocate
 # and free from its free list, a SlicingArena's carve (no atomic instruction while one thread

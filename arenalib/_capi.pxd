@@ -160,6 +160,10 @@ cdef struct ArenaCore:
     # arenalib's InlineState, set by every open: a core handed to another module carries arenalib's
     # function table with it.  First, so that a module of any layout finds it at the same place.
     InlineState* state
+    # The core's own address, set by every open: a copy (or a moved core) is not at that address,
+    # and every path treats it as closed, so a copy kept past a close can never reach the slot's
+    # memory (the C API forbids copies; this is how it tells).
+    ArenaCore* self
     # Permits of the inline fast paths: the thread that may take the ConfinedArena
     # path, and the thread a SlicingArena is biased to (0: nobody).  They are permits, not state:
     # ``open`` alone says whether the arena is open; close revokes both.
@@ -477,7 +481,9 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
     cdef CarverRecord* record
     cdef ThreadCache* tc
     cdef InlineState* state
-    if core.fast_owner == me and small_align(align) and size <= CACHE_MAX_SIZE:
+    if core.self != core:
+        pass  # a copy: the slow path says it is closed
+    elif core.fast_owner == me and small_align(align) and size <= CACHE_MAX_SIZE:
         ptr = cache_pop(&core.slot.cache, size)
         if ptr != NULL:
             if zero:
@@ -487,7 +493,8 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
             return ARENA_OK
     elif core.kind == ARENA_KIND_SHARED:
         tc = load_first_cache(&core.shared.first_cache)
-        if tc != NULL and tc.thread == me and small_align(align) and size <= CACHE_MAX_SIZE:
+        if (tc != NULL and arenalib_load_owner(&tc.thread) == me and small_align(align)
+                and size <= CACHE_MAX_SIZE):
             ptr = cache_pop(&tc.cache, size)
             if ptr != NULL:
                 if zero:
@@ -526,14 +533,15 @@ cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nog
     cdef InlineState* state
     cdef ThreadCache* tc
     cdef unsigned long me = thread_ident()
-    if size <= CACHE_MAX_SIZE:
+    if size <= CACHE_MAX_SIZE and core.self == core:  # a copy: the slow path says it is closed
         if core.fast_owner == me:
             if cache_push(&core.slot.cache, ptr, size):
                 confined_count_free(core, ptr, size)
                 return ARENA_OK
         elif core.kind == ARENA_KIND_SHARED:
             tc = load_first_cache(&core.shared.first_cache)
-            if tc != NULL and tc.thread == me and cache_push(&tc.cache, ptr, size):
+            if (tc != NULL and arenalib_load_owner(&tc.thread) == me
+                    and cache_push(&tc.cache, ptr, size)):
                 books_remove(&tc.books, size)
                 return ARENA_OK
     if arenalib_free_slow_fn != NULL:
@@ -557,6 +565,7 @@ cdef inline void core_init(ArenaCore* core, InlineState* state, ArenaSlot* slot,
     """Open ``core`` on ``slot``.  Field by field, not memset: a scope's whole budget is a few ns
     (see DESIGN.md).  recent[] needs no clearing."""
     core.state = state
+    core.self = core
     core.slot = slot
     core.kind = kind
     core.carve_owner = 0      # every kind stays off the inline slicing path until a carve
@@ -604,7 +613,8 @@ cdef inline bint close_small_scope(ArenaCore* core, InlineState* state) noexcept
     ``state`` is the module's own pointer (arena_close() has made sure of it), not core.state,
     which the open has only just stored."""
     cdef ArenaSlot* slot = core.slot
-    if (not INLINE_PARKING or core.fast_owner != thread_ident() or core.confined.recent_overflowed
+    if (not INLINE_PARKING or core.self != core or core.fast_owner != thread_ident()
+            or core.confined.recent_overflowed
             or core.life.exports or core.books.allocated_total > PURGE_LIMIT
             or state.parked != slot
             or slot.churn_bytes + core.books.allocated_total > state.parked_headroom):
@@ -645,7 +655,7 @@ cdef inline uint64_t abi_fingerprint(InlineState* st) noexcept nogil:
     cdef FreeBlocks* f = &s.cache
     cdef CarverRecord* r = &st.carvers[0]
     cdef ThreadCache t
-    cdef void* c_fields[32]
+    cdef void* c_fields[33]
     cdef void* s_fields[8]
     cdef void* t_fields[6]
     cdef void* f_fields[5]
@@ -657,7 +667,7 @@ cdef inline uint64_t abi_fingerprint(InlineState* st) noexcept nogil:
     cdef int b
     h = _abi_mix(h, sizeof(ArenaCore))
     c_fields[:] = [
-        <void*>&c.state, <void*>&c.fast_owner, <void*>&c.carve_owner, <void*>&c.life.generation,
+        <void*>&c.state, <void*>&c.self, <void*>&c.fast_owner, <void*>&c.carve_owner, <void*>&c.life.generation,
         <void*>&c.life.exports, <void*>&c.life.owner, <void*>&c.kind, <void*>&c.open,
         <void*>&c.slot, <void*>&c.serial, <void*>&c.max_bytes, <void*>&c.books.live_bytes,
         <void*>&c.books.live_segments, <void*>&c.books.peak_bytes, <void*>&c.books.allocated_total,
@@ -668,7 +678,7 @@ cdef inline uint64_t abi_fingerprint(InlineState* st) noexcept nogil:
         <void*>&c.slicing.chunks, <void*>&c.slicing.chunk_sizes, <void*>&c.slicing.nchunks,
         <void*>&c.slicing.chunks_capacity, <void*>&c.slicing.current, <void*>&c.slicing.cursor,
         <void*>&c.slicing.cursor_end, <void*>&c.slicing.chunk_bytes]
-    h = _abi_offsets(h, &c, c_fields, 32)
+    h = _abi_offsets(h, &c, c_fields, 33)
     h = _abi_mix(h, sizeof(ArenaSlot))
     s_fields[:] = [
         <void*>&s.arena_index, <void*>&s.tcache_index, <void*>&s.stale_bytes, <void*>&s.churn_bytes,

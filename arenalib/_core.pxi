@@ -29,8 +29,8 @@ cdef inline bint over_limit(ArenaCore* core, size_t size) noexcept nogil:
 # -- the entry points (ArenaFunctions) -------------------------------------------------------------
 
 cdef inline int _usable(ArenaCore* core) noexcept nogil:
-    """ARENA_OK when the calling thread may use the open ``core``."""
-    if not core.open:
+    """ARENA_OK when the calling thread may use the open ``core``; a copy of a core is closed."""
+    if not core.open or core.self != core:
         return ARENA_ECLOSED
     if core.life.owner and core.life.owner != thread_ident():
         return ARENA_EWRONGTHREAD

@@ -433,6 +433,8 @@ cdef class Segment:
                 # With the GIL off, another thread took a new export since the count was read:
                 # the free waits for that one in turn.
                 self._free_when_unexported()
+            except ArenaClosedError:
+                pass  # another thread's reset or close took the memory since the check above
         return 0
 
     def __getitem__(self, key):

@@ -64,7 +64,11 @@ cdef extern from *:
                                               __ATOMIC_RELAXED, __ATOMIC_RELAXED));
         return 1;
     }
+    #define arenalib_load_thread(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+    #define arenalib_store_thread(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
     """
+    unsigned long load_thread "arenalib_load_thread"(unsigned long* thread) noexcept nogil
+    void store_thread "arenalib_store_thread"(unsigned long* thread, unsigned long value) noexcept nogil
     void* arenalib_tls_get(uint64_t serial) noexcept nogil
     void arenalib_tls_set(uint64_t serial, void* cache) noexcept nogil
     int arenalib_thread_ready
@@ -94,10 +98,17 @@ cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
             arenalib_thread_ready = 1
     cdef unsigned long me = thread_ident()
     cdef ArenaSlot* slot = core.slot
+    cdef ThreadCache* unowned = NULL
+    thread_exit_arm()  # its caches go back when it ends
     PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
     tc = slot.threads
     while tc != NULL and tc.thread != me:
+        if tc.thread == 0 and unowned == NULL:
+            unowned = tc
         tc = tc.next
+    if tc == NULL and unowned != NULL:
+        tc = unowned  # left by a thread that ended: warm, its books still count
+        store_thread(&tc.thread, me)
     if tc == NULL:
         tc = <ThreadCache*>PyMem_RawCalloc(1, sizeof(ThreadCache))
         if tc != NULL:
@@ -110,6 +121,31 @@ cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
     if tc != NULL:
         arenalib_tls_set(core.serial, tc)
     return tc
+
+
+cdef void shared_thread_exit() noexcept nogil:
+    """The calling thread ends (_thread_exit): the free blocks its caches keep go back to jemalloc
+    (decay or a purge then hands their pages to the OS), and its ThreadCaches are left unowned,
+    for the next thread to take over with their books.  A slot is never freed, and _all_slots_lock
+    keeps the list from moving meanwhile.  Its caches are its own: only reset, purge and close
+    touch another thread's, under the slot's threads_lock, held here too."""
+    cdef unsigned long me = thread_ident()
+    cdef Py_ssize_t i
+    cdef ArenaSlot* slot
+    cdef ThreadCache* tc
+    PyThread_acquire_lock(_all_slots_lock, WAIT_LOCK)
+    for i in range(_all_slots_count):
+        slot = _all_slots[i]
+        PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
+        tc = slot.threads
+        while tc != NULL:
+            if tc.thread == me:
+                cache_drain(&tc.cache)
+                _flush_tcache(tc.tcache_index)
+                store_thread(&tc.thread, 0)
+            tc = tc.next
+        PyThread_release_lock(<PyThread_type_lock>slot.threads_lock)
+    PyThread_release_lock(_all_slots_lock)
 
 
 cdef inline int _thread_flags(ArenaCore* core, ThreadCache* tc) noexcept nogil:
@@ -187,7 +223,7 @@ cdef void shared_update_peak(ArenaCore* core) noexcept nogil:
     The other threads' live bytes are read while they change: a figure, not an invariant."""
     cdef ThreadCache* mine = load_first_cache(&core.shared.first_cache)
     cdef Py_ssize_t peak = load_ssize(&core.books.peak_bytes)
-    if mine != NULL and mine.thread == thread_ident():
+    if mine != NULL and load_thread(&mine.thread) == thread_ident():
         if mine.next == NULL and arenalib_follow(&core.slot.threads) == mine:
             # The one thread of the arena (the common case): its live bytes are the sum.
             if mine.books.live_bytes > peak:

@@ -37,7 +37,9 @@ cdef extern from *:
     #endif
     #define arenalib_claim_record(p, me) \
         __atomic_compare_exchange_n((p), &(unsigned long){0}, (me), 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)
+    #define arenalib_release_record(p) __atomic_store_n((p), 0UL, __ATOMIC_RELEASE)
     """
+    void arenalib_release_record(unsigned long* thread) noexcept nogil
     int arenalib_membarrier_register() noexcept nogil
     int arenalib_membarrier() noexcept nogil
     bint arenalib_claim_record(unsigned long* thread, unsigned long me) noexcept nogil
@@ -123,6 +125,24 @@ cdef int _next_chunk(ArenaCore* core, size_t size, size_t align) noexcept nogil:
     return ARENA_OK
 
 
+cdef void _free_own_chunks(ArenaCore* core) noexcept nogil:
+    """Give back the chunks made for one request larger than chunk_size (none holds a live
+    segment): only chunks of the arena's chunk_size stay warm across resets, so that a one-off
+    huge request does not stay resident for the arena's life.  jemalloc keeps their pages dirty
+    for a while, so the same request again after a reset still finds them warm."""
+    cdef SlicingState* slicing = &core.slicing
+    cdef Py_ssize_t i, kept = 0
+    for i in range(slicing.nchunks):
+        if slicing.chunk_sizes[i] > slicing.chunk_size:
+            je_dallocx(slicing.chunks[i], slot_flags(core.slot))
+            slicing.chunk_bytes -= slicing.chunk_sizes[i]
+        else:
+            slicing.chunks[kept] = slicing.chunks[i]
+            slicing.chunk_sizes[kept] = slicing.chunk_sizes[i]
+            kept += 1
+    slicing.nchunks = kept
+
+
 cdef void slicing_free_chunks(ArenaCore* core, Py_ssize_t keep) noexcept nogil:
     """Give back the chunks from index ``keep`` on (they hold no live segment)."""
     cdef SlicingState* slicing = &core.slicing
@@ -139,11 +159,32 @@ cdef void slicing_free_chunks(ArenaCore* core, Py_ssize_t keep) noexcept nogil:
 cdef CarverRecord* _carver_record(unsigned long me) noexcept nogil:
     """The calling thread's CarverRecord, or NULL when its place in the table is another live
     thread's (that thread then carves through the lock: slower, never wrong)."""
-    cdef CarverRecord* record = &_inline_state.carvers[
-        ((me >> 12) * <unsigned long>0x9E3779B97F4A7C15) >> 56]
-    if record.thread == me or arenalib_claim_record(&record.thread, me):
+    cdef CarverRecord* record = &_inline_state.carvers[_carver_index(me)]
+    if record.thread == me:
+        return record
+    if arenalib_claim_record(&record.thread, me):
+        thread_exit_arm()  # the record goes back when the thread ends
         return record
     return NULL
+
+
+cdef void slicing_thread_exit() noexcept nogil:
+    """The calling thread ends (_thread_exit): its carver record is free for another thread.  An
+    arena still biased to it finds the record taken by another thread (record.thread is not the
+    biased one), and a carve of it takes the slow path, as for any thread without a record."""
+    cdef unsigned long me = thread_ident()
+    cdef CarverRecord* record = &_inline_state.carvers[_carver_index(me)]
+    if record.thread == me:
+        arenalib_release_record(&record.thread)
+
+
+def _carver_records_taken():
+    """How many carver records threads hold (for the tests)."""
+    return sum(_inline_state.carvers[i].thread != 0 for i in range(CARVER_RECORDS))
+
+
+cdef inline Py_ssize_t _carver_index(unsigned long me) noexcept nogil:
+    return <Py_ssize_t>(((me >> 12) * <unsigned long>0x9E3779B97F4A7C15) >> 56)
 
 
 cdef int slicing_lock(ArenaCore* core) noexcept nogil:
@@ -234,6 +275,7 @@ cdef int slicing_reset(ArenaCore* core) noexcept nogil:
     cdef int err = slicing_lock(core)
     if err:
         return err
+    _free_own_chunks(core)
     if core.slicing.nchunks:
         _use_chunk(&core.slicing, 0)
     else:
@@ -300,15 +342,21 @@ cdef class SlicingArena(ArenaBase):
             "SlicingArena segments cannot be freed one by one; use reset() or close()")
 
     def purge(self):
-        """Give back the chunks not in use (those past the current one) and purge dirty pages."""
+        """Give back the chunks not in use (those past the current one, all of them when no
+        segment is alive) and purge dirty pages."""
         # Chunks and thread caches go: no other thread's Python-level access, reset or close meanwhile.
         exclusive_begin(&self._core.life)
         cdef int err = _usable(&self._core)
         if not err:
             err = slicing_lock(&self._core)
         if not err:
-            slicing_free_chunks(&self._core,
-                                self._core.slicing.current + 1 if self._core.slicing.nchunks else 0)
+            # Every chunk past the current one holds no live segment; with no live segment at
+            # all (after a reset), none does.
+            if self._core.slicing.nchunks and self._core.books.live_segments:
+                slicing_free_chunks(&self._core, self._core.slicing.current + 1)
+            else:
+                slicing_free_chunks(&self._core, 0)
+                _use_no_chunk(&self._core.slicing)
             slicing_unlock(&self._core)
             slot_purge_open(self._core.slot)
         exclusive_end(&self._core.life)

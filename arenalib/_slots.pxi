@@ -37,8 +37,9 @@ from libc.string cimport memcpy, memset
 import os
 
 from arenalib._capi cimport (
-    CACHE_MAX_BYTES, CACHE_MAX_PER_BIN, CACHE_MAX_SIZE, PURGE_LIMIT, ArenaSlot, FreeBlocks, InlineState,
-    ThreadCache, cache_bin, cache_bin_size, cache_held_bytes, cache_pop, cache_push,
+    CACHE_BINS, CACHE_MAX_BYTES, CACHE_MAX_PER_BIN, CACHE_MAX_SIZE, NO_HOT_BLOCK, PURGE_LIMIT, ArenaSlot,
+    FreeBlocks, InlineState, ThreadCache, cache_bin, cache_bin_size, cache_held_bytes, cache_pop,
+    cache_push,
 )
 from arenalib._jemalloc cimport (
     MALLOCX_ARENA, MALLOCX_LG_ALIGN, MALLOCX_TCACHE, MALLOCX_TCACHE_NONE, MALLOCX_ZERO, je_dallocx,
@@ -48,6 +49,11 @@ from arenalib._jemalloc cimport (
 cdef extern from *:
     """
     #define arenalib_ctz(x) __builtin_ctzll(x)
+    #include <time.h>
+    static void arenalib_sleep_us(long us) {
+        struct timespec ts = {0, us * 1000L};
+        nanosleep(&ts, NULL);
+    }
     #if ARENALIB_FREE_THREADED
     #include <pthread.h>
     static pthread_mutex_t arenalib_pool_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -61,6 +67,7 @@ cdef extern from *:
     #endif
     """
     int arenalib_ctz(unsigned long long x) noexcept nogil
+    void arenalib_sleep_us(long us) noexcept nogil
     void pool_lock "arenalib_pool_lock"() noexcept nogil
     void pool_unlock "arenalib_pool_unlock"() noexcept nogil
     void pool_lock_reinit "arenalib_pool_lock_reinit"() noexcept nogil
@@ -124,24 +131,28 @@ cdef size_t _mib_purge_len = 3
 cdef size_t _mib_tcache_flush_len = 2
 cdef size_t _mib_batch_alloc[2]
 cdef size_t _mib_batch_alloc_len = 2
+cdef size_t _mib_pdirty[4]
+cdef size_t _mib_pdirty_len = 4
 
 
 cdef int slots_init() except -1:
     """The slot pool's start-up: the shared state, the lock of the spare tcaches, the MIBs, and
     the fork handler."""
-    global _inline_state, _spare_tcache_lock, _pid, _idle_decay_wanted
+    global _inline_state, _spare_tcache_lock, _all_slots_lock, _pid, _idle_decay_wanted
     _inline_state = <InlineState*>arenalib_cache_aligned(sizeof(InlineState))
     _spare_tcache_lock = PyThread_allocate_lock()
-    if arenalib_records_init() != 0:
+    _all_slots_lock = PyThread_allocate_lock()
+    if arenalib_records_init() != 0 or arenalib_thread_exit_init(_thread_exit) != 0:
         raise MemoryError("cannot create the thread key of arenalib's access records")
-    if _inline_state == NULL or _spare_tcache_lock == NULL:
+    if _inline_state == NULL or _spare_tcache_lock == NULL or _all_slots_lock == NULL:
         raise ImportError("arenalib: cannot allocate its shared state")
     _inline_state.parked_headroom = _retain_limit
     if (je_mallctlnametomib(b"arena.0.reset", _mib_reset, &_mib_reset_len)
             or je_mallctlnametomib(b"arena.0.purge", _mib_purge, &_mib_purge_len)
             or je_mallctlnametomib(b"tcache.flush", _mib_tcache_flush, &_mib_tcache_flush_len)
             or je_mallctlnametomib(b"experimental.batch_alloc", _mib_batch_alloc,
-                                   &_mib_batch_alloc_len)):
+                                   &_mib_batch_alloc_len)
+            or je_mallctlnametomib(b"stats.arenas.0.pdirty", _mib_pdirty, &_mib_pdirty_len)):
         raise ImportError("arenalib: the private jemalloc did not answer mallctlnametomib")
     _pid = os.getpid()
     os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -271,18 +282,22 @@ cdef inline int slot_flags(ArenaSlot* slot) noexcept nogil:
 
 cdef ArenaSlot** _all_slots = NULL   # every slot ever made, idle or in use (for fork)
 cdef Py_ssize_t _all_slots_count = 0
+# Guards _all_slots against its growth: a thread that ends walks it without the GIL or the pool
+# lock (see shared_thread_exit), and the pool lock is no lock at all on a GIL build.
+cdef PyThread_type_lock _all_slots_lock = NULL
 
 
 cdef bint _remember_slot(ArenaSlot* slot) noexcept nogil:
     global _all_slots, _all_slots_count
+    PyThread_acquire_lock(_all_slots_lock, WAIT_LOCK)
     cdef ArenaSlot** grown = <ArenaSlot**>PyMem_RawRealloc(
         _all_slots, <size_t>(_all_slots_count + 1) * sizeof(ArenaSlot*))
-    if grown == NULL:
-        return False
-    _all_slots = grown
-    _all_slots[_all_slots_count] = slot
-    _all_slots_count += 1
-    return True
+    if grown != NULL:
+        _all_slots = grown
+        _all_slots[_all_slots_count] = slot
+        _all_slots_count += 1
+    PyThread_release_lock(_all_slots_lock)
+    return grown != NULL
 
 
 cdef unsigned _fresh_tcache() noexcept nogil:
@@ -300,7 +315,7 @@ def _after_fork_in_child():
     corrupt it): give every slot and thread cache a new one, never touch the old ones again, and
     replace locks another thread of the parent may have held.  A no-op in a process that did not
     fork since the last call (the function is reachable from Python)."""
-    global _spare_tcache_count, _spare_tcache_lock, _pid, _idle_decay_started
+    global _spare_tcache_count, _spare_tcache_lock, _all_slots_lock, _pid, _idle_decay_started
     if os.getpid() == _pid:
         return
     _pid = os.getpid()
@@ -312,6 +327,7 @@ def _after_fork_in_child():
     cdef ThreadCache* tc
     _spare_tcache_count = 0
     _spare_tcache_lock = PyThread_allocate_lock()
+    _all_slots_lock = PyThread_allocate_lock()
     pool_lock_reinit()
     arenalib_records_after_fork()
     slicing_after_fork()
@@ -325,14 +341,62 @@ def _after_fork_in_child():
             tc = tc.next
 
 
+cdef extern from *:
+    """
+    /* A thread-specific value with a destructor: arenalib's per-thread state goes back when a
+       thread that has some ends (see _thread_exit).  Set once per thread. */
+    #include <pthread.h>
+    static pthread_key_t arenalib_thread_exit_key;
+    static __thread int arenalib_thread_exit_armed;
+    static int arenalib_thread_exit_init(void (*on_exit)(void *)) {
+        return pthread_key_create(&arenalib_thread_exit_key, on_exit);
+    }
+    static inline void arenalib_thread_exit_arm(void) {
+        if (!arenalib_thread_exit_armed) {
+            arenalib_thread_exit_armed = 1;
+            pthread_setspecific(arenalib_thread_exit_key, (void *)1);
+        }
+    }
+    """
+    int arenalib_thread_exit_init(void (*on_exit)(void*) noexcept nogil) noexcept nogil
+    void thread_exit_arm "arenalib_thread_exit_arm"() noexcept nogil
+
+
+cdef void _thread_exit(void* unused) noexcept nogil:
+    """A thread that holds per-thread state of arenalib (armed by thread_exit_arm()) ends: its
+    shared Arenas' caches and its SlicingArena carver record go back.  Without this, threads that
+    come and go would each keep up to CACHE_MAX_BYTES of free blocks (plus jemalloc's tcache) until
+    the arena closed, and their records would stay taken.  Runs after the thread's Python state is
+    gone: no Python code, only C and locks."""
+    shared_thread_exit()
+    slicing_thread_exit()
+
+
 cdef void _cache_forget(FreeBlocks* cache) noexcept nogil:
     """Forget the cached free blocks (the caller resets the arena, which frees them in bulk)."""
     memset(cache, 0, sizeof(FreeBlocks))
 
 
+cdef void cache_drain(FreeBlocks* cache) noexcept nogil:
+    """Give every cached free block back to jemalloc (before a purge, which can then hand their
+    pages to the OS, or when the thread that kept them ends), and empty the cache."""
+    cdef int b
+    cdef void* ptr
+    cdef void* next_ptr
+    if cache.hot_tag != NO_HOT_BLOCK:
+        je_dallocx(cache.hot, MALLOCX_TCACHE_NONE)
+    for b in range(CACHE_BINS):
+        ptr = cache.heads[b]
+        while ptr != NULL:
+            next_ptr = (<void**>ptr)[0]
+            je_dallocx(ptr, MALLOCX_TCACHE_NONE)
+            ptr = next_ptr
+    _cache_forget(cache)
+
+
 # What slot_flush_threads() does besides flushing each thread's jemalloc tcache.
 cdef enum FlushMode:
-    FLUSH_ONLY           # before a purge: the caches stay
+    FLUSH_AND_DRAIN      # before a purge: the cached blocks go back to jemalloc
     FLUSH_AND_FORGET     # before a reset: their books and cached blocks go too
     FLUSH_AND_GIVE_BACK  # threads long gone: their tcaches go back to the spares, the caches go
 
@@ -347,6 +411,8 @@ cdef size_t slot_flush_threads(ArenaSlot* slot, FlushMode mode) noexcept nogil:
     tc = slot.threads
     while tc != NULL:
         next_tc = tc.next
+        if mode == FLUSH_AND_DRAIN:
+            cache_drain(&tc.cache)
         _flush_tcache(tc.tcache_index)
         if mode == FLUSH_AND_FORGET:
             tc.books.live_bytes = 0   # what it allocated in all still counts
@@ -376,25 +442,54 @@ cdef void slot_reset(ArenaSlot* slot) noexcept nogil:
 
 
 cdef void slot_purge(ArenaSlot* slot) noexcept nogil:
-    """Hand the arena's unused dirty pages back to the OS now."""
+    """Hand the arena's unused dirty pages back to the OS now, the free blocks cached for it
+    (the slot's and each thread's) included."""
+    cache_drain(&slot.cache)
     _flush_tcache(slot.tcache_index)
-    slot_flush_threads(slot, FLUSH_ONLY)
+    slot_flush_threads(slot, FLUSH_AND_DRAIN)
     _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
     slot.churn_bytes = 0
     count_add(&_purges, 1)
 
 
+# How long an explicit purge waits for jemalloc's background thread to finish the portion of the
+# same arena it is purging (it purges a large arena in portions of ~ms each), in rounds of 100 us.
+cdef int PURGE_WAIT_ROUNDS = 200
+
+
+cdef size_t _dirty_pages(unsigned arena_index) noexcept nogil:
+    """The arena's dirty pages, as of now (the statistics are snapshots: the epoch refreshes them)."""
+    cdef uint64_t epoch = 1
+    cdef size_t mib[4]
+    cdef size_t pages = 0
+    cdef size_t size = sizeof(size_t)
+    je_mallctl(b"epoch", NULL, NULL, &epoch, sizeof(epoch))
+    memcpy(mib, _mib_pdirty, _mib_pdirty_len * sizeof(size_t))
+    mib[2] = arena_index
+    if je_mallctlbymib(mib, _mib_pdirty_len, &pages, &size, NULL, 0):
+        return 0
+    return pages
+
+
 cdef void slot_purge_open(ArenaSlot* slot) noexcept nogil:
-    """slot_purge() for an arena in use, which no reset may clear first (see slot_wipe()): with
-    jemalloc's background thread on, the thread is paused for the purge (stopping it waits for
-    its portion at hand), which costs a thread start, ~0.1 ms: explicit purges only."""
-    cdef unsigned char off = 0, on = 1  # C bools
-    if not _idle_decay_started:
-        slot_purge(slot)
-        return
-    je_mallctl(b"background_thread", NULL, NULL, &off, sizeof(off))
+    """slot_purge() for an arena in use, which no reset may clear first (see slot_wipe()).
+
+    While jemalloc's background thread purges the same arena (in portions), an explicit purge
+    returns at once having purged nothing (pac_decay_to_limit skips a decay that is ``purging``):
+    the purge is tried again until no dirty page is left, for at most ~20 ms (other threads may be
+    freeing into the arena all the while).  Explicit purges only: each round reads jemalloc's
+    statistics.  (Turning the background thread off for the purge, as before, could deadlock
+    jemalloc 5.3.0: disabling joins a thread that may be waiting for the lock the disabling
+    thread holds, after an arena reset paused it.)"""
+    cdef int rounds
     slot_purge(slot)
-    je_mallctl(b"background_thread", NULL, NULL, &on, sizeof(on))
+    if not _idle_decay_started:
+        return
+    for rounds in range(PURGE_WAIT_ROUNDS):
+        if _dirty_pages(slot.arena_index) == 0:
+            return
+        arenalib_sleep_us(100)
+        _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
 
 
 cdef void slot_wipe(ArenaSlot* slot) noexcept nogil:
@@ -552,14 +647,24 @@ cdef void tcache_give_back(unsigned tcache_index) noexcept nogil:
 def trim():
     """Reset and purge every idle pooled jemalloc arena: all memory not held by an open arena goes
     back to the OS (open arenas are not touched; see their purge())."""
+    if FREE_THREADED:
+        with nogil:
+            _wipe_idle_slots()
+    else:
+        # With the GIL, the GIL is the slot pool's lock: the inline open of any module takes the
+        # parked slot holding it, so the wipe keeps it (a few ms at most: idle slots hold at most
+        # the retain limit).
+        _wipe_idle_slots()
+
+
+cdef void _wipe_idle_slots() noexcept nogil:
     cdef Py_ssize_t i
-    with nogil:
-        pool_lock()
-        if _inline_state.parked_idle:
-            slot_wipe(_inline_state.parked)
-        for i in range(_free_count):
-            slot_wipe(_free_slots[i])
-        pool_unlock()
+    pool_lock()
+    if _inline_state.parked_idle:
+        slot_wipe(_inline_state.parked)
+    for i in range(_free_count):
+        slot_wipe(_free_slots[i])
+    pool_unlock()
 
 
 def pool_stats():

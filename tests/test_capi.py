@@ -321,3 +321,18 @@ def test_a_module_handed_a_core_fetches_the_function_table_without_the_gil(cytho
             assert arena.stats()["live_segments"] == round_ + 1
     code, _ = handoff.allocate_without_the_gil(address, 256, 64)
     assert code != safety_consumer.OK  # closed: ARENA_ECLOSED, nothing allocated
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_c_api_refuses_a_copied_core(cython_consumers, kind):
+    """A copy of an open ArenaCore (``copy = core[0]``) is refused by every call, while the
+    original is open and after its close, with the fast paths warm: before, the copy allocated
+    from the slot after the close (ARENA_OK for all three kinds) and a later scope was handed the
+    copy's live block.  A scope opened afterwards works and is not aliased."""
+    safety_consumer = cython_consumers["safety_consumer"]
+    codes = safety_consumer.copied_core(safety_consumer.KINDS[kind.__name__])
+    assert codes and set(codes.values()) == {safety_consumer.ECLOSED}, codes
+    with kind() as arena:
+        segs = [arena.allocate(64).fill(i) for i in range(8)]
+        assert [seg.tobytes() for seg in segs] == [bytes([i]) * 64 for i in range(8)]
+        assert len({seg.address for seg in segs}) == 8

@@ -1,13 +1,17 @@
 # cython: language_level=3, freethreading_compatible=True
 """A test-only consumer of arenalib's C-level API (issue 11; built by tests/cython/meson.build): the
-inline fast paths' argument checks (tests/test_capi.py), and closing and re-opening an arena
-object's core from C (tests/test_safety.py)."""
+inline fast paths' argument checks and copies of a core (tests/test_capi.py), and closing and
+re-opening an arena object's core from C (tests/test_safety.py)."""
 
 from arenalib cimport (
-    ARENA_EINVAL, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_KIND_SLICING, ARENA_OK, ArenaCore,
-    arena_allocate, arena_close, arena_core, arena_free, arena_open, arena_raise,
+    ARENA_ECLOSED, ARENA_EINVAL, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_KIND_SLICING, ARENA_OK,
+    ArenaCore, arena_allocate, arena_close, arena_core, arena_core_init, arena_free, arena_open,
+    arena_raise,
 )
 
+from arenalib import ArenaClosedError
+
+ECLOSED = ARENA_ECLOSED
 EINVAL = ARENA_EINVAL
 OK = ARENA_OK
 KINDS = {"Arena": ARENA_KIND_SHARED, "ConfinedArena": ARENA_KIND_CONFINED,
@@ -52,3 +56,34 @@ def raise_code(int code):
 def close_core(arena):
     """arena_close() on the arena object's own core: the C API's close path."""
     arena_close(arena_core(arena))
+
+
+def copied_core(int kind):
+    """Error codes of a copy of an open stack core (a struct assignment, which the C API forbids):
+    an allocate from the copy while the original is open, then after the original's close an
+    allocate, a free of the block the original allocated (Arena and ConfinedArena), and a close.
+    The fast paths are warm when the copy is made (a block in the free list, a biased carve).
+    Every one must be refused: a copy that could allocate would hand out the slot's memory after
+    the original gave it back, aliasing the next scope's blocks."""
+    cdef ArenaCore core
+    cdef ArenaCore copy
+    cdef void* ptr = NULL
+    cdef void* block = NULL
+    arena_core_init(&core)
+    arena_open(&core, kind, -1, 0)
+    arena_raise(arena_allocate(&core, 64, 0, False, &ptr))
+    if kind != ARENA_KIND_SLICING:
+        arena_raise(arena_free(&core, ptr, 64))
+        arena_raise(arena_allocate(&core, 64, 0, False, &ptr))
+    copy = core
+    codes = {"allocate while open": arena_allocate(&copy, 64, 0, False, &block)}
+    arena_close(&core)
+    codes["allocate after close"] = arena_allocate(&copy, 64, 0, False, &block)
+    if kind != ARENA_KIND_SLICING:
+        codes["free after close"] = arena_free(&copy, ptr, 64)
+    try:
+        arena_close(&copy)
+        codes["close"] = OK
+    except ArenaClosedError:
+        codes["close"] = ECLOSED
+    return codes
