@@ -303,11 +303,14 @@ cdef class ArenaBase(SegmentOwner):
         # It flushes the thread caches of a shared arena's threads: none may allocate meanwhile.
         exclusive_begin(&self._core.life)
         cdef int err = _usable(&self._core)
+        cdef ArenaSlot* slot = self._core.slot
         if not err:
-            slot_purge_open(self._core.slot)
+            slot_purge_open(slot)
         exclusive_end(&self._core.life)
         if err:
             self._raise(err, None)
+        with nogil:
+            slot_purge_settle(slot)
 
     def close(self):
         """Free every segment and give the memory back; idempotent.

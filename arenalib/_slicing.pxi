@@ -359,9 +359,12 @@ cdef class SlicingArena(ArenaBase):
                 _use_no_chunk(&self._core.slicing)
             slicing_unlock(&self._core)
             slot_purge_open(self._core.slot)
+        cdef ArenaSlot* slot = self._core.slot
         exclusive_end(&self._core.life)
         if err:
             self._raise(err, "cannot purge")
+        with nogil:
+            slot_purge_settle(slot)
 
     def stats(self):
         """As ArenaBase.stats(), plus the chunks held."""

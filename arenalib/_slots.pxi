@@ -472,17 +472,24 @@ cdef size_t _dirty_pages(unsigned arena_index) noexcept nogil:
 
 
 cdef void slot_purge_open(ArenaSlot* slot) noexcept nogil:
-    """slot_purge() for an arena in use, which no reset may clear first (see slot_wipe()).
-
-    While jemalloc's background thread purges the same arena (in portions), an explicit purge
-    returns at once having purged nothing (pac_decay_to_limit skips a decay that is ``purging``):
-    the purge is tried again until no dirty page is left, for at most ~20 ms (other threads may be
-    freeing into the arena all the while).  Explicit purges only: each round reads jemalloc's
-    statistics.  (Turning the background thread off for the purge, as before, could deadlock
-    jemalloc 5.3.0: disabling joins a thread that may be waiting for the lock the disabling
-    thread holds, after an arena reset paused it.)"""
-    cdef int rounds
+    """slot_purge() for an arena in use, which no reset may clear first (see slot_wipe()); the
+    caller then waits for what jemalloc's background thread holds back (slot_purge_settle())."""
     slot_purge(slot)
+    # jemalloc keeps the thread caches' own memory in its automatic arena 0 (flushing an explicit
+    # tcache, as above, frees it there): 200 threads that came and went left ~13 MiB dirty.
+    _arena_ctl(_mib_purge, _mib_purge_len, 0)
+
+
+cdef void slot_purge_settle(ArenaSlot* slot) noexcept nogil:
+    """After slot_purge_open(): while jemalloc's background thread purges the same arena (in
+    portions), an explicit purge returns at once having purged nothing (pac_decay_to_limit skips
+    a decay that is ``purging``), so the arena is purged again until no dirty page is left, for
+    at most ~20 ms (other threads may be freeing into it all the while).  Only the arena's purge
+    is repeated, safe beside any allocation: callers run it without the GIL.  (Turning the
+    background thread off for the purge, as before, deadlocked jemalloc 5.3.0: disabling joins
+    the thread, which may be waiting for the lock the disabling thread holds, after an arena
+    reset paused it.)"""
+    cdef int rounds
     if not _idle_decay_started:
         return
     for rounds in range(PURGE_WAIT_ROUNDS):
@@ -801,3 +808,14 @@ cdef void* region_allocate(size_t size, size_t align, bint zero) noexcept nogil:
 cdef void region_free(void* ptr) noexcept nogil:
     """Give back a block from region_allocate()."""
     je_dallocx(ptr, MALLOCX_TCACHE_NONE)
+
+
+def _jemalloc_stat(name):
+    """A size_t figure of jemalloc's, by mallctl name (statistics refreshed first), for the tests."""
+    cdef uint64_t epoch = 1
+    cdef size_t value = 0
+    cdef size_t size = sizeof(size_t)
+    je_mallctl(b"epoch", NULL, NULL, &epoch, sizeof(epoch))
+    if je_mallctl(name, &value, &size, NULL, 0):
+        raise ValueError(f"jemalloc has no size_t figure {name!r}")
+    return value

@@ -71,25 +71,25 @@ errors = []
 def closer():
     try:
         while not stop.is_set():
-            # More than the 4 MiB big-scope threshold: each close resets and purges its slot,
-            # which pauses jemalloc's background thread.
+            # More than the 4 MiB big-scope threshold: each close resets its slot, which pauses
+            # jemalloc's background thread (many blocks: a longer reset).
             with Arena() as arena:
-                arena.allocate(5 << 20, zero=False).fill(1)
+                for _ in range(1300):
+                    arena.allocate(4096, zero=False)
     except BaseException as exc:
         errors.append(exc)
 
 def purger():
     try:
         while not stop.is_set():
-            segs = [long_lived.allocate(1 << 20, zero=False).fill(2) for _ in range(4)]
-            for seg in segs:
-                seg.free()
+            long_lived.allocate(70_000, zero=False).fill(2).free()
             long_lived.purge()
             assert long_lived.stats()["live_bytes"] == 0
     except BaseException as exc:
         errors.append(exc)
 
-threads = [threading.Thread(target=closer), threading.Thread(target=purger)]
+threads = [threading.Thread(target=closer), threading.Thread(target=closer),
+           threading.Thread(target=purger)]
 for thread in threads:
     thread.start()
 time.sleep(float(sys.argv[1]))
@@ -102,12 +102,12 @@ print("ok")
 
 
 def test_purge_racing_closes_does_not_deadlock():
-    """One thread closes 5 MiB Arena scopes while another purges a long-lived Arena.  purge()
+    """Two threads close 5 MiB Arena scopes while another purges a long-lived Arena.  purge()
     used to turn jemalloc's background thread off and on around the purge; disabling it joins the
     thread while holding the lock that thread waits for after an arena reset paused it: on 3.13t
-    1-2 runs of 4 hung for good."""
-    for _ in range(4):
-        assert assert_ok(run_python(PURGE_RACE, "1.5", timeout=60)).strip() == "ok"
+    every run of this hung for good (6 of 6 with the old purge put back)."""
+    for _ in range(3):
+        assert assert_ok(run_python(PURGE_RACE, "2", timeout=60)).strip() == "ok"
 
 
 PURGE_FORK = r"""
@@ -197,8 +197,14 @@ def rss_mib():
 
 arena = arenalib.Arena()
 arena.allocate(16).free()
-start = rss_mib()
 barrier = threading.Barrier(200)
+
+def run(work):
+    threads = [threading.Thread(target=work) for _ in range(200)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 def work():
     # 1 MiB a thread, in blocks the free-block cache and jemalloc's tcache keep when freed.
@@ -207,11 +213,11 @@ def work():
     for seg in segs:
         seg.free()
 
-threads = [threading.Thread(target=work) for _ in range(200)]
-for thread in threads:
-    thread.start()
-for thread in threads:
-    thread.join()
+# The interpreter's own memory for 200 threads first (3.13t keeps ~14 MiB of it): what is
+# measured below is arenalib's.
+run(barrier.wait)
+start = rss_mib()
+run(work)
 peak = rss_mib()
 if sys.argv[1] == "purge":
     arena.purge()
@@ -228,7 +234,9 @@ def test_caches_of_threads_that_ended_go_back(then):
     """200 threads each allocate 1 MiB from one shared Arena, free it and end.  Each thread's free
     blocks stayed in its caches: RSS rose by ~250 MiB and stayed there after purge() and after
     2.5 s idle.  Now a thread's caches go back to jemalloc when it ends, and purge() drains every
-    thread's cache: RSS returns to within 16 MiB of the start."""
+    thread's cache: RSS returns to within 16 MiB of the start (measured after a first batch of
+    200 threads that allocate nothing, so that the interpreter's own memory for threads is not
+    counted)."""
     peak, after = map(float, assert_ok(run_python(DEAD_THREADS, then, timeout=120)).split())
     assert peak > 100, (peak, after)  # the scenario did hold the memory
     assert after < 16, (peak, after)
