@@ -809,13 +809,3 @@ cdef void region_free(void* ptr) noexcept nogil:
     """Give back a block from region_allocate()."""
     je_dallocx(ptr, MALLOCX_TCACHE_NONE)
 
-
-def _jemalloc_stat(name):
-    """A size_t figure of jemalloc's, by mallctl name (statistics refreshed first), for the tests."""
-    cdef uint64_t epoch = 1
-    cdef size_t value = 0
-    cdef size_t size = sizeof(size_t)
-    je_mallctl(b"epoch", NULL, NULL, &epoch, sizeof(epoch))
-    if je_mallctl(name, &value, &size, NULL, 0):
-        raise ValueError(f"jemalloc has no size_t figure {name!r}")
-    return value
