@@ -338,6 +338,8 @@ def _after_fork_in_child():
         tc = slot.threads
         while tc != NULL:
             tc.tcache_index = _fresh_tcache()
+            if tc.thread != thread_ident():
+                tc.thread = 0  # its thread is not in the child: the child's threads take it over
             tc = tc.next
 
 
