@@ -667,7 +667,8 @@ cdef inline uint64_t abi_fingerprint(InlineState* st) noexcept nogil:
     cdef int b
     h = _abi_mix(h, sizeof(ArenaCore))
     c_fields[:] = [
-        <void*>&c.state, <void*>&c.self, <void*>&c.fast_owner, <void*>&c.carve_owner, <void*>&c.life.generation,
+        <void*>&c.state, <void*>&c.self, <void*>&c.fast_owner, <void*>&c.carve_owner,
+        <void*>&c.life.generation,
         <void*>&c.life.exports, <void*>&c.life.owner, <void*>&c.kind, <void*>&c.open,
         <void*>&c.slot, <void*>&c.serial, <void*>&c.max_bytes, <void*>&c.books.live_bytes,
         <void*>&c.books.live_segments, <void*>&c.books.peak_bytes, <void*>&c.books.allocated_total,

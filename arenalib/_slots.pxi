@@ -810,4 +810,3 @@ cdef void* region_allocate(size_t size, size_t align, bint zero) noexcept nogil:
 cdef void region_free(void* ptr) noexcept nogil:
     """Give back a block from region_allocate()."""
     je_dallocx(ptr, MALLOCX_TCACHE_NONE)
-

@@ -8,7 +8,6 @@ deadlock fails the test with the child's output instead of killing or hanging th
 
 from __future__ import annotations
 
-
 import pytest
 from support import SANITIZED, THREAD_SANITIZED, assert_ok, run_python
 
