@@ -142,15 +142,10 @@ def targets(res: dict) -> list[dict]:
         import scopes
         names = sc["candidates"]
         base = names.get(BASELINE, {}).get("label", BASELINE)
-        for key in scopes.ARENA_KINDS:
-            for n in scopes.SIZES:
-                checks.append(ratio_item(
-                    "scopes (issue 14): one arena per scope, k x allocate(n, zero=False).fill(3), "
-                    "per block vs bytearray(n)+fill", key, names.get(key, {}).get("label", key), n,
-                    BASELINE, base, 0.8, scopes.ratio(sc, key, BASELINE, n)))
+        checks.extend(scopes.targets(sc))
         per = sc.get("per_scope", {}).get("candidates", {})
         checks.append(ratio_item(
-            f"scopes (issue 14): per-scope `with ConfinedArena() as a: a.allocate({scopes.PER_SCOPE_SIZE}, "
+            f"per-scope `with ConfinedArena() as a: a.allocate({scopes.PER_SCOPE_SIZE}, "
             f"zero=False).fill(3)` vs bytearray({scopes.PER_SCOPE_SIZE})+fill", "ConfinedArena",
             per.get("ConfinedArena", {}).get("label", "ConfinedArena"), scopes.PER_SCOPE_SIZE, BASELINE, base,
             2.0, scopes.per_scope_ratio(sc)))
@@ -252,31 +247,32 @@ def threads_table(th: dict, markdown: bool = False) -> str:
 
 
 def scopes_tables(sc: dict, markdown: bool = False) -> str:
-    """One arena per scope: ns per block with the ratio to bytearray, minor page faults per scope,
-    and the per-scope table of the smallest scope."""
+    """One arena per scope: per block size, each candidate's ns per block with the ratio to
+    bytearray and the minor page faults per scope next to it; then the per-scope table of the
+    smallest scope."""
     sizes = sc["sizes"]
     k = sc["method"]["blocks_per_scope"]
     keys = [key for key, c in sc["candidates"].items() if not c["skipped"] and key in sc["cells"]]
-    heads = ["candidate", *[f"{fmt_size(n)} x{k[str(n)]}" for n in sizes]]
     h = "### " if markdown else ""
 
-    def ns_cell(key: str, n: int) -> str:
-        cell = sc["cells"][key][str(n)]
-        ns = fmt_ns(cell["ns_per_block"]["median"])
-        return ns if key == BASELINE else f"{ns} ({cell['ratio_to_baseline']['median']:.2f})"
+    def cell(key: str, n) -> str:
+        c = sc["cells"][key][str(n)]
+        ns = fmt_ns(c["ns_per_block"]["median"])
+        faults = c["faults_per_scope"]["median"]
+        shown = f"{faults:.0f}" if faults >= 10 else f"{faults:.1f}"
+        if key == BASELINE:
+            return f"{ns} {shown}"
+        return f"{ns} ({c['ratio_to_baseline']['median']:.2f}) {shown}"
 
-    def faults_cell(key: str, n: int) -> str:
-        faults = sc["cells"][key][str(n)]["faults_per_scope"]["median"]
-        return f"{faults:.0f}" if faults >= 10 else f"{faults:.1f}"
-
-    out = [f"{h}Scopes (n bytes x k blocks per scope; arenalib: a fresh arena per scope): ns per block, "
-           "median (ratio to bytearray(n)+fill, median of same-round ratios; lower is faster)",
-           table(heads, [[sc["candidates"][key]["label"], *[ns_cell(key, n) for n in sizes]] for key in keys],
-                 markdown), "",
-           f"{h}Scopes: minor page faults per scope (getrusage ru_minflt, median of the rounds; a 16 MiB "
-           "scope spans 4096 pages of 4 KiB)",
-           table(heads, [[sc["candidates"][key]["label"], *[faults_cell(key, n) for n in sizes]]
-                         for key in keys], markdown), ""]
+    short = {BASELINE: "bytearray", "numpy_empty": "numpy", "ConfinedArena": "Confined",
+             "SlicingArena": "Slicing"}
+    heads = ["n", "k", *[short.get(key, key) for key in keys]]
+    rows = [["mixed" if n == "mixed" else fmt_size(n), str(k[str(n)]), *[cell(key, n) for key in keys]]
+            for n in sizes]
+    out = [f"{h}Scopes (k blocks of n bytes per scope; arenalib: a fresh arena per scope): ns per block, "
+           "median (ratio to",
+           "bytearray(n)+fill, median of same-round ratios; lower is faster), then minor page faults per "
+           "scope (ru_minflt)", table(heads, rows, markdown), ""]
     noise = sorted(sc["cells"][key][str(n)]["ratio_to_baseline"]["rel_iqr"] for key in keys for n in sizes
                    if key != BASELINE)
     if noise:
@@ -317,10 +313,12 @@ def targets_text(checks: list[dict], markdown: bool = False) -> str:
         if c["target"] != last:
             out.extend(["", f"**{c['target']}**", ""] if markdown else ["  " + c["target"]])
             last = c["target"]
-        size = f" at {fmt_size(c['size'])}" if c.get("size") else ""
-        if c["target"].startswith(("uring ", "aio ")):  # their own modules say how
+        if c["target"].startswith(("uring ", "aio ", "scopes ")):  # their own modules say how
             line = importlib.import_module(c["target"].split()[0]).target_line(c)
-        elif c["ratio"] is None:
+            out.append(("- " if markdown else "    ") + line)
+            continue
+        size = f" at {fmt_size(c['size'])}" if c.get("size") else ""
+        if c["ratio"] is None:
             line = f"{c['status']:6s} {c['label']}{size}: not measured"
         elif "versus" in c:
             line = (f"{c['status']:6s} {c['label']}{size}: {c['ratio']:.2f}x "

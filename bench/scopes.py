@@ -6,23 +6,25 @@
 
 What it measures: the cost of such a scope (open a fresh arena, allocate k blocks of n bytes unzeroed
 and fill each with byte 3, keeping every segment, then close the arena and drop the segments) for
-n in 8 B, 512 B, 4 KiB, 64 KiB and 1 MiB with k = min(1024, 16 MiB // n) blocks per scope, for each
-arena kind and for the same scope written with bytearray and NumPy.  It reports ns per block (the
-scope's time / k), the ratio to bytearray(n)+fill measured in the same round, and the minor page
-faults per scope.  A second, small table gives the per-scope cost of the smallest scope,
+a sweep of 23 block sizes from 8 B to 1 MiB (powers of two and the sizes between them: the retention
+policy depends on the size, through jemalloc's size classes and the 4 MiB big-scope threshold), with
+k = min(1024, 16 MiB // n) blocks per scope, and for a mixed scope (MIXED_SIZES in turn, 16 MiB), for
+each arena kind and for the same scope written with bytearray and NumPy.  It reports ns per block
+(the scope's time / k), the ratio to bytearray(n)+fill measured in the same round, and the minor
+page faults per scope next to them.  A second, small table gives the per-scope cost of the smallest scope,
 ``with ConfinedArena() as a: a.allocate(512, zero=False).fill(3)``, against ``bytearray(512)`` + fill.
 
 How:
 * Every candidate's scope is put into the same generated loop (as bench/roundtrip.py does), every
   name it uses bound as a local:
 
-      def run(scopes, _inner=range(k), <names>):
+      def run(scopes, _inner=[n] * k, <names>):   # the mixed scope: _inner lists its sizes
           for _ in range(scopes):
               with Kind() as a:             # arenalib only; the peers have no with-block
                   bufs = []
                   append = bufs.append
                   alloc = a.allocate        # arenalib only
-                  for _ in _inner:
+                  for n in _inner:
                       <block>
               bufs = append = ... = None    # drop the segments / buffers (and the arena object)
 
@@ -32,7 +34,8 @@ How:
   - ``b = ba(n); b[:] = pattern; append(b)`` for bytearray, ``pattern`` a prebuilt bytearray of n
     bytes 3: the fill of bench/roundtrip.py's bytearray baseline (``bytearray(n)[:] = pattern``, the
     cheapest way to fill a new bytearray(n): it zeroes, then the slice assignment is a memcpy), so
-    the ratios here read like experiment 1's;
+    the ratios here read like experiment 1's (the mixed scope takes each size's pattern from a dict,
+    ``patterns[n]``);
   - ``b = empty(n, u8); b.fill(3); append(b)`` for ``numpy.empty(n, uint8)`` (left out, with a note,
     where numpy cannot be imported).
   The user's list comprehension becomes a loop with a bound ``append`` so that every candidate runs
@@ -49,8 +52,8 @@ How:
   scopes (outside the timed interval): faults per scope = the delta / the number of scopes.
 * The report gives the median ns per block, the median of same-round ratios to bytearray (less
   sensitive to drifts of the machine than a ratio of medians) and the median faults per scope.
-* Quick mode: 15 rounds of ~40 ms measurements (about 25 s); full mode: 41 rounds of ~100 ms (about
-  2 minutes).  These live here (SETTINGS), not in _common.Config.
+* Quick mode: 5 rounds of ~20 ms measurements per size (about a minute for the sweep); full mode: 21
+  rounds of ~50 ms (about 8 minutes).  These live here (SETTINGS), not in _common.Config.
 
 What bounds it:
 * At 8 B and 512 B the per-block work of every candidate is a few calls and a small memset or memcpy:
@@ -90,9 +93,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import roundtrip
-from _common import BASELINE, Config, Progress, same_round_ratio, summarize
+from _common import BASELINE, Config, Progress, fmt_size, same_round_ratio, summarize
 
-SIZES = (8, 512, 4096, 65536, 1 << 20)
+SIZES = (8, 24, 100, 512, 1000, 1500, 3000, 4096, 5000, 6144, 8000, 12000, 16384, 20000, 24000, 32768,
+         40000, 50000, 65536, 100_000, 200_000, 500_000, 1 << 20)
+# The mixed scope: blocks of these sizes in turn, up to SCOPE_BYTES (MAX_BLOCKS at most).
+MIXED = "mixed"
+MIXED_SIZES = (100, 3000, 5000, 20000, 70000, 1500, 40000)
 SCOPE_BYTES = 16 << 20     # at most this many bytes per scope ...
 MAX_BLOCKS = 1024          # ... and at most this many blocks
 WARMUP_SCOPES = 3          # untimed scopes per candidate and size before calibrating
@@ -100,12 +107,37 @@ ARENA_KINDS = ("Arena", "ConfinedArena", "SlicingArena")
 PER_SCOPE_SIZE = 512       # the second table: one block per scope
 PER_SCOPE_MIN_ROUNDS = 5
 # rounds and the duration of one measurement, per mode of bench/run.py
-SETTINGS = {"quick": {"rounds": 15, "target_ms": 40.0}, "full": {"rounds": 41, "target_ms": 100.0}}
+SETTINGS = {"quick": {"rounds": 5, "target_ms": 20.0}, "full": {"rounds": 21, "target_ms": 50.0}}
+PAGE = 4096
 
 
-def blocks(n: int) -> int:
-    """k, the blocks of n bytes allocated in one scope."""
-    return max(1, min(MAX_BLOCKS, SCOPE_BYTES // n))
+def block_sizes(n: int | str) -> list[int]:
+    """The sizes of one scope's blocks, in order: k blocks of n bytes, or the mixed scope's."""
+    if n == MIXED:
+        out: list[int] = []
+        total = 0
+        while len(out) < MAX_BLOCKS:
+            size = MIXED_SIZES[len(out) % len(MIXED_SIZES)]
+            if total + size > SCOPE_BYTES:
+                break
+            out.append(size)
+            total += size
+        return out
+    return [n] * max(1, min(MAX_BLOCKS, SCOPE_BYTES // n))
+
+
+def blocks(n: int | str) -> int:
+    """k, the blocks allocated in one scope of size n (or the mixed scope)."""
+    return len(block_sizes(n))
+
+
+def scope_pages(n: int | str) -> int:
+    """The pages one scope's blocks span (their bytes / 4 KiB, rounded up)."""
+    return -(-sum(block_sizes(n)) // PAGE)
+
+
+def measured_sizes() -> list[int | str]:
+    return [*SIZES, MIXED]
 
 
 def settings(cfg: Config) -> dict:
@@ -128,7 +160,7 @@ class ScopeCandidate:
         inner = ["bufs = []", "append = bufs.append"]
         if self.kind:
             inner.append("alloc = a.allocate")
-        inner += ["for _ in _inner:", f"    {self.block}"]
+        inner += ["for n in _inner:", f"    {self.block}"]
         if self.kind:
             return [f"with {self.kind}() as a:", *("    " + line for line in inner),
                     "bufs = append = alloc = a = None"]
@@ -144,8 +176,13 @@ class ScopeCandidate:
 def candidates() -> list[ScopeCandidate]:
     import arenalib
 
+    def bytearray_env(n: int | str) -> dict:
+        if n == MIXED:
+            return {"ba": bytearray, "patterns": {m: bytearray(b"\x03") * m for m in MIXED_SIZES}}
+        return {"ba": bytearray, "pattern": bytearray(b"\x03") * n}
+
     out = [ScopeCandidate(BASELINE, "bytearray(n)+fill", "peer", "b = ba(n); b[:] = pattern; append(b)",
-                          lambda n: {"ba": bytearray, "pattern": bytearray(b"\x03") * n, "n": n},
+                          bytearray_env,
                           note="experiment 1's fill: bytearray(n) zeroes, slice assignment from a prebuilt "
                                "bytearray copies (memcpy)")]
     try:
@@ -156,14 +193,14 @@ def candidates() -> list[ScopeCandidate]:
         skipped = None
 
     def numpy_env(n: int) -> dict:
-        return {"empty": numpy.empty, "u8": numpy.uint8, "n": n}
+        return {"empty": numpy.empty, "u8": numpy.uint8}
 
     out.append(ScopeCandidate("numpy_empty", "numpy.empty+fill", "peer",
                               "b = empty(n, u8); b.fill(3); append(b)", numpy_env, skipped=skipped))
 
     def arena_env(kind: str) -> Callable[[int], dict]:
         cls = getattr(arenalib, kind)
-        return lambda n: {kind: cls, "n": n}
+        return lambda n: {kind: cls}
 
     for kind in ARENA_KINDS:
         out.append(ScopeCandidate(kind, f"{kind} per scope", "arenalib",
@@ -172,15 +209,18 @@ def candidates() -> list[ScopeCandidate]:
     return out
 
 
-def make_scope_runner(cand: ScopeCandidate, n: int, env: dict) -> Callable[[int], None]:
-    """The timed loop: ``run(scopes)`` runs ``scopes`` scopes of ``cand`` at size n, every name of
-    ``env`` a local (default argument)."""
+def make_scope_runner(cand: ScopeCandidate, n: int | str, env: dict) -> Callable[[int], None]:
+    """The timed loop: ``run(scopes)`` runs ``scopes`` scopes of ``cand`` at size n (or the mixed
+    scope), every name of ``env`` a local (default argument)."""
     params = "".join(f", {name}={name}" for name in sorted(env))
+    body = cand.body()
+    if n == MIXED:
+        body = [line.replace("b[:] = pattern;", "b[:] = patterns[n];") for line in body]
     src = (f"def run(scopes, _inner=_inner{params}):\n"
            f"    for _ in range(scopes):\n"
-           + "".join(f"        {line}\n" for line in cand.body()))
+           + "".join(f"        {line}\n" for line in body))
     namespace = dict(env)
-    namespace["_inner"] = range(blocks(n))
+    namespace["_inner"] = block_sizes(n)
     exec(compile(src, f"<scope {cand.key} n={n}>", "exec"), namespace)
     return namespace["run"]
 
@@ -214,7 +254,7 @@ def plan_units(cfg: Config) -> float:
     s = settings(cfg)
     count = sum(1 for c in candidates() if not c.skipped)
     per_scope_rounds = max(PER_SCOPE_MIN_ROUNDS, s["rounds"])
-    return s["target_ms"] * (len(SIZES) * count * (s["rounds"] + 4) + 2 * (per_scope_rounds + 4))
+    return s["target_ms"] * (len(measured_sizes()) * count * (s["rounds"] + 4) + 2 * (per_scope_rounds + 4))
 
 
 def run(cfg: Config, progress: Progress) -> dict:
@@ -230,7 +270,9 @@ def run(cfg: Config, progress: Progress) -> dict:
     results: dict = {
         "method": {
             "rounds": rounds, "target_ms_per_measurement": target_ms, "warmup_scopes": WARMUP_SCOPES,
-            "blocks_per_scope": {str(n): blocks(n) for n in SIZES},
+            "blocks_per_scope": {str(n): blocks(n) for n in measured_sizes()},
+            "pages_per_scope": {str(n): scope_pages(n) for n in measured_sizes()},
+            "mixed_sizes": list(MIXED_SIZES),
             "ns_per_block": "the scope's time (open, k x allocate + fill, close, drop) / k",
             "ratio": "median over rounds of (candidate ns/block / bytearray ns/block in the same round)",
             "faults": "resource.getrusage(RUSAGE_SELF).ru_minflt delta over the timed scopes / scopes",
@@ -238,10 +280,10 @@ def run(cfg: Config, progress: Progress) -> dict:
         },
         "candidates": {c.key: {"label": c.label, "family": c.family, "scope": c.shown(), "block": c.block,
                                "code": c.body(), "note": c.note, "skipped": c.skipped} for c in cands},
-        "sizes": list(SIZES),
+        "sizes": measured_sizes(),
         "cells": {},
     }
-    for n in SIZES:
+    for n in measured_sizes():
         k = blocks(n)
         progress.set_label(f"scopes n={n}: warm-up")
         runners = {c.key: make_scope_runner(c, n, c.env(n)) for c in active}
@@ -327,3 +369,54 @@ def per_scope_ratio(results: dict) -> dict | None:
     if "ConfinedArena" not in cells or BASELINE not in cells:
         return None
     return same_round_ratio(cells["ConfinedArena"]["per_round_ns"], cells[BASELINE]["per_round_ns"])
+
+
+# -- targets ----------------------------------------------------------------------------------------
+
+# A warm scope re-faults at most this share of its pages (plus FAULT_SLACK): the policy keeps a
+# repeated scope's pages whatever its block size.
+FAULT_SHARE = 0.02
+FAULT_SLACK = 8
+
+
+def ratio_limit(n: int | str) -> float:
+    """Per block against bytearray(n)+fill: 0.8x up to 1 KiB (the interpreter's call overhead bounds
+    both), 0.5x from 2 KiB up (page faults and memsets dominate: a warm arena pays none)."""
+    return 0.8 if n != MIXED and n <= 1024 else 0.5
+
+
+def targets(sc: dict) -> list[dict]:
+    """Per kind and size: the ratio to bytearray and the faults of a warm scope, each a target."""
+    checks = []
+    names = sc["candidates"]
+    for key in ARENA_KINDS:
+        if key not in sc["cells"]:
+            continue
+        label = names.get(key, {}).get("label", key)
+        for n in sc["sizes"]:
+            cell = sc["cells"][key].get(str(n))
+            r = ratio(sc, key, BASELINE, n)
+            limit = ratio_limit(n)
+            checks.append({"target": "scopes ratio: one arena per scope, per block vs bytearray(n)+fill",
+                           "candidate": key, "label": label, "size": n, "limit": limit,
+                           "ratio": None if r is None else r["median"],
+                           "status": "n/a" if r is None else ("MET" if r["median"] <= limit else "MISSED")})
+            pages = sc["method"]["pages_per_scope"][str(n)]
+            allowed = FAULT_SHARE * pages + FAULT_SLACK
+            faults = None if cell is None else cell["faults_per_scope"]["median"]
+            title = f"scopes faults: a warm scope re-faults <= {FAULT_SHARE:.0%} of its pages + {FAULT_SLACK}"
+            checks.append({"target": title, "candidate": key, "label": label, "size": n,
+                           "limit": allowed, "ratio": faults, "pages": pages,
+                           "status": "n/a" if faults is None else ("MET" if faults <= allowed else "MISSED")})
+    return checks
+
+
+def target_line(c: dict) -> str:
+    """One line of run.py's targets for a check of targets()."""
+    size = "mixed sizes" if c["size"] == MIXED else fmt_size(c["size"])
+    if c["ratio"] is None:
+        return f"{c['status']:6s} {c['label']} at {size}: not measured"
+    if c["target"].startswith("scopes faults"):
+        return (f"{c['status']:6s} {c['label']} at {size}: {c['ratio']:.0f} faults per scope "
+                f"(limit {c['limit']:.0f} of {c['pages']} pages)")
+    return f"{c['status']:6s} {c['label']} at {size}: {c['ratio']:.2f}x (limit {c['limit']:.1f}x)"
