@@ -23,8 +23,8 @@ cdef class BufferPool(SegmentOwner):
         bint _zero
         Py_ssize_t* _free_stack     # indices of the released buffers; the top is acquired next
         Py_ssize_t _nstack          # entries on the free stack
-        Py_ssize_t _next_fresh      # every buffer from here up is free, taken in order when the
-                                    # stack is empty (0 after a reset)
+        Py_ssize_t _next_fresh      # every buffer from here up is free (taken in order once the
+        #                             stack is empty; 0 after a reset)
         Py_ssize_t _touched         # buffers ever handed out: _state is written below this only
         unsigned char* _state       # per buffer: free and zero, in use, or free and dirty
         unsigned char _fresh_state  # the state of a buffer never handed out (zero or dirty)
