@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import os
 import struct
 import threading
 from collections.abc import Callable
@@ -69,6 +70,16 @@ def _shared_arena() -> Arena:
             if arena is None:
                 arena = _shared = Arena()
     return arena
+
+
+def _after_fork_in_child() -> None:
+    # Another thread may have held the lock at the fork: it is nobody's in the child.
+    global _shared_lock
+    _shared_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

@@ -376,3 +376,29 @@ def test_a_frame_the_callers_arena_cannot_hold_is_reported_not_silent():
     assert isinstance(lost[0], MemoryError)
     assert "buffer_updated" in reported[0]["message"]
     assert live == 0
+
+
+FORK = r"""
+import os, signal
+import arenalib.aio as aio
+from arenalib.aio import FrameReader, frame_header
+
+aio._shared_lock.acquire()  # as if another thread were making the shared Arena at the fork
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a hang (the lock still held) kills the fork child: SIGALRM
+    got = []
+    reader = FrameReader(got.append)
+    buf = reader.get_buffer(-1)
+    data = frame_header(3) + b"abc"
+    buf[:len(data)] = data
+    reader.buffer_updated(len(data))
+    os._exit(0 if [s.tobytes() for s in got] == [b"abc"] else 3)
+aio._shared_lock.release()
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_fork_child_makes_its_shared_arena_whatever_the_lock_was_doing():
+    assert assert_ok(run_python(FORK, timeout=60)).split() == ["0"]  # -14: hung on the lock
