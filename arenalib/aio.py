@@ -235,9 +235,21 @@ class FrameReader(asyncio.BufferedProtocol):
             return
         self._staged += nbytes
         self._take_staged_frames()
+        self._end_read()
+
+    def eof_received(self) -> bool | None:
+        """The peer will send no more: the staging buffer taken for the read that found the end
+        goes back at once (asyncio calls connection_lost() only after its other callbacks: a
+        thousand peers closing together would otherwise hold a thousand buffers), and the
+        transport closes itself (None).  A subclass that overrides it should call it."""
+        self._end_read()
+        return None
+
+    def _end_read(self) -> None:
+        """Give the staging buffer back once a read is done (at most the first bytes of the next
+        length prefix are left: kept in a bytes object)."""
         staging = self._staging
         if staging is not None and self._staged < FRAME_HEADER.size:
-            # The read is done: at most the first bytes of the next length prefix are left.
             self._carry = bytes(staging[:self._staged]) if self._staged else b""
             self._staging = None
             _give_staging(staging)
@@ -307,6 +319,7 @@ class FrameReader(asyncio.BufferedProtocol):
         arena, every frame delivered and still alive, freed once no export of it is alive."""
         frame, self._frame = self._frame, None
         delivered, self._delivered = self._delivered, []
+        # (Not given back: a transport that fails may still hold it for a read under way.)
         self._staging, self._carry, self._staged = None, b"", 0
         if frame is not None:
             _free_deferred(frame)
