@@ -95,8 +95,10 @@ def test_stats_costs_about_as_much_with_the_gil_off():
         available = per_call(lambda: pool.available)
         stats = per_call(pool.stats)
         reset = per_call(pool.reset)
-    assert stats < 40 * available, f"stats() {stats * 1e9:.0f} ns against available {available * 1e9:.0f} ns"
-    assert reset < 40 * available, f"reset() {reset * 1e9:.0f} ns against available {available * 1e9:.0f} ns"
+    # Measured (ns): stats() 4,200-5,200 on both builds, 12-41x `available`; at HEAD on 3.13t
+    # 52,000-58,000 (270-440x); reset() 1x `available`, at HEAD on 3.13t 37,000-55,000 (260x+).
+    assert stats < 150 * available, f"stats() {stats * 1e9:.0f} ns against available {available * 1e9:.0f} ns"
+    assert reset < 50 * available, f"reset() {reset * 1e9:.0f} ns against available {available * 1e9:.0f} ns"
 
 
 def test_closed_pool_errors_are_raised_outside_the_critical_section():
