@@ -21,26 +21,29 @@ cdef class BufferPool(SegmentOwner):
         Py_ssize_t _buffer_size
         Py_ssize_t _count
         bint _zero
-        Py_ssize_t* _free_stack     # indices of the free buffers; the top is acquired next
-        Py_ssize_t _nfree
+        Py_ssize_t* _free_stack     # indices of the released buffers; the top is acquired next
+        Py_ssize_t _nstack          # entries on the free stack
+        Py_ssize_t _next_fresh      # every buffer from here up is free (taken in order once the
+        #                             stack is empty; 0 after a reset)
+        Py_ssize_t _touched         # buffers ever handed out: _state is written below this only
         unsigned char* _state       # per buffer: free and zero, in use, or free and dirty
+        unsigned char _fresh_state  # the state of a buffer never handed out (zero or dirty)
         Py_ssize_t _in_use
         Py_ssize_t _high_water
         Py_ssize_t _exhausted
         size_t _acquisitions
         Py_ssize_t _registrations   # io_uring rings that registered the region (arenalib._ring)
 
-    cdef void _reset_buffers(self, bint fresh) noexcept
+    cdef void _reset_buffers(self) noexcept
+    cdef Py_ssize_t _available(self) noexcept
     cdef Segment _acquire(self, bint raise_exhausted)
     cdef int _take(self, Segment seg) noexcept
-    cdef Segment _exhaust(self, bint raise_exhausted)
     cdef int _release(self, Segment seg) except -1
+    cdef int _give_back(self, Segment seg, Py_ssize_t i, Py_ssize_t* exports) noexcept
     cdef Py_ssize_t _index_of(self, Segment seg) except -1
     cdef int _check_open(self) except -1
     cdef void _close_now(self) noexcept
     cdef str _exports_alive(self, str context, Py_ssize_t exports)
-    cdef int _figures(self, dict result) except -1
-    cdef size_t _resident_bytes(self)
     cdef int _registered(self, int delta) except -1
     cdef int _refuse_if_pinned(self, str context, Py_ssize_t exports,
                                Py_ssize_t registrations) except -1

@@ -8,11 +8,19 @@ acquire() makes a new Segment over a free buffer; release() marks that Segment f
 handle raises ArenaClosedError even after the same buffer is acquired again.
 
 Thread safety: the pool's state is read and written inside a critical section on the pool (the
-GIL on a GIL build, the pool object's own lock on a free-threaded one).  The one call that can run
-Python code (making the Segment object may start the garbage collector, and with it finalizers
-that may switch threads or use this pool) happens before the state is touched, and the state is
-checked again after it.  Segments' accesses of the buffers take no lock: release(), reset() and
-close() wait for the accesses under way to end (the accessing-now records of _access.pxi).
+GIL on a GIL build, the pool object's own lock on a free-threaded one).  A method takes it once,
+does only C inside (no Python object is made, no error raised: the outcome is carried out and
+raised after), and leaves: a second critical section on the pool inside the first, or Python code
+that could take one, suspends the first on a free-threaded build, so another thread could act in
+the middle (torn figures), and costs the mutex's slow path.  The calls that can run Python code
+(making the Segment object or stats()' mincore vector may start the garbage collector, and with it
+finalizers that may switch threads or use this pool) happen before the state is read.  Segments'
+accesses of the buffers take no lock: release(), reset() and close() wait for the accesses under
+way to end (the accessing-now records of _access.pxi).
+
+Limits: a pool whose region and bookkeeping together exceed the machine's RAM and swap is refused
+(MemoryError).  The bookkeeping (a free-stack entry and a state byte per buffer) is reserved with
+the region but written only as buffers are first handed out, so a pool costs what is used of it.
 """
 
 cimport cython
@@ -39,6 +47,13 @@ cdef extern from "unistd.h" nogil:
     long sysconf(int name)
     int _SC_PAGESIZE
 
+cdef extern from "sys/sysinfo.h" nogil:
+    struct sysinfo_t "sysinfo":
+        unsigned long totalram
+        unsigned long totalswap
+        unsigned int mem_unit
+    int sysinfo(sysinfo_t* info)
+
 cdef size_t REGION_ALIGN = 4096
 
 # Buffer states.  Free buffers that were never handed out since the region was zeroed need no memset
@@ -48,10 +63,18 @@ cdef enum:
     IN_USE = 1
     FREE_DIRTY = 2
 
-cdef enum:  # what BufferPool._take() found
+cdef enum:  # what BufferPool._take() and _give_back() found
     TAKEN
+    RELEASED
     POOL_CLOSED
     POOL_EXHAUSTED
+    SEG_RELEASED_ALREADY
+    SEG_STALE
+    SEG_EXPORTED
+    SEG_NOT_IN_USE
+
+# Bookkeeping per buffer: its index on the free stack and its state byte.
+cdef size_t BOOKKEEPING_PER_BUFFER = sizeof(Py_ssize_t) + 1
 
 
 cdef Py_ssize_t _positive(object value, str name) except -1:
@@ -59,6 +82,15 @@ cdef Py_ssize_t _positive(object value, str name) except -1:
     if n < 1:
         raise ValueError(f"{name} must be >= 1, not {value!r}")
     return n
+
+
+cdef size_t _backable_bytes() noexcept nogil:
+    """RAM plus swap of this machine (0 when unknown): more cannot be backed at once."""
+    cdef sysinfo_t info
+    if sysinfo(&info) != 0:
+        return 0
+    cdef size_t unit = info.mem_unit if info.mem_unit else 1
+    return (<size_t>info.totalram + <size_t>info.totalswap) * unit
 
 
 @cython.final
@@ -94,10 +126,21 @@ cdef class BufferPool(SegmentOwner):
             raise MemoryError(f"cannot allocate {n} buffers of {stride} bytes: larger than any address "
                               "space")
         cdef size_t total = stride * <size_t>n
+        # Every buffer may be in use at once, each with its bookkeeping: refuse what this machine
+        # could never back (the region is reserved at once but its pages only as they are written,
+        # so an impossible pool would otherwise fail later, with the OOM killer).
+        cdef size_t bookkeeping = <size_t>n * BOOKKEEPING_PER_BUFFER
+        cdef size_t backable = _backable_bytes()
+        if backable and (total > backable or bookkeeping > backable - total):
+            raise MemoryError(
+                f"cannot make a BufferPool of {n} buffers of {stride} bytes: its region ({total} "
+                f"bytes) and bookkeeping ({bookkeeping} bytes) are more than this machine's memory "
+                f"({backable} bytes of RAM and swap); ask for fewer or smaller buffers")
+        # Written only as buffers are first handed out (see _take): a pool costs what it uses.
         self._free_stack = <Py_ssize_t*>PyMem_Malloc(<size_t>n * sizeof(Py_ssize_t))
         self._state = <unsigned char*>PyMem_Malloc(<size_t>n)
         if self._free_stack == NULL or self._state == NULL:
-            raise MemoryError(f"cannot allocate the bookkeeping of {n} buffers")
+            raise MemoryError(f"cannot allocate the bookkeeping of {n} buffers ({bookkeeping} bytes)")
         self._buffer_size = size
         self._count = n
         self._stride = stride
@@ -110,7 +153,7 @@ cdef class BufferPool(SegmentOwner):
         region.ptr = ptr
         self._region = region
         self._base = <char*>ptr
-        self._reset_buffers(True)
+        self._fresh_state = FREE_ZERO if zero else FREE_DIRTY  # what the region's pages hold now
         # The region is the allocation tracemalloc sees (untracked by close(), as arenas' blocks are).
         self._traced = PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, total) == 0
         self._lifetime.generation = 1
@@ -149,10 +192,13 @@ cdef class BufferPool(SegmentOwner):
     cdef int _registered(self, int delta) except -1:
         """Count a ring's registration of the region in (+1) or out (-1): close() and reset() refuse
         while one is counted (arenalib._ring).  ArenaClosedError to register a closed pool."""
-        with cython.critical_section(self):
-            if delta > 0 and not self._open:
-                raise ArenaClosedError("BufferPool is closed")
-            self._registrations += delta
+        cdef bint refused
+        with cython.critical_section(self):  # no Python code inside (the error is made after)
+            refused = delta > 0 and not self._open
+            if not refused:
+                self._registrations += delta
+        if refused:
+            raise ArenaClosedError("BufferPool is closed")
         return 0
 
     cdef void _close_now(self) noexcept:
@@ -197,18 +243,24 @@ cdef class BufferPool(SegmentOwner):
         if warnings is not None:  # None while the interpreter is tearing modules down
             warnings.warn(message, ResourceWarning, stacklevel=2)
 
-    cdef void _reset_buffers(self, bint fresh) noexcept:
-        """Every buffer free, index 0 on top; ``fresh``: the region was just allocated (zeroed when
-        the pool zeroes), else in-use buffers become dirty."""
+    cdef void _reset_buffers(self) noexcept:
+        """Every buffer free, handed out from index 0 up again; in-use buffers become dirty.
+
+        The free buffers are the released ones (the free stack, LIFO) and every index from
+        ``_next_fresh`` up (handed out in order once the stack is empty); ``_state`` is written
+        only below ``_touched``, the buffers ever handed out (above it: ``_fresh_state``).  So
+        making a pool writes no bookkeeping and a reset writes what was used, not ``count``."""
         cdef Py_ssize_t i
-        for i in range(self._count):
-            self._free_stack[i] = self._count - 1 - i
-            if fresh:
-                self._state[i] = FREE_ZERO if self._zero else FREE_DIRTY
-            elif self._state[i] == IN_USE:
+        for i in range(self._touched):
+            if self._state[i] == IN_USE:
                 self._state[i] = FREE_DIRTY
-        self._nfree = self._count
+        self._nstack = 0
+        self._next_fresh = 0
         self._in_use = 0
+
+    cdef Py_ssize_t _available(self) noexcept:
+        """Free buffers (in the pool's critical section)."""
+        return self._nstack + (self._count - self._next_fresh)
 
     # -- acquire / release -----------------------------------------------------------------------
 
@@ -231,16 +283,29 @@ cdef class BufferPool(SegmentOwner):
             return seg
         if outcome == POOL_CLOSED:
             raise ArenaClosedError("BufferPool is closed")
-        return self._exhaust(raise_exhausted)
+        if raise_exhausted:
+            raise PoolExhaustedError(
+                f"all {self._count} buffers of {self._buffer_size} bytes of the BufferPool are in use")
+        return None
 
     cdef int _take(self, Segment seg) noexcept:
-        """Bind ``seg`` to a free buffer (in the pool's critical section)."""
+        """Bind ``seg`` to a free buffer (in the pool's critical section): the last one released,
+        else the lowest never handed out since the region was made or reset."""
         if not self._open:
             return POOL_CLOSED
-        if self._nfree == 0:
+        cdef Py_ssize_t i
+        if self._nstack:
+            self._nstack -= 1
+            i = self._free_stack[self._nstack]
+        elif self._next_fresh < self._count:
+            i = self._next_fresh
+            self._next_fresh += 1
+            if i == self._touched:  # its first time: its state is what the region's pages hold
+                self._state[i] = self._fresh_state
+                self._touched += 1
+        else:
+            self._exhausted += 1
             return POOL_EXHAUSTED
-        self._nfree -= 1
-        cdef Py_ssize_t i = self._free_stack[self._nfree]
         cdef char* ptr = self._base + <size_t>i * self._stride
         if self._zero and self._state[i] != FREE_ZERO:
             memset(ptr, 0, <size_t>self._buffer_size)
@@ -252,14 +317,6 @@ cdef class BufferPool(SegmentOwner):
         seg._ptr = ptr
         seg._generation = self._lifetime.generation
         return TAKEN
-
-    cdef Segment _exhaust(self, bint raise_exhausted):
-        with cython.critical_section(self):
-            self._exhausted += 1
-        if raise_exhausted:
-            raise PoolExhaustedError(
-                f"all {self._count} buffers of {self._buffer_size} bytes of the BufferPool are in use")
-        return None
 
     def release(self, segment, *, bint deferred=False):
         """Give an acquired buffer back; the segment is dead from now on (any use raises
@@ -295,32 +352,50 @@ cdef class BufferPool(SegmentOwner):
         if seg._root is not None:
             raise ValueError("a slice cannot be released; release the segment acquire() returned")
         cdef Py_ssize_t i = self._index_of(seg)
-        cdef Py_ssize_t exports
-        with cython.critical_section(self):
-            if not self._open:
-                raise ArenaClosedError("BufferPool is closed")
-            if seg._freed == SEG_FREED:
-                raise ArenaClosedError("the segment was already released")
-            if seg._generation != self._lifetime.generation:
-                raise ArenaClosedError("the segment is stale: the BufferPool was reset since it was acquired")
-            # Accesses of this buffer under way end first; new ones wait, then find it released.
-            if not free_begin(&self._lifetime, seg, NULL):
-                raise ArenaClosedError("the segment was already released")
-            exports = count_read(&seg._exports)
-            if exports:
-                free_end(seg, False)
-                raise BufferError(
-                    f"cannot release a buffer while {exports} buffer export(s) of it (memoryview, "
-                    "NumPy array, io_uring request in flight ...) are alive; release them first")
-            if seg._ptr != self._base + <size_t>i * self._stride or self._state[i] != IN_USE:
-                free_end(seg, False)
-                raise ArenaError(f"internal error: buffer {i} of the BufferPool is not in use")
-            self._state[i] = FREE_DIRTY
-            self._free_stack[self._nfree] = i
-            self._nfree += 1
-            self._in_use -= 1
-            free_end(seg, True)
-        return 0
+        cdef Py_ssize_t exports = 0
+        cdef int outcome
+        with cython.critical_section(self):  # no Python code inside: the errors are made after
+            outcome = self._give_back(seg, i, &exports)
+        if outcome == RELEASED:
+            return 0
+        if outcome == POOL_CLOSED:
+            raise ArenaClosedError("BufferPool is closed")
+        if outcome == SEG_RELEASED_ALREADY:
+            raise ArenaClosedError("the segment was already released")
+        if outcome == SEG_STALE:
+            raise ArenaClosedError("the segment is stale: the BufferPool was reset since it was acquired")
+        if outcome == SEG_EXPORTED:
+            raise BufferError(
+                f"cannot release a buffer while {exports} buffer export(s) of it (memoryview, "
+                "NumPy array, io_uring request in flight ...) are alive; release them first")
+        raise ArenaError(f"internal error: buffer {i} of the BufferPool is not in use")
+
+    cdef int _give_back(self, Segment seg, Py_ssize_t i, Py_ssize_t* exports) noexcept:
+        """Put buffer ``i``, ``seg``'s, back on the free stack (in the pool's critical section);
+        what was found, changing nothing unless RELEASED."""
+        if not self._open:
+            return POOL_CLOSED
+        if seg._freed == SEG_FREED:
+            return SEG_RELEASED_ALREADY
+        if seg._generation != self._lifetime.generation:
+            return SEG_STALE
+        # Accesses of this buffer under way end first; new ones wait, then find it released.
+        if not free_begin(&self._lifetime, seg, NULL):
+            return SEG_RELEASED_ALREADY
+        exports[0] = count_read(&seg._exports)
+        if exports[0]:
+            free_end(seg, False)
+            return SEG_EXPORTED
+        if (i >= self._touched or seg._ptr != self._base + <size_t>i * self._stride
+                or self._state[i] != IN_USE):
+            free_end(seg, False)
+            return SEG_NOT_IN_USE
+        self._state[i] = FREE_DIRTY
+        self._free_stack[self._nstack] = i
+        self._nstack += 1
+        self._in_use -= 1
+        free_end(seg, True)
+        return RELEASED
 
     cdef Py_ssize_t _index_of(self, Segment seg) except -1:
         # By the root's address: an empty slice at a buffer's end points at the next buffer.
@@ -338,15 +413,21 @@ cdef class BufferPool(SegmentOwner):
         still under way to a new owner)."""
         cdef Py_ssize_t exports = 0
         cdef Py_ssize_t registrations = 0
+        cdef bint is_open
+        # One critical section, nothing nested inside: on a free-threaded build a second section
+        # on the same object suspends the first (another thread could act in between).
         with cython.critical_section(self):
-            self._check_open()
-            exclusive_begin(&self._lifetime)  # accesses under way end first
-            exports = count_read(&self._lifetime.exports)
-            registrations = self._registrations
-            if not exports and not registrations:
-                self._lifetime.generation += 1
-                self._reset_buffers(False)
-            exclusive_end(&self._lifetime)
+            is_open = self._open
+            if is_open:
+                exclusive_begin(&self._lifetime)  # accesses under way end first
+                exports = count_read(&self._lifetime.exports)
+                registrations = self._registrations
+                if not exports and not registrations:
+                    self._lifetime.generation += 1
+                    self._reset_buffers()
+                exclusive_end(&self._lifetime)
+        if not is_open:
+            raise ArenaClosedError("BufferPool is closed")
         self._refuse_if_pinned("cannot reset BufferPool", exports, registrations)
 
     def allocate(self, size, *, zero=True, align=None):
@@ -367,8 +448,10 @@ cdef class BufferPool(SegmentOwner):
         return self._index_of(seg)
 
     cdef int _check_open(self) except -1:
+        """ArenaClosedError once closed.  Never call it inside the pool's critical section: one
+        nested on the same object suspends the outer one on a free-threaded build."""
         cdef bint is_open
-        with cython.critical_section(self):  # re-entered where the caller holds it already
+        with cython.critical_section(self):
             is_open = self._open
         if not is_open:
             raise ArenaClosedError("BufferPool is closed")
@@ -411,8 +494,9 @@ cdef class BufferPool(SegmentOwner):
         they live: a late write through one is harmless, never a write into freed memory."""
         cdef _Region region
         with cython.critical_section(self):
-            self._check_open()
             region = self._region  # held here: a GC in the loop below may close the pool
+        if region is None:
+            raise ArenaClosedError("BufferPool is closed")
         cdef Py_ssize_t i
         return [memoryview(_PoolBufferView._make(region, self._base + <size_t>i * self._stride,
                                                  self._buffer_size))
@@ -446,58 +530,65 @@ cdef class BufferPool(SegmentOwner):
     @property
     def available(self):
         """Number of free buffers (0 once closed)."""
+        cdef Py_ssize_t n
         with cython.critical_section(self):
-            return self._nfree if self._open else 0
+            n = self._available() if self._open else 0
+        return n
 
     def stats(self):
         """Figures of the pool and its region: live_bytes (the region's size; 0 once closed),
         resident (bytes of the region in RAM now), exports (live buffer exports of its segments),
         closed, buffers, buffer_size, in_use, available, acquisitions (acquire() calls served),
         high_water (most buffers in use at once) and exhausted (acquire()/try_acquire() calls that
-        found no free buffer)."""
-        result = {}  # made first: the GC it may start can close the pool, which the reads must see
-        with cython.critical_section(self):  # figures of one moment
-            self._figures(result)
-        return result
-
-    cdef int _figures(self, dict result) except -1:
-        result["live_bytes"] = self.nbytes if self._open else 0
-        result["resident"] = self._resident_bytes() if self._open else 0
-        result["exports"] = count_read(&self._lifetime.exports)
-        result["closed"] = not self._open
-        result["buffers"] = self._count
-        result["buffer_size"] = self._buffer_size
-        result["in_use"] = self._in_use if self._open else 0
-        result["available"] = self.available
-        result["acquisitions"] = self._acquisitions
-        result["high_water"] = self._high_water
-        result["exhausted"] = self._exhausted
-        return 0
-
-    cdef size_t _resident_bytes(self):
-        """Bytes of the region in RAM: the bytes of it on resident pages (mincore)."""
+        found no free buffer).  The figures are of one moment (in_use + available == buffers while
+        open), read in one critical section with nothing else inside."""
         cdef size_t page = <size_t>sysconf(_SC_PAGESIZE)
         cdef size_t region_start = <size_t>self._base
         cdef size_t region_end = region_start + self._stride * <size_t>self._count
         cdef size_t start = region_start & ~(page - 1)
         cdef size_t pages = (region_end - start + page - 1) // page
+        # Made first: this may start a GC that closes the pool, which the reads below must see.
         cdef bytearray vector = bytearray(pages)
         cdef unsigned char* flags = vector
-        cdef size_t i, first, last, resident = 0
-        if mincore(<void*>start, region_end - start, flags) != 0:
-            return 0
-        for i in range(pages):
-            if flags[i] & 1:  # the part of page i that is the region's
-                first = max(start + i * page, region_start)
-                last = min(start + (i + 1) * page, region_end)
-                resident += last - first
-        return resident
+        cdef bint is_open
+        cdef Py_ssize_t in_use = 0, available = 0, exports, high_water, exhausted
+        cdef size_t acquisitions, resident = 0
+        with cython.critical_section(self):  # C only inside: nothing can suspend the section
+            is_open = self._open
+            if is_open:
+                in_use = self._in_use
+                available = self._available()
+                resident = _resident_bytes(start, region_start, region_end, page, pages, flags)
+            exports = count_read(&self._lifetime.exports)
+            acquisitions = self._acquisitions
+            high_water = self._high_water
+            exhausted = self._exhausted
+        return {"live_bytes": self._stride * <size_t>self._count if is_open else 0,
+                "resident": resident, "exports": exports, "closed": not is_open,
+                "buffers": self._count, "buffer_size": self._buffer_size, "in_use": in_use,
+                "available": available, "acquisitions": acquisitions, "high_water": high_water,
+                "exhausted": exhausted}
 
     def __repr__(self):
         if not self._open:
             return "<arenalib.BufferPool closed>"
         return (f"<arenalib.BufferPool {self._in_use}/{self._count} buffers of {self._buffer_size} "
                 f"bytes in use, at {<size_t>self._base:#x}>")
+
+
+cdef size_t _resident_bytes(size_t start, size_t region_start, size_t region_end, size_t page,
+                            size_t pages, unsigned char* flags) noexcept nogil:
+    """Bytes of the region [region_start, region_end) on resident pages (mincore), ``flags`` a
+    vector of ``pages`` bytes for the pages from ``start``."""
+    cdef size_t i, first, last, resident = 0
+    if mincore(<void*>start, region_end - start, flags) != 0:
+        return 0
+    for i in range(pages):
+        if flags[i] & 1:  # the part of page i that is the region's
+            first = max(start + i * page, region_start)
+            last = min(start + (i + 1) * page, region_end)
+            resident += last - first
+    return resident
 
 
 @cython.final

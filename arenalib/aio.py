@@ -21,17 +21,23 @@ as soon as the last export is released instead, which is what a frame's consumer
 from __future__ import annotations
 
 import asyncio
+import atexit
+import logging
+import os
 import struct
+import threading
 from collections.abc import Callable
 from typing import cast
 
 from arenalib._arena import Arena, ArenaBase, Segment
-from arenalib._errors import UnsupportedOperation
+from arenalib._errors import ArenaError
 
 __all__ = ["FRAME_HEADER", "FrameError", "FrameReader", "frame_header"]
 
 FRAME_HEADER = struct.Struct("!Q")
 """The length prefix of a frame: 8 bytes, big-endian, unsigned."""
+
+logger = logging.getLogger("arenalib.aio")
 
 
 class FrameError(ValueError):
@@ -43,35 +49,153 @@ def frame_header(size: int) -> bytes:
     return FRAME_HEADER.pack(size)
 
 
+# -- what connections share ---------------------------------------------------------------------------
+
+# The Arena of every reader made without arena=: one for the process, made by the first connection
+# that needs it (from any thread), so a server's connections take one pooled jemalloc arena, not one
+# each (at most 4,000 exist: 4,000 idle connections used to make every other arena fail).  Never
+# closed while the program runs; closed at exit when no frame is alive (its ResourceWarning would
+# otherwise report an arena nobody could have closed).
+_shared: Arena | None = None
+_shared_lock = threading.Lock()
+
+
+def _shared_arena() -> Arena:
+    """The process's Arena for readers without ``arena=`` (MemoryError when none can be had)."""
+    global _shared
+    arena = _shared
+    if arena is None:
+        with _shared_lock:
+            arena = _shared
+            if arena is None:
+                arena = _shared = Arena()
+    return arena
+
+
+def _after_fork_in_child() -> None:
+    # Another thread may have held the lock at the fork: it is nobody's in the child.
+    global _shared_lock
+    _shared_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@atexit.register
+def _close_shared_arena() -> None:
+    global _shared
+    arena = _shared
+    if arena is not None and arena.stats()["live_segments"] == 0:
+        _shared = None
+        try:
+            arena.close()
+        except BufferError:
+            pass
+
+
+# Staging buffers not in use.  A reader holds one only during a read (from get_buffer() to the end
+# of buffer_updated(), when nothing but the first bytes of a length prefix is left over), so an idle
+# connection holds none, and a loop's thread needs one at a time: a few spares per size serve every
+# connection without a new bytearray (zeroed) per read.
+_spare_staging: dict[int, list[bytearray]] = {}
+_SPARES_PER_SIZE = 4
+_SPARE_SIZES = 4
+_SPARE_MAX_SIZE = 1 << 20
+
+
+def _take_staging(size: int) -> bytearray:
+    spares = _spare_staging.get(size)
+    if spares:
+        try:
+            return spares.pop()
+        except IndexError:  # another thread took the last one
+            pass
+    return bytearray(size)
+
+
+def _give_staging(buffer: bytearray) -> None:
+    size = len(buffer)
+    spares = _spare_staging.get(size)
+    if spares is None:
+        if len(_spare_staging) >= _SPARE_SIZES or size > _SPARE_MAX_SIZE:
+            return
+        spares = _spare_staging.setdefault(size, [])
+    if len(spares) < _SPARES_PER_SIZE:
+        spares.append(buffer)
+
+
+# Delivered frames a reader without arena= keeps track of (to free them with the connection): those
+# still alive once on_frame() returns; the dead ones are dropped at the end of a read while few are
+# tracked, else when their number doubles (amortized: a consumer that keeps many costs no rescans).
+_PRUNE_SMALL = 8
+
+
+def _free_deferred(seg: Segment) -> None:
+    """Free ``seg`` once no export of it is alive; nothing when it is dead already, or when its
+    arena frees nothing one by one (a SlicingArena's reset or close takes it)."""
+    try:
+        seg.free(deferred=True)
+    except ArenaError:  # ArenaClosedError: freed, reset or closed already; UnsupportedOperation
+        pass
+
+
+def _report(protocol: asyncio.BaseProtocol, transport: asyncio.BaseTransport | None, message: str,
+            exc: BaseException) -> None:
+    """Report ``exc`` as asyncio reports an error in a protocol callback: to the running loop's
+    exception handler (``loop.set_exception_handler``; by default the "asyncio" logger), or to the
+    "arenalib.aio" logger when no loop is running."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        logger.error("%s", message, exc_info=exc)
+        return
+    loop.call_exception_handler({"message": message, "exception": exc, "protocol": protocol,
+                                 "transport": transport})
+
+
 class FrameReader(asyncio.BufferedProtocol):
     """Length-prefixed frames received into Segments of an arena, one Segment a frame.
 
     FrameReader(on_frame, *, arena=None, max_frame_size=1 << 30, staging_size=65536,
     on_connection_lost=None).  ``on_frame(segment)`` gets each whole frame; the segment is then the
-    callee's, to free with ``segment.free(deferred=True)`` when done (or to leave to the arena's
-    close).  Without ``arena``, the reader makes an Arena of its own and closes it when the
-    connection is lost, so no frame outlives the connection unless the caller gives the arena (a
-    frame's export still alive then keeps that arena open until it is collected, with the
-    ResourceWarning of an unclosed arena: release frames' memoryviews with the connection, or pass
-    an arena of your own).
+    callee's, to free with ``segment.free(deferred=True)`` when done (or to leave to the connection's
+    end).  Without ``arena``, frames come from one Arena the process's readers share (made by the
+    first connection, never closed), and the reader frees every frame it delivered that is still
+    alive when the connection is lost (``free(deferred=True)``: a frame whose memoryview is still
+    alive goes when that is released), so no frame outlives the connection unless the caller gives
+    the arena.  A connection holds memory only for what is in flight: the frame being received,
+    and the frames its consumer has not freed; an idle one holds no buffer and no arena of its own.
 
     Small frames and the length prefixes land in a staging buffer first (one ``recv_into`` may
-    carry several); a frame's bytes past the first read go straight into its segment.  A length
-    above ``max_frame_size`` aborts the connection; the FrameError goes to ``on_connection_lost``
-    (or is stored in ``error``)."""
+    carry several), taken for the read and given back after it; a frame's bytes past the first read
+    go straight into its segment.  A length above ``max_frame_size`` aborts the connection; the
+    FrameError goes to ``on_connection_lost`` (or is stored in ``error``).  When no arena can be had
+    for the connection (MemoryError), the reader reports it to the loop's exception handler at
+    connection_made (as asyncio reports an error in a callback) and aborts the connection, the
+    error going to ``on_connection_lost``; a frame that cannot be allocated (the arena's
+    ``max_bytes``, or no memory) raises from buffer_updated(), which asyncio reports the same way
+    before it closes the connection.  ``on_connection_lost`` is called whatever happens to the
+    connection's frames."""
 
     def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
                  max_frame_size: int = 1 << 30, staging_size: int = 65536,
                  on_connection_lost: Callable[[BaseException | None], object] | None = None) -> None:
         if staging_size < FRAME_HEADER.size:
             raise ValueError(f"staging_size must be at least {FRAME_HEADER.size}, not {staging_size}")
+        # Nothing is allocated here: asyncio drops an error of a protocol factory silently (unless
+        # the loop is in debug mode), so what can fail waits for connection_made.
         self._on_frame = on_frame
         self._on_connection_lost = on_connection_lost
-        self._owns_arena = arena is None
-        self._arena: ArenaBase = Arena() if arena is None else arena
+        self._tracks = arena is None         # the shared arena's frames die with the connection
+        self._arena: ArenaBase | None = arena
+        self._delivered: list[Segment] = []  # frames delivered, some maybe dead (see _track)
+        self._prune_at = 2 * _PRUNE_SMALL
         self._max_frame_size = max_frame_size
-        self._staging = bytearray(staging_size)
-        self._staged = 0                     # bytes in the staging buffer
+        self._staging_size = staging_size
+        self._staging: bytearray | None = None  # only during a read
+        self._carry = b""                    # between reads: the first bytes of a length prefix
+        self._staged = 0                     # bytes staged (in _staging, or in _carry between reads)
         self._frame: Segment | None = None   # the frame being received into
         self._filled = 0                     # bytes of it received so far
         self.transport: asyncio.Transport | None = None
@@ -80,12 +204,26 @@ class FrameReader(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        if self._arena is None:
+            try:
+                self._arena = _shared_arena()
+            except Exception as exc:  # reported, and the connection aborted
+                self.error = exc
+                _report(self, transport, "FrameReader: no arena for the connection's frames; "
+                        "connection aborted", exc)
+                self.transport.abort()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._frame is not None:
             # (The stub gives Segment __buffer__ from Python 3.12 on, as CPython's types have it.)
             return memoryview(self._frame)[self._filled:]  # type: ignore[arg-type]
-        return memoryview(self._staging)[self._staged:]
+        staging = self._staging
+        if staging is None:
+            staging = self._staging = _take_staging(self._staging_size)
+            if self._carry:
+                staging[:self._staged] = self._carry
+                self._carry = b""
+        return memoryview(staging)[self._staged:]
 
     def buffer_updated(self, nbytes: int) -> None:
         frame = self._frame
@@ -97,10 +235,33 @@ class FrameReader(asyncio.BufferedProtocol):
             return
         self._staged += nbytes
         self._take_staged_frames()
+        self._end_read()
+
+    def eof_received(self) -> bool | None:
+        """The peer will send no more: the staging buffer taken for the read that found the end
+        goes back at once (asyncio calls connection_lost() only after its other callbacks: a
+        thousand peers closing together would otherwise hold a thousand buffers), and the
+        transport closes itself (None).  A subclass that overrides it should call it."""
+        self._end_read()
+        return None
+
+    def _end_read(self) -> None:
+        """Give the staging buffer back once a read is done (at most the first bytes of the next
+        length prefix are left: kept in a bytes object)."""
+        staging = self._staging
+        if staging is not None and self._staged < FRAME_HEADER.size:
+            self._carry = bytes(staging[:self._staged]) if self._staged else b""
+            self._staging = None
+            _give_staging(staging)
+            if self._delivered and len(self._delivered) <= _PRUNE_SMALL:
+                self._prune()
 
     def _take_staged_frames(self) -> None:
         """Every whole frame in the staging buffer, and the start of the next one's segment."""
-        staging = self._staging
+        staging: bytearray = self._staging  # type: ignore[assignment]  # (taken by get_buffer)
+        arena = self._arena
+        if arena is None:  # driven without connection_made()
+            arena = self._arena = _shared_arena()
         start = 0
         while self._staged - start >= FRAME_HEADER.size:
             (size,) = FRAME_HEADER.unpack_from(staging, start)
@@ -110,7 +271,7 @@ class FrameReader(asyncio.BufferedProtocol):
                 return
             body = start + FRAME_HEADER.size
             have = min(size, self._staged - body)
-            frame = self._arena.allocate(size, zero=False)
+            frame = arena.allocate(size, zero=False)
             frame[:have] = memoryview(staging)[body:body + have]
             start = body + have
             if have < size:  # the rest goes straight into the segment
@@ -124,7 +285,22 @@ class FrameReader(asyncio.BufferedProtocol):
 
     def _deliver(self, frame: Segment) -> None:
         self.frames += 1
-        self._on_frame(frame)
+        if not self._tracks:
+            self._on_frame(frame)
+            return
+        try:
+            self._on_frame(frame)
+        finally:
+            if frame.alive:  # not freed by its consumer (a deferred free counts as alive until done)
+                delivered = self._delivered
+                delivered.append(frame)
+                if len(delivered) >= self._prune_at:
+                    self._prune()
+
+    def _prune(self) -> None:
+        """Forget the delivered frames that are dead (freed by their consumer)."""
+        self._delivered = alive = [seg for seg in self._delivered if seg.alive]
+        self._prune_at = max(2 * _PRUNE_SMALL, 2 * len(alive))
 
     def _fail(self, error: BaseException) -> None:
         self.error = error
@@ -132,17 +308,20 @@ class FrameReader(asyncio.BufferedProtocol):
             self.transport.abort()
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            self._let_go()
+        finally:  # whatever the frames' arena says (reset or closed by its owner meanwhile ...)
+            if self._on_connection_lost is not None:
+                self._on_connection_lost(self.error if self.error is not None else exc)
+
+    def _let_go(self) -> None:
+        """The connection's memory: the frame cut short (nobody will see it) and, from the shared
+        arena, every frame delivered and still alive, freed once no export of it is alive."""
         frame, self._frame = self._frame, None
-        if frame is not None:  # a frame cut short: nobody will see it
-            try:
-                frame.free(deferred=True)
-            except UnsupportedOperation:
-                pass  # a SlicingArena's: its reset or close takes it
-        if self._owns_arena:
-            # Frames still held by the callee keep their exports: close once they are released.
-            try:
-                self._arena.close()
-            except BufferError:
-                pass  # a frame's memoryview is still alive: the arena goes with its last segment
-        if self._on_connection_lost is not None:
-            self._on_connection_lost(self.error if self.error is not None else exc)
+        delivered, self._delivered = self._delivered, []
+        # (Not given back: a transport that fails may still hold it for a read under way.)
+        self._staging, self._carry, self._staged = None, b"", 0
+        if frame is not None:
+            _free_deferred(frame)
+        for seg in delivered:
+            _free_deferred(seg)
