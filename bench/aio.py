@@ -9,7 +9,7 @@ server's reply after the last frame) and the server's CPU time per frame
 (``resource.getrusage(RUSAGE_SELF)``, user + system, in the server process, from the warm-up frame's
 delivery to ``eof_received``: the receiving and the frames' allocation and freeing, kernel copies
 included), and its minor page faults per frame.  Two server protocols, the same code:
-- ``FrameReader (arena)``: ``arenalib.aio.FrameReader`` with its own Arena per connection (its
+- ``FrameReader (arena)``: ``arenalib.aio.FrameReader`` with the Arena its readers share (its
   default), the consumer freeing each frame with ``seg.free(deferred=True)``;
 - ``bytearray(n) per frame``: the very same FrameReader code with an allocator whose ``allocate(n)``
   returns ``bytearray(n)`` (the consumer drops it): what dask's TCP comm does (a ``bytearray`` per
@@ -106,6 +106,7 @@ def server_protocol(kind: str):
                 "timed_bytes": self.timed_bytes,
                 "cpu_s": seconds, "minflt": cpu.ru_minflt - c0.ru_minflt}).encode() + b"\n")
             self.transport.close()
+            super().eof_received()  # the staging buffer goes back, as the README asks of subclasses
             return True
 
     def factory():
@@ -119,7 +120,7 @@ def server_protocol(kind: str):
             # (a bytearray is dropped here)
 
         if kind == "framereader":
-            protocol = Measured(on_frame)                                  # an Arena per connection
+            protocol = Measured(on_frame)                                  # the readers' shared Arena
         else:
             protocol = Measured(on_frame, arena=BytearrayAllocator())     # type: ignore[arg-type]
         return protocol

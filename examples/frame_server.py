@@ -14,8 +14,9 @@ The pattern:
 * ``loop.create_server(lambda: FrameReader(on_frame, ...), host, port)``: one FrameReader per
   connection.  Its ``get_buffer()`` hands asyncio the memory of the frame being received, a Segment of
   an arena, so the socket's ``recv_into`` writes a large frame's bytes where they will stay: no
-  ``bytearray`` per frame, no copy.  Each reader makes an Arena of its own (closed when the
-  connection is lost), so one connection's frames never hold another's memory.
+  ``bytearray`` per frame, no copy.  The readers share one Arena (so an idle connection holds no
+  arena and no buffer), and each frees the frames it delivered that are still alive when its
+  connection is lost.
 * ``on_frame(seg)`` receives each whole frame; the segment is then the callee's.
 
 The safety rules:

@@ -19,6 +19,13 @@ from arenalib import Arena, BufferPool, ConfinedArena
 from arenalib.aio import FrameError, FrameReader, frame_header
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _shared_arena_first():
+    """The Arena that readers without arena= share lives as long as the process: made before
+    conftest's leak check counts the open arenas, so it is not taken for a test's leak."""
+    arenalib.aio._shared_arena()
+
+
 def payload(size: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
@@ -93,13 +100,13 @@ def test_a_frame_above_the_limit_aborts_the_connection():
     assert isinstance(lost[0], FrameError)
 
 
-def test_connection_lost_mid_frame_frees_it_and_closes_the_readers_arena():
+def test_connection_lost_mid_frame_frees_it():
     reader = FrameReader(lambda seg: None, staging_size=16)
     feed(reader, frame_header(10_000) + b"y" * 3000, [])
-    arena = reader._arena
-    assert arena.stats()["live_segments"] == 1
+    frame = reader._frame
+    assert frame is not None and frame.alive and len(frame) == 10_000
     reader.connection_lost(ConnectionResetError())
-    assert arena.closed
+    assert not frame.alive and reader._frame is None
 
 
 def test_staging_size_must_hold_a_length_prefix():
