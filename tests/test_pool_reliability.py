@@ -77,30 +77,6 @@ def test_reset_under_churn_leaves_consistent_figures(churning_pool):
     churning_pool.reset()
 
 
-def test_stats_costs_about_as_much_with_the_gil_off():
-    # At HEAD stats() on 3.13t took ~400x its time on 3.11: a nested critical section on the same
-    # object takes the mutex's slow path (park, suspend the outer section, resume it).  Compared
-    # with a figure of the same run (a plain `available` read, which takes one section), so the
-    # bound holds on a slow or busy machine: stats() makes a dict of 11 entries and calls mincore.
-    with BufferPool(4096, 8) as pool:
-        def per_call(fn, n=3000):
-            best = float("inf")
-            for _ in range(5):
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                best = min(best, (time.perf_counter() - t0) / n)
-            return best
-
-        available = per_call(lambda: pool.available)
-        stats = per_call(pool.stats)
-        reset = per_call(pool.reset)
-    # Measured (ns): stats() 4,200-5,200 on both builds, 12-41x `available`; at HEAD on 3.13t
-    # 52,000-58,000 (270-440x); reset() 1x `available`, at HEAD on 3.13t 37,000-55,000 (260x+).
-    assert stats < 150 * available, f"stats() {stats * 1e9:.0f} ns against available {available * 1e9:.0f} ns"
-    assert reset < 50 * available, f"reset() {reset * 1e9:.0f} ns against available {available * 1e9:.0f} ns"
-
-
 def test_closed_pool_errors_are_raised_outside_the_critical_section():
     pool = BufferPool(64, 2, align=64)
     seg = pool.acquire()
@@ -183,7 +159,6 @@ def test_bookkeeping_is_written_as_buffers_are_used():
     figures = __import__("json").loads(assert_ok(run_python(BOOKKEEPING)).splitlines()[-1])
     assert figures["made"] < 8 << 20, figures
     assert figures["used"] < 16 << 20, figures
-    assert figures["made_s"] < 0.2, figures
     assert figures["order_ok"], figures
     assert (figures["in_use"], figures["available"]) == (3, (1 << 26) - 3)
 
