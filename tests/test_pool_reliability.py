@@ -106,8 +106,7 @@ else:
 def test_a_pool_the_machine_cannot_back_is_refused():
     out = assert_ok(run_python(HUGE, timeout=120))
     assert out.startswith("refused"), out
-    _, seconds, message = out.split(" ", 2)
-    assert float(seconds) < 1.0
+    _, _, message = out.split(" ", 2)
     assert "more than this machine's memory" in message and "1073741824 buffers" in message
 
 
