@@ -38,8 +38,8 @@ import os
 
 from arenalib._capi cimport (
     CACHE_BINS, CACHE_MAX_BYTES, CACHE_MAX_PER_BIN, CACHE_MAX_SIZE, NO_HOT_BLOCK, PURGE_LIMIT, ArenaSlot,
-    FreeBlocks, InlineState, ThreadCache, cache_bin, cache_bin_size, cache_held_bytes, cache_pop,
-    cache_push,
+    FreeBlocks, InlineState, ThreadCache, arenalib_compiler_fence, cache_bin, cache_bin_size,
+    cache_held_bytes, cache_pop, cache_push,
 )
 from arenalib._jemalloc cimport (
     MALLOCX_ARENA, MALLOCX_LG_ALIGN, MALLOCX_TCACHE, MALLOCX_TCACHE_NONE, MALLOCX_ZERO, je_dallocx,
@@ -381,19 +381,26 @@ cdef void _cache_forget(FreeBlocks* cache) noexcept nogil:
 
 cdef void cache_drain(FreeBlocks* cache) noexcept nogil:
     """Give every cached free block back to jemalloc (before a purge, which can then hand their
-    pages to the OS, or when the thread that kept them ends), and empty the cache."""
+    pages to the OS, or when the thread that kept them ends), and empty the cache.
+
+    The cache is emptied first and its blocks freed from a copy: a fork made by another thread
+    meanwhile gives the child either the whole cache, none of it freed (jemalloc's fork handlers
+    wait for a free under way), or an empty one, never lists of blocks jemalloc has taken back
+    (a child thread taking the cache over was handed blocks twice)."""
+    cdef FreeBlocks blocks = cache[0]
     cdef int b
     cdef void* ptr
     cdef void* next_ptr
-    if cache.hot_tag != NO_HOT_BLOCK:
-        je_dallocx(cache.hot, MALLOCX_TCACHE_NONE)
+    _cache_forget(cache)
+    arenalib_compiler_fence()
+    if blocks.hot_tag != NO_HOT_BLOCK:
+        je_dallocx(blocks.hot, MALLOCX_TCACHE_NONE)
     for b in range(CACHE_BINS):
-        ptr = cache.heads[b]
+        ptr = blocks.heads[b]
         while ptr != NULL:
             next_ptr = (<void**>ptr)[0]
             je_dallocx(ptr, MALLOCX_TCACHE_NONE)
             ptr = next_ptr
-    _cache_forget(cache)
 
 
 # What slot_flush_threads() does besides flushing each thread's jemalloc tcache.
@@ -455,8 +462,14 @@ cdef void slot_purge(ArenaSlot* slot) noexcept nogil:
 
 
 # How long an explicit purge waits for jemalloc's background thread to finish the portion of the
-# same arena it is purging (it purges a large arena in portions of ~ms each), in rounds of 100 us.
-cdef int PURGE_WAIT_ROUNDS = 200
+# same arena it is purging (it purges a large arena in portions of ~ms each).
+cdef long PURGE_WAIT_US = 20000
+cdef long PURGE_ROUND_US = 100
+# Up to this many jemalloc arenas, the wait reads the arena's dirty pages (jemalloc's statistics
+# refresh visits every arena: ~20-60 us each); with more, it purges again a few times, blind.
+cdef Py_ssize_t PURGE_CHECK_MAX_SLOTS = 64
+cdef int PURGE_BLIND_ROUNDS = 4
+cdef long PURGE_BLIND_ROUND_US = 500
 
 
 cdef size_t _dirty_pages(unsigned arena_index) noexcept nogil:
@@ -490,14 +503,21 @@ cdef void slot_purge_settle(ArenaSlot* slot) noexcept nogil:
     is repeated, safe beside any allocation: callers run it without the GIL.  (Turning the
     background thread off for the purge, as before, deadlocked jemalloc 5.3.0: disabling joins
     the thread, which may be waiting for the lock the disabling thread holds, after an arena
-    reset paused it.)"""
+    reset paused it.)  Whether pages are left is read from jemalloc's statistics, whose refresh
+    visits every arena: with more than PURGE_CHECK_MAX_SLOTS arenas, where one read costs
+    milliseconds, the purge is repeated PURGE_BLIND_ROUNDS times over ~2 ms instead."""
+    cdef long waited = 0
     cdef int rounds
     if not _idle_decay_started:
         return
-    for rounds in range(PURGE_WAIT_ROUNDS):
-        if _dirty_pages(slot.arena_index) == 0:
-            return
-        arenalib_sleep_us(100)
+    if _slots_created > PURGE_CHECK_MAX_SLOTS:
+        for rounds in range(PURGE_BLIND_ROUNDS):
+            arenalib_sleep_us(PURGE_BLIND_ROUND_US)
+            _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
+        return
+    while waited < PURGE_WAIT_US and _dirty_pages(slot.arena_index) != 0:
+        arenalib_sleep_us(PURGE_ROUND_US)
+        waited += PURGE_ROUND_US
         _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
 
 
