@@ -90,7 +90,7 @@ cdef struct ArenaSlot:
     unsigned arena_index
     unsigned tcache_index
     size_t stale_bytes    # allocations left behind by closed arena objects, dropped by a reset
-    size_t churn_bytes    # bytes allocated since the last purge: what may sit dirty in the arena
+    size_t churn_bytes    # the most allocated at once since the last purge: what may sit dirty
     FreeBlocks cache      # used by confined arenas (one owner thread at a time)
     ThreadCache* threads  # shared arenas' per-thread caches, kept warm with the slot
     int thread_count
@@ -617,10 +617,13 @@ cdef inline bint close_small_scope(ArenaCore* core, InlineState* state) noexcept
             or core.confined.recent_overflowed
             or core.life.exports or core.books.allocated_total > PURGE_LIMIT
             or state.parked != slot
-            or slot.churn_bytes + core.books.allocated_total > state.parked_headroom):
+            or max(slot.churn_bytes, slot.stale_bytes + core.books.allocated_total)
+                > state.parked_headroom):
         return False
     recent_blocks_to_cache(core)
-    slot.churn_bytes += core.books.allocated_total
+    # The most the arena had allocated at once, as _slot_give_back counts it (no sum: the blocks
+    # go back to the cache, and the next scope takes them again).
+    slot.churn_bytes = max(slot.churn_bytes, slot.stale_bytes + core.books.allocated_total)
     state.parked_idle = True
     state.arenas_closed += 1
     core.fast_owner = 0
