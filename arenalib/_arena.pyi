@@ -111,6 +111,8 @@ class PoolStats(TypedDict):
     retain_limit: int
     warm_bytes: int
     idle_decay: bool
+    wipes: dict[str, int]
+    purged_bytes: int
 
 TRACEMALLOC_DOMAIN: int
 

@@ -522,8 +522,22 @@ cdef void slot_purge_settle(ArenaSlot* slot) noexcept nogil:
         _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
 
 
-cdef void slot_wipe(ArenaSlot* slot) noexcept nogil:
+# Why an idle slot's warm pages were handed back (pool_stats()["wipes"] counts each).
+cdef enum WipeReason:
+    WIPE_OVER_ALLOWANCE      # a big scope larger than the allowance closed
+    WIPE_OVER_RETAIN_LIMIT   # idle slots held more than the retain limit: the coldest went
+    WIPE_OUT_OF_WARM_SLOTS   # the slot fell out of the WARM_SLOTS most recently used
+    WIPE_TRIM                # arenalib.trim()
+    WIPE_NO_MEMORY           # no memory to keep the slot in the pool
+    WIPE_REASONS
+
+cdef Py_ssize_t _wipes[<int>WIPE_REASONS]
+_WIPE_NAMES = ("over_allowance", "over_retain_limit", "out_of_warm_slots", "trim", "no_memory")
+
+
+cdef void slot_wipe(ArenaSlot* slot, WipeReason reason) noexcept nogil:
     """Drop the slot's garbage and cached blocks and hand its pages back to the OS."""
+    count_add(&_wipes[<int>reason], 1)
     # With jemalloc's background thread on, the reset also lines the purge up behind it: a purge
     # returns at once, purging nothing, while that thread is purging the same arena (it does so in
     # portions: pac_decay_to_limit's ``decay->purging``), which left a big close's pages resident
@@ -569,7 +583,7 @@ cdef void _slot_give_back(ArenaSlot* slot, size_t stale, size_t churn) noexcept 
         grown = <ArenaSlot**>PyMem_RawRealloc(
             _free_slots, <size_t>(_free_capacity * 2 + 16) * sizeof(ArenaSlot*))
         if grown == NULL:
-            slot_wipe(slot)
+            slot_wipe(slot, WIPE_NO_MEMORY)
             return  # no memory for bookkeeping: the slot stays unused (and empty), never unsafe
         _free_slots = grown
         _free_capacity = _free_capacity * 2 + 16
@@ -577,7 +591,7 @@ cdef void _slot_give_back(ArenaSlot* slot, size_t stale, size_t churn) noexcept 
     _free_count += 1
     # Slots are taken LIFO: the one now falling out of the warm window may idle for long.
     if _free_count > WARM_SLOTS:
-        slot_wipe(_free_slots[_free_count - 1 - WARM_SLOTS])
+        slot_wipe(_free_slots[_free_count - 1 - WARM_SLOTS], WIPE_OUT_OF_WARM_SLOTS)
 
 
 cdef void _big_scope_closed(ArenaSlot* slot, size_t size) noexcept nogil:
@@ -588,7 +602,7 @@ cdef void _big_scope_closed(ArenaSlot* slot, size_t size) noexcept nogil:
     allowance = min(allowance, _retain_limit)
     _recent_big_scope = max(size, _recent_big_scope - _recent_big_scope // 4)
     if size > allowance:
-        slot_wipe(slot)          # one-off or too big: its memory goes back to the OS now
+        slot_wipe(slot, WIPE_OVER_ALLOWANCE)          # one-off or too big: its memory goes back to the OS now
         return
     slot_reset(slot)
     # What the slot holds dirty now: about one scope's pages, which the next scope reuses (what it
@@ -621,10 +635,10 @@ cdef void _keep_within_retain_limit() noexcept nogil:
     while total + parked > _retain_limit and i < _free_count:
         if _warm_bytes(_free_slots[i]):
             total -= _warm_bytes(_free_slots[i])
-            slot_wipe(_free_slots[i])
+            slot_wipe(_free_slots[i], WIPE_OVER_RETAIN_LIMIT)
         i += 1
     if total + parked > _retain_limit:
-        slot_wipe(_inline_state.parked)
+        slot_wipe(_inline_state.parked, WIPE_OVER_RETAIN_LIMIT)
     # The parked slot's headroom (also when it is in use: it comes back through the inline close).
     _inline_state.parked_headroom = _retain_limit - total
 
@@ -639,6 +653,25 @@ def set_retention(max_bytes):
     _retain_limit = <size_t>limit
     _keep_within_retain_limit()
     pool_unlock()
+
+
+cdef dict _wipe_counts():
+    cdef int i
+    return {_WIPE_NAMES[i]: _wipes[i] for i in range(<int>WIPE_REASONS)}
+
+
+cdef size_t _purged_bytes() noexcept:
+    """The bytes jemalloc has purged from all its arenas, by decay and by purges (a statistic)."""
+    cdef uint64_t epoch = 1
+    cdef uint64_t pages = 0
+    cdef size_t page = 0
+    cdef size_t size = sizeof(uint64_t)
+    je_mallctl(b"epoch", NULL, NULL, &epoch, sizeof(epoch))
+    if je_mallctl(b"stats.arenas.4096.dirty_purged", &pages, &size, NULL, 0):
+        return 0
+    size = sizeof(size_t)
+    je_mallctl(b"arenas.page", &page, &size, NULL, 0)
+    return <size_t>pages * page
 
 
 def get_retention():
@@ -697,9 +730,9 @@ cdef void _wipe_idle_slots() noexcept nogil:
     cdef Py_ssize_t i
     pool_lock()
     if _inline_state.parked_idle:
-        slot_wipe(_inline_state.parked)
+        slot_wipe(_inline_state.parked, WIPE_TRIM)
     for i in range(_free_count):
-        slot_wipe(_free_slots[i])
+        slot_wipe(_free_slots[i], WIPE_TRIM)
     pool_unlock()
 
 
@@ -733,6 +766,10 @@ def pool_stats():
         "retain_limit": _retain_limit,
         "warm_bytes": warm,
         "idle_decay": _idle_decay_running(),
+        # Why warm pages went: each rule that wiped an idle slot, and what jemalloc purged in all
+        # (its decay of idle and open arenas, and every purge; faults with no wipe are decay's).
+        "wipes": _wipe_counts(),
+        "purged_bytes": _purged_bytes(),
     }
 
 

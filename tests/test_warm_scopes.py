@@ -125,3 +125,38 @@ def test_the_whole_sweep_stays_warm():
     check_warm(measure([[n] for n in SWEEP]
                        + [[100, 5000, 20000], [8, 1000, 40000, 300000], [1500, 3584, 7000],
                           [16, 16384], [600000, 1 << 20]]))
+
+
+WIPE_REASONS = r"""
+import json
+import arenalib
+
+def wipes():
+    return arenalib.pool_stats()["wipes"]
+
+seen = {}
+before = wipes()
+with arenalib.Arena() as a:   # a one-off 64 MiB scope: past the allowance, wiped at close
+    a.allocate(64 << 20, zero=False).fill(1)
+seen["big scope"] = {k: v - before[k] for k, v in wipes().items()}
+arenalib.set_retention(1 << 20)
+before = wipes()
+with arenalib.ConfinedArena() as a:   # 2 MiB kept warm would pass the retain limit of 1 MiB
+    [a.allocate(1 << 20, zero=False).fill(1) for _ in range(2)]
+seen["retain limit"] = {k: v - before[k] for k, v in wipes().items()}
+before = wipes()
+arenalib.trim()
+seen["trim"] = {k: v - before[k] for k, v in wipes().items()}
+print(json.dumps(seen))
+"""
+
+
+def test_pool_stats_says_which_rule_dropped_warm_pages():
+    """pool_stats()["wipes"] counts each rule that handed an idle slot's warm pages back, so that a
+    user who sees faults can tell which one did it (none counted: jemalloc's decay)."""
+    seen = json.loads(assert_ok(run_python(WIPE_REASONS)).splitlines()[-1])
+    assert seen["big scope"]["over_allowance"] == 1, seen
+    assert seen["retain limit"]["over_retain_limit"] >= 1, seen
+    assert seen["trim"]["trim"] >= 1 and seen["trim"]["over_allowance"] == 0, seen
+    assert set(seen["trim"]) == {"over_allowance", "over_retain_limit", "out_of_warm_slots", "trim",
+                                 "no_memory"}
