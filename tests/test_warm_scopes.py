@@ -37,12 +37,12 @@ CHILD = """
 import gc, json, math, resource, sys
 import arenalib
 
-SCOPE_BYTES, MAX_BLOCKS = %d, %d
+SCOPE_BYTES, MAX_BLOCKS = @SCOPE_BYTES@, @MAX_BLOCKS@
 
 def blocks(sizes):
     shape, total = [], 0
-    while len(shape) < MAX_BLOCKS and total + sizes[len(shape) %% len(sizes)] <= SCOPE_BYTES:
-        shape.append(sizes[len(shape) %% len(sizes)])
+    while len(shape) < MAX_BLOCKS and total + sizes[len(shape) % len(sizes)] <= SCOPE_BYTES:
+        shape.append(sizes[len(shape) % len(sizes)])
         total += shape[-1]
     return shape or sizes[:1]
 
@@ -77,7 +77,7 @@ if len(sys.argv) > 2:  # the control: with nothing retained, the same scopes fau
     shape = blocks(json.loads(sys.argv[2]))
     out.append({"cold": faults(arenalib.ConfinedArena, shape, 3) / 3, "pages": -(-sum(shape) // 4096)})
 print(json.dumps(out))
-""" % (SCOPE_BYTES, MAX_BLOCKS)
+""".replace("@SCOPE_BYTES@", str(SCOPE_BYTES)).replace("@MAX_BLOCKS@", str(MAX_BLOCKS))
 
 
 def measure(shapes: list[list[int]], control: list[int] | None = None) -> list[dict]:
