@@ -616,14 +616,15 @@ cdef inline bint close_small_scope(ArenaCore* core, InlineState* state) noexcept
     if (not INLINE_PARKING or core.self != core or core.fast_owner != thread_ident()
             or core.confined.recent_overflowed
             or core.life.exports or core.books.allocated_total > PURGE_LIMIT
-            or state.parked != slot
-            or max(slot.churn_bytes, slot.stale_bytes + core.books.allocated_total)
-                > state.parked_headroom):
+            or state.parked != slot):
+        return False
+    cdef size_t held = max(slot.churn_bytes, slot.stale_bytes + core.books.allocated_total)
+    if held > state.parked_headroom:
         return False
     recent_blocks_to_cache(core)
     # The most the arena had allocated at once, as _slot_give_back counts it (no sum: the blocks
     # go back to the cache, and the next scope takes them again).
-    slot.churn_bytes = max(slot.churn_bytes, slot.stale_bytes + core.books.allocated_total)
+    slot.churn_bytes = held
     state.parked_idle = True
     state.arenas_closed += 1
     core.fast_owner = 0
