@@ -59,11 +59,12 @@ def is_io_uring(fd: int) -> bool:
 # child must get the documented RuntimeError (or, in close(), the fork child's close), and exit 0.
 
 FORK_PRELUDE = """
-import gc, os, signal, sys, warnings
+import ctypes, gc, os, signal, sys, warnings
 warnings.simplefilter("ignore", DeprecationWarning)  # fork() of a process with threads
 from arenalib import Arena, BufferPool, Ring
 PARENT = os.getpid()
 children = []
+libc = ctypes.CDLL(None)
 
 def in_child():
     return os.getpid() != PARENT
@@ -72,6 +73,8 @@ def fork_here():
     pid = os.fork()
     if pid:
         children.append(pid)
+    else:  # PR_SET_PDEATHSIG: a child that hangs dies with its parent, killed by the timeout
+        libc.prctl(1, signal.SIGKILL)
     return pid
 
 def child_status():
@@ -481,7 +484,7 @@ def test_cycles_are_collected_with_a_collection_at_every_allocation():
 @pytest.mark.skipif(sys.platform != "linux", reason="Linux only")
 def test_a_cycle_collected_in_a_fork_child_closes_as_a_fork_child():
     out = assert_ok(run_python("""
-        import gc, os, warnings
+        import ctypes, gc, os, signal, warnings
         warnings.simplefilter("ignore", DeprecationWarning)
         from arenalib import Arena, Ring
         ring = Ring(4)
@@ -493,6 +496,7 @@ def test_a_cycle_collected_in_a_fork_child_closes_as_a_fork_child():
         del ring
         pid = os.fork()
         if pid == 0:
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # dies with its parent (PR_SET_PDEATHSIG)
             warnings.simplefilter("ignore", ResourceWarning)
             gc.collect()              # the child's copy of the cycle: the fork child's close
             seg.free()
