@@ -17,7 +17,14 @@ given.  At most cq_entries requests are in flight or reaped-and-not-returned at 
 completion queue (twice the submission queue) can never overflow and no completion is lost.
 
 Sections that run Python code while the ring's state is half updated (releasing pins, which may run
-finalizers) set _busy: a call into the ring from there raises RuntimeError instead of seeing it.
+finalizers) set _busy: a call into the ring from there raises RuntimeError instead of seeing it.  Python
+code may also fork: after every place that runs it (a release, a signal handler) the fork count is
+checked again before the ring's queues are touched, since a fork child has no mapping of them.
+
+The request table's Python objects (user_data, the buffers' exporters, the completions not yet
+returned) are visited by the garbage collector (_ring_traverse), and a ring found in a garbage cycle
+is closed as an unclosed ring is when it is collected (_ring_finalize, before anything of the cycle
+is cleared): cancel, reap, unpin, and a ResourceWarning.
 """
 
 cimport cython
@@ -27,7 +34,7 @@ from cpython.buffer cimport (
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.number cimport PyNumber_Index
-from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject, PyTypeObject
 from libc.errno cimport EBUSY, EINTR, EINVAL
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memset
@@ -52,6 +59,7 @@ import os
 import warnings
 
 from arenalib._errors import WrongThreadError
+from arenalib._pool import _PoolBufferView
 
 cdef extern from "Python.h":
     int PyObject_AsFileDescriptor(object o) except -1
@@ -61,6 +69,67 @@ cdef extern from "<unistd.h>" nogil:
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
+
+cdef extern from "<sys/socket.h>":
+    int MSG_ZEROCOPY
+
+cdef extern from "Python.h":
+    # The garbage collector's slots, declared here as C calls (cpython.object's carry except -1).
+    ctypedef int (*visitproc)(PyObject*, void*) noexcept
+    ctypedef int (*traverseproc)(PyObject*, visitproc, void*) noexcept
+    ctypedef int (*inquiry)(PyObject*) noexcept
+    ctypedef void (*destructor)(PyObject*) noexcept
+
+cdef extern from *:
+    """
+    /* The exporter at the end of a chain of memoryviews (a memoryview of a memoryview, a slice, a
+       cast all name the first exporter, but an exporter may itself hand out a memoryview's buffer):
+       whether it is of type ``raw`` (BufferPool's raw views).  C only: nothing here calls back. */
+    static int arenalib_ring_exported_by(PyObject *obj, PyObject *raw) {
+        int depth;
+        for (depth = 0; obj != NULL && depth < 64; depth++) {
+            if ((PyObject *)Py_TYPE(obj) == raw)
+                return 1;
+            if (!PyMemoryView_Check(obj))
+                return 0;
+            obj = PyMemoryView_GET_BUFFER(obj)->obj;
+        }
+        return 0;
+    }
+    /* The exception state, kept across a finalizer (PyErr_Fetch is deprecated from 3.12 on). */
+    typedef struct { PyObject *type, *value, *tb; } arenalib_ring_exc;
+    static void arenalib_ring_exc_save(arenalib_ring_exc *e) {
+    #if PY_VERSION_HEX >= 0x030C0000
+        e->type = NULL; e->tb = NULL; e->value = PyErr_GetRaisedException();
+    #else
+        PyErr_Fetch(&e->type, &e->value, &e->tb);
+    #endif
+    }
+    static void arenalib_ring_exc_restore(arenalib_ring_exc *e) {
+    #if PY_VERSION_HEX >= 0x030C0000
+        PyErr_SetRaisedException(e->value);
+    #else
+        PyErr_Restore(e->type, e->value, e->tb);
+    #endif
+    }
+    static PyObject *arenalib_ring_buffer_obj(Py_buffer *view) { return view->obj; }  /* no new ref */
+    static void arenalib_ring_set_gc(PyTypeObject *type, traverseproc traverse, inquiry clear,
+                                     destructor finalize, traverseproc *base) {
+        *base = type->tp_traverse;
+        type->tp_traverse = traverse;
+        type->tp_clear = clear;
+        type->tp_finalize = finalize;
+    }
+    """
+    bint exported_by "arenalib_ring_exported_by"(PyObject* obj, PyObject* raw) noexcept
+    PyObject* buffer_obj "arenalib_ring_buffer_obj"(Py_buffer* view) noexcept
+    ctypedef struct saved_exc "arenalib_ring_exc":
+        pass
+    void exc_save "arenalib_ring_exc_save"(saved_exc* e) noexcept
+    void exc_restore "arenalib_ring_exc_restore"(saved_exc* e) noexcept
+    void ring_set_gc "arenalib_ring_set_gc"(
+        PyTypeObject* type, traverseproc traverse, inquiry clear, destructor finalize,
+        traverseproc* base) noexcept
 
 cdef extern from *:
     """
@@ -73,6 +142,13 @@ cdef extern from *:
     """
     unsigned long ring_forks "arenalib_ring_forks"
     int ring_atfork "arenalib_ring_atfork"() noexcept
+
+cdef str FORK_CHILD = ("this Ring was made by the parent of this forked process: a fork child cannot "
+                       "use it (close() it and make a new one)")
+cdef str BUSY = "the Ring is in the middle of wait() or close(): a finalizer or signal handler may not {} it"
+
+# The exporter type of BufferPool.raw_views(): refused as a request's buffer (see _acquire).
+cdef object RAW_VIEW = _PoolBufferView
 
 # Tests set it (_use_per_request_cancel) to run close()'s fallback for kernels before 5.19 here.
 cdef bint per_request_cancel = False
@@ -206,6 +282,13 @@ cdef int _acquire(object buf, Py_buffer* view, bint writable) except -1:
         if writable and _read_only(buf):  # a wrong argument, not a pin
             raise TypeError(f"a read needs a writable buffer; {type(buf).__name__} is read-only") from None
         raise
+    if exported_by(buffer_obj(view), <PyObject*>RAW_VIEW):
+        # A raw view's export pins the pool's region, not its buffer: the pool may hand the buffer
+        # to a new owner while the kernel still reads or writes it.
+        PyBuffer_Release(view)
+        raise TypeError("a raw view of a BufferPool buffer (BufferPool.raw_views(), or a memoryview or "
+                        "slice of one) does not pin the buffer, which its pool may hand to a new owner "
+                        "while the request is in flight: pass the acquired Segment instead")
     return 0
 
 
@@ -230,7 +313,7 @@ def check(result):
 
 
 @cython.final
-@cython.no_gc_clear  # __dealloc__ needs _pool: its registration is counted out there
+@cython.no_gc_clear  # not Cython's clear (it would drop _pool, still counted): _ring_clear is installed
 cdef class Ring:
     """An io_uring instance whose requests pin the memory they target until their completion is reaped.
 
@@ -242,10 +325,13 @@ cdef class Ring:
     result is what the system call would return, or -errno (``check(result)`` raises it as OSError).
     While a request is in flight, each buffer it names is held by a buffer export, so a Segment's
     memory cannot be freed, released, reset or closed with its arena or pool (BufferError), nor a
-    bytearray resized.  At most ``cq_entries`` requests may be in flight and not yet returned by
-    wait(): one more raises OSError(EBUSY) (the completion queue never overflows).  ``user_data``
-    may be any object: the ring holds it (out of the garbage collector's sight) until wait() returns
-    it or close() drops it.
+    bytearray resized.  A raw view of a BufferPool buffer (``pool.raw_views()``, or a memoryview
+    or slice of one) pins no buffer and is refused with TypeError: pass the acquired Segment.  At
+    most ``cq_entries`` requests may be in flight and not yet returned by wait(): one more raises
+    OSError(EBUSY) (the completion queue never overflows).  ``user_data`` may be any object: the
+    ring holds it until wait() returns it or close() drops it, in the garbage collector's sight: a
+    reference cycle through the ring (a user_data or a buffer that refers to it) is collected as an
+    unclosed ring is.
 
     One thread owns a ring: its creator.  Any use from another thread raises WrongThreadError.  A
     fork child cannot use its parent's rings (their memory is not mapped in the child, and their
@@ -253,8 +339,10 @@ cdef class Ring:
     child's copy of the pins and of the ring's descriptor.
 
     close() (or the end of a with-block) cancels every request in flight and waits for all their
-    completions before releasing the pins; a ring garbage-collected while open does the same and
-    emits ResourceWarning.
+    completions before releasing the pins; a ring garbage-collected while open (alone or in a
+    reference cycle) does the same and emits ResourceWarning.  A fork child that goes on with a
+    call of its parent's (a fork in a signal handler or finalizer run by wait(), close() or
+    unregister_pool()) gets the same RuntimeError, or from close() the fork child's close.
     """
 
     cdef io_uring _ring
@@ -340,14 +428,22 @@ cdef class Ring:
 
     cdef int _check_usable(self) except -1:
         self._check_thread()
-        if self._forks != ring_forks:
-            raise RuntimeError("this Ring was made by the parent of this forked process: a fork child "
-                               "cannot use it (close() it and make a new one)")
+        self._check_not_forked()
         if not self._open:
             raise ValueError("the Ring is closed")
         if self._busy:
-            raise RuntimeError("the Ring is in the middle of wait() or close(): a finalizer or signal "
-                               "handler may not use it")
+            raise RuntimeError(BUSY.format("use"))
+        return 0
+
+    cdef inline bint _forked(self) noexcept:
+        """True in a fork child of the ring's maker, where its queues are not mapped."""
+        return self._forks != ring_forks
+
+    cdef inline int _check_not_forked(self) except -1:
+        """Where Python code has run since the last check (a release's finalizer, a signal handler:
+        either may have forked), before the queues are touched again."""
+        if self._forks != ring_forks:
+            raise RuntimeError(FORK_CHILD)
         return 0
 
     cdef inline unsigned _in_flight(self) noexcept:
@@ -425,6 +521,11 @@ cdef class Ring:
             off = _offset(where)
         else:
             cflags = where
+            if op == OP_SEND and cflags & MSG_ZEROCOPY:
+                raise ValueError(
+                    "send() refuses MSG_ZEROCOPY: the kernel reads the pages until the zerocopy "
+                    "notification arrives on the socket's error queue, after the send's completion, "
+                    "when the buffer may be someone else's (send without it copies)")
         cdef Request req
         _request_init(&req)
         _acquire(buf, &req.view, op == OP_READ or op == OP_RECV)
@@ -535,7 +636,9 @@ cdef class Ring:
 
     def send(self, sock, buf, *, flags=0, user_data=0):
         """Queue a send(2) of ``buf`` on the socket ``sock``, pinned until it completes; ``flags``
-        are send(2)'s MSG_* flags."""
+        are send(2)'s MSG_* flags, except MSG_ZEROCOPY (ValueError, before anything is queued): with
+        it the kernel goes on reading the pages after the completion, until a notification on the
+        socket's error queue, which the pin does not wait for."""
         self._queue_one(OP_SEND, sock, buf, flags, user_data)
 
     # -- submitting and reaping ------------------------------------------------------------------
@@ -575,6 +678,9 @@ cdef class Ring:
                 need = <unsigned>(want - self._ndone) if <size_t>want > self._ndone else 0
                 if need == 0 and self._ring.sq.sqe_head == self._ring.sq.sqe_tail:
                     break  # enough completions, and nothing queued
+                # The releases of the last reap and the signal handlers of the last round ran Python
+                # code, which may have forked.
+                self._check_not_forked()
                 with nogil:
                     ret = io_uring_submit_and_wait(&self._ring, need)
                 if ret < 0 and ret != -EINTR:
@@ -590,12 +696,16 @@ cdef class Ring:
 
     cdef int _reap(self) except -1:
         """Move every completion in the CQ into _done, releasing its request's pins (with _busy set:
-        the releases may run Python code)."""
+        the releases may run Python code).  RuntimeError in a fork child (a release's finalizer may
+        have forked: the CQ is not mapped there)."""
         cdef io_uring_cqe* cqe
         cdef uint64_t rid
         cdef int res
         cdef Request req
-        while io_uring_peek_batch_cqe(&self._ring, &cqe, 1):
+        while True:
+            self._check_not_forked()  # before each look at the CQ: the last release ran Python code
+            if not io_uring_peek_batch_cqe(&self._ring, &cqe, 1):
+                break
             rid = cqe.user_data
             res = cqe.res
             io_uring_cq_advance(&self._ring, 1)
@@ -707,23 +817,25 @@ cdef class Ring:
             return
         self._check_thread()
         if self._busy:
-            raise RuntimeError("the Ring is in the middle of wait() or close(): a finalizer or signal "
-                               "handler may not close it")
+            raise RuntimeError(BUSY.format("close"))
         self._shutdown()
 
     cdef void _shutdown(self) noexcept:
         """Close: cancel, reap every completion, and only then release the pins (or, in a fork child,
-        where the kernel writes nothing for these requests, release them at once)."""
+        where the kernel writes nothing for these requests, release them at once).  A fork made by
+        Python code the cancels' reaps ran (a finalizer) makes the child's close a fork child's."""
         cdef unsigned i
         cdef Request req
         cdef BufferPool pool
         self._busy = True
-        if self._forks == ring_forks:
-            if not self._cancel_all():
+        if not self._forked():
+            if not self._cancel_all() and not self._forked():
                 # The kernel would not say when the requests end: their memory stays pinned for good
                 # (a leak, never a write into memory someone else owns).
                 self._requests = NULL
                 self._nfree = self._capacity
+        # Checked again: the reaps ran finalizers, and a fork child has no mapping of the queues.
+        if not self._forked():
             if self._pool is not None:
                 io_uring_unregister_buffers(&self._ring)
             io_uring_queue_exit(&self._ring)
@@ -750,7 +862,8 @@ cdef class Ring:
 
     cdef bint _cancel_all(self) noexcept:
         """Drop the queued requests, cancel those in flight, and reap until none is left; False if
-        the kernel keeps failing to say (the pins must then stay)."""
+        the kernel keeps failing to say (the pins must then stay), or at once in a fork child made by
+        a finalizer a reap ran (the caller checks _forked())."""
         cdef unsigned head = self._ring.sq.sqe_head
         cdef io_uring_sqe* sqe
         cdef uint64_t rid
@@ -799,8 +912,10 @@ cdef class Ring:
             unsent_before = unsent
             try:
                 self._reap()
-            except BaseException:  # (only a MemoryError could get here; nothing is lost by it)
+            except BaseException:  # a MemoryError (nothing is lost by it), or the fork check
                 pass
+            if self._forked():     # a finalizer run by the reap forked: the queues are not ours
+                return False
             if sent_any and not self._cancels and self._cancel_result == -EINVAL:
                 per_request = True
                 sent_any = False
@@ -815,6 +930,8 @@ cdef class Ring:
                 self._reap()
             except BaseException:
                 pass
+            if self._forked():
+                return False
         return True
 
     cdef unsigned _cancel_each(self) noexcept:
@@ -861,6 +978,11 @@ cdef class Ring:
         if not self._open:
             self._free_tables()
             return
+        self._close_unclosed()
+
+    cdef void _close_unclosed(self) noexcept:
+        """Close a ring found open by the collector (__dealloc__, or _ring_finalize for a ring in a
+        garbage cycle), with a ResourceWarning."""
         message = f"unclosed {self!r}"
         self._shutdown()
         if warnings is not None:  # None while the interpreter is tearing modules down
@@ -929,6 +1051,74 @@ cdef class Ring:
         return (f"<arenalib.Ring {self._sq_entries} entries, {self._in_flight()} in flight, "
                 f"fd {self._ring.ring_fd}>")
 
+
+# -- the garbage collector's view of a ring ---------------------------------------------------------
+#
+# Cython's own slots see only _pool; the Python objects in the C tables (each request's user_data and
+# the exporters its buffer exports hold, the user_data of completions reaped and not yet returned)
+# are visited here, so that a cycle through them (user_data=self.on_read, where self holds the ring)
+# is found.  The traversal runs no Python code and touches no reference count: ``self`` is borrowed,
+# and the tables are read as they are (every entry filed in them owns its references).
+#
+# A ring in a garbage cycle is closed by _ring_finalize (tp_finalize, PEP 442), which the collector
+# runs on every object of the cycle before it clears any of them: the requests are cancelled and
+# reaped while the objects their buffers come from are whole (a memoryview's managed buffer, cleared,
+# releases its exporter: a read in flight would then write into memory its owner may free).
+# _ring_clear (tp_clear) does the same for a ring still open after that.  Neither is a Python method
+# (a __del__ called by hand from another thread could close a ring under its owner); an ordinary
+# deallocation is __dealloc__'s, as before.
+
+cdef traverseproc base_traverse = NULL  # Cython's (_pool, and the type of a heap type)
+
+
+cdef int _ring_traverse(Ring self, visitproc visit, void* arg) noexcept:
+    cdef int ret = base_traverse(<PyObject*>self, visit, arg) if base_traverse != NULL else 0
+    if ret:
+        return ret
+    cdef unsigned i
+    cdef Py_ssize_t j
+    cdef Request* req
+    cdef PyObject* obj
+    if self._requests != NULL and self._nfree != self._capacity:
+        for i in range(self._capacity):
+            req = &self._requests[i]
+            if req.user_data == NULL:
+                continue
+            ret = visit(req.user_data, arg)
+            if ret:
+                return ret
+            for j in range(req.nviews):
+                obj = buffer_obj(&req.views[j] if req.views != NULL else &req.view)
+                if obj != NULL:
+                    ret = visit(obj, arg)
+                    if ret:
+                        return ret
+    if self._done != NULL:
+        for i in range(self._ndone):
+            ret = visit(self._done[i].user_data, arg)
+            if ret:
+                return ret
+    return 0
+
+
+cdef void _ring_finalize(Ring self) noexcept:
+    """A ring in a garbage cycle: closed as an unclosed ring is at collection (cancel, reap, unpin,
+    ResourceWarning), which drops every reference of its tables.  A busy ring is in use by a call
+    under way, so never garbage; it is left alone.  The exception state is kept (tp_finalize's rule)."""
+    cdef saved_exc exc
+    if self._open and not self._busy:
+        exc_save(&exc)
+        self._close_unclosed()
+        exc_restore(&exc)
+
+
+cdef int _ring_clear(Ring self) noexcept:
+    _ring_finalize(self)
+    return 0
+
+
+ring_set_gc(<PyTypeObject*>Ring, <traverseproc>_ring_traverse, <inquiry>_ring_clear,
+            <destructor>_ring_finalize, &base_traverse)
 
 if ring_atfork() != 0:
     raise OSError("pthread_atfork failed")
