@@ -487,11 +487,14 @@ cdef class BufferPool(SegmentOwner):
         """One writable memoryview per buffer (``buffer_size`` bytes, index order), for clients that
         accept only memoryviews and keep them for good, such as liburing's ``Iovec``.
 
-        The views are not Segments: they do not check which buffers are acquired, so use them only to
-        hand addresses to the kernel (registration, readv iovecs) and read the data through the
-        acquired Segment.  They do not block release() or close() (liburing never lets go of them),
-        but they keep the region's memory itself allocated, unused by anything else, for as long as
-        they live: a late write through one is harmless, never a write into freed memory."""
+        The views are not Segments and pin nothing but the region: they do not check which buffers
+        are acquired, are not counted as exports, and do not block release(), reset() or close().
+        They keep the region's memory allocated for as long as they live, so a late write through
+        one never lands in freed memory; but once the buffer is released and acquired again, it
+        lands in the buffer's next owner.  A client that hands one to the kernel must keep that
+        buffer's Segment acquired (not released, its pool not reset) from the request's submission
+        until its completion is reaped, cancelled requests included, and read the data through that
+        Segment.  arenalib.Ring refuses raw views (TypeError): give it the Segment."""
         cdef _Region region
         with cython.critical_section(self):
             region = self._region  # held here: a GC in the loop below may close the pool
