@@ -156,3 +156,15 @@ def cython_consumers(tmp_path_factory):
     why = None if was_on else _gil_enabled_by()
     assert why is None, f"loading the test consumers of tests/cython turned the GIL on: {why}"
     return consumers
+
+
+@pytest.fixture
+def pipe():
+    """Both ends of a pipe (read, write), closed after the test unless the test closed them."""
+    r, w = os.pipe()
+    yield r, w
+    for fd in (r, w):
+        try:
+            os.close(fd)
+        except OSError:
+            pass

@@ -45,17 +45,6 @@ def data_file(tmp_path):
     return path, data
 
 
-@pytest.fixture
-def pipe():
-    r, w = os.pipe()
-    yield r, w
-    for fd in (r, w):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
 def one(ring, n=1):
     """The completions of ``n`` requests, submitted and waited for, as a dict user_data -> result."""
     done = {}

@@ -28,17 +28,6 @@ MSG_ZEROCOPY = 0x4000000
 SO_ZEROCOPY = 60
 
 
-@pytest.fixture
-def pipe():
-    r, w = os.pipe()
-    yield r, w
-    for fd in (r, w):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
 def ring_fd(ring) -> int:
     """The ring's descriptor, as its repr shows it."""
     return int(repr(ring).rsplit("fd ", 1)[1].rstrip(">"))
