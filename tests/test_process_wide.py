@@ -212,9 +212,15 @@ def work():
     for seg in segs:
         seg.free()
 
-# The interpreter's own memory for 200 threads first (3.13t keeps ~14 MiB of it): what is
-# measured below is arenalib's.
-run(barrier.wait)
+def plain():
+    # The same threads and Python objects, with no arenalib memory: the interpreter's own memory
+    # for 200 threads (3.13t keeps ~14 MiB of it) is counted before the start, not below.
+    objs = [bytearray(16) for _ in range(124)]
+    barrier.wait()
+    del objs
+
+run(plain)
+run(plain)
 start = rss_mib()
 run(work)
 peak = rss_mib()
@@ -312,28 +318,32 @@ arena = arenalib.Arena()
 stop = threading.Event()
 
 def resetter():
+    spin = 0
     while not stop.is_set():
         try:
             arena.reset()
         except BufferError:
             pass  # an export of the other thread is alive
+        spin = (spin + 37) % 300
+        for _ in range(spin):  # a varying pause: the other thread gets through, at every offset
+            pass
 
 thread = threading.Thread(target=resetter)
 thread.start()
-rounds = 0
+armed = 0
 deadline = time.monotonic() + float(sys.argv[1])
-while time.monotonic() < deadline:
+while time.monotonic() < deadline and armed < 5000:
     try:
         seg = arena.allocate(64)
         view = memoryview(seg)
         seg.free(deferred=True)
     except arenalib.ArenaClosedError:
         continue  # the reset came first
+    armed += 1
     view.release()  # the last export: the deferred free runs here, racing the reset
-    rounds += 1
 stop.set()
 thread.join()
-print(rounds, len(unraisable), unraisable[:1])
+print(armed, len(unraisable), unraisable[:1])
 """
 
 
@@ -341,9 +351,9 @@ def test_deferred_free_racing_a_reset_raises_nothing_unraisable():
     """A deferred free whose last export is released while another thread resets the arena
     printed thousands of unraisable ArenaClosedErrors from __releasebuffer__ on 3.13t: the reset
     took the memory between the free's check and the free, which is not an error."""
-    out = assert_ok(run_python(DEFERRED_FREE_VS_RESET, "2"))
-    rounds, unraisable, _ = out.split(maxsplit=2)
-    assert int(rounds) > 0 and int(unraisable) == 0, out
+    out = assert_ok(run_python(DEFERRED_FREE_VS_RESET, "8"))
+    armed, unraisable, _ = out.split(maxsplit=2)
+    assert int(armed) > 100 and int(unraisable) == 0, out
 
 
 FORK_MID_EXIT = r"""
