@@ -46,13 +46,18 @@ def blocks(sizes):
         total += shape[-1]
     return shape or sizes[:1]
 
-def faults(kind, shape, scopes):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def per_scope(kind, shape, scopes):  # the faults of each scope
+    out = []
     for _ in range(scopes):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         with kind() as a:
             segs = [a.allocate(n, zero=False).fill(1) for n in shape]
             del segs
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return out
+
+def faults(kind, shape, scopes):
+    return sum(per_scope(kind, shape, scopes))
 
 gc.disable()  # no collection in the middle of a measurement
 stale_limit = arenalib.pool_stats()["stale_limit"]
@@ -70,7 +75,7 @@ for sizes in json.loads(sys.argv[1]):
         faults(kind, shape, warmup)
         stats = arenalib.pool_stats()
         out.append({"kind": name, "sizes": sizes, "blocks": len(shape), "pages": -(-nbytes // 4096),
-                    "scopes": scopes, "faults": faults(kind, shape, scopes),
+                    "scopes": scopes, "per_scope": per_scope(kind, shape, scopes),
                     "purges": arenalib.pool_stats()["purges"] - stats["purges"]})
 if len(sys.argv) > 2:  # the control: with nothing retained, the same scopes fault every page
     arenalib.set_retention(0)
@@ -85,12 +90,21 @@ def measure(shapes: list[list[int]], control: list[int] | None = None) -> list[d
     return json.loads(assert_ok(run_python(CHILD, *argv)).splitlines()[-1])
 
 
+def warm_faults(per_scope: list[int]) -> float:
+    """Faults a scope, leaving out the worst 2% of the scopes (at least one): jemalloc's background
+    decay purges pages reused between two of its samples now and then (a burst of 500-1,000 faults
+    in 2-4 of 300 scopes, no arenalib rule firing); a policy that re-faults a warm scope does so
+    at every close, or every few (the summed churn wiped a 4 MiB scope at every 9th)."""
+    kept = sorted(per_scope)[:len(per_scope) - max(1, len(per_scope) // 50)]
+    return sum(kept) / len(kept)
+
+
 def check_warm(figures: list[dict]) -> None:
-    cold = [f for f in figures if "faults" in f
-            and f["faults"] > f["scopes"] * (0.02 * f["pages"] + 8)]
-    assert not cold, "scopes that fault again once warm (faults over `scopes` scopes):\n" + "\n".join(
-        f"  {f['kind']} {f['sizes']} x{f['blocks']} ({f['pages']} pages): "
-        f"{f['faults'] / f['scopes']:.1f} faults a scope, {f['purges']} purges" for f in cold)
+    cold = [f for f in figures if "per_scope" in f and warm_faults(f["per_scope"]) > 0.02 * f["pages"] + 8]
+    title = "scopes that fault again once warm (faults a scope, the worst 2% left out):\n"
+    assert not cold, title + "\n".join(
+        f"  {f['kind']} {f['sizes']} x{f['blocks']} ({f['pages']} pages): {warm_faults(f['per_scope']):.1f} "
+        f"(all: {sum(f['per_scope']) / f['scopes']:.1f}), {f['purges']} purges" for f in cold)
 
 
 # The sizes of the issue's cliffs and their neighbours: 3584-byte (28 KiB slabs) and 5120-byte
