@@ -1,5 +1,6 @@
 # cython: language_level=3
-# The C-level API of arenalib, for Cython extensions:
+# The C-level API of arenalib, for Cython extensions: calls through a table of function pointers,
+# and nothing of arenalib compiled in (as numpy.random's bit generators are).
 #
 #     from arenalib cimport ArenaCore, arena_core, arena_allocate, arena_free, arena_raise
 #
@@ -11,7 +12,11 @@
 #     arena_raise(err)                      # the matching Python exception, if any
 #
 # The nogil functions never raise: they return ARENA_OK or an error code.  arena_free() takes the
-# size given to arena_allocate().
+# size given to arena_allocate().  A module built against this API keeps working with later
+# arenalib versions until the table changes; one built against another table gets ImportError from
+# its first call, never a wrong call.  Each call costs a call through a pointer: for the inline fast
+# paths instead (an allocate/free pair of ~2 ns, rebuilt against every arenalib version), cimport the
+# same names from arenalib.fast.  One source builds either way: arenalib/_examples/cython/.
 #
 # Threads.  The same contract holds with the GIL and on a free-threaded CPython (3.13t), where nogil
 # code and Python threads truly run at once:
@@ -23,32 +28,20 @@
 #   every nogil arena_allocate()/arena_free() of that core on other threads has returned (join
 #   your workers first): arenalib does not track C-level callers.  Python-level users need no such
 #   care: close, reset, purge, free and release wait for Python-level accesses of the memory under
-#   way on other threads, and those that come later raise (arenalib/_access.pxi);
+#   way on other threads, and those that come later raise;
 # - arena_core() and arena_open()/arena_close() need the GIL (an attached thread state);
 # - a segment's memory you write from nogil code is yours while the segment is alive: arenalib
 #   does not stop another Python thread from freeing it under you.
-# The inline paths honour this: they read and write only the calling thread's state (a confined
-# core's free lists, a SlicingArena's carve by its biased thread), and on a free-threaded build the
-# inline open and close of a confined scope leave the shared parked slot to arenalib's functions,
-# which lock the slot pool.  For a scope without any Python object, put an
-# ArenaCore on the stack, prepare it once with arena_core_init(), then use arena_open() /
-# arena_close() (both need the GIL).  An ArenaCore must not be copied or moved while open: every
-# call treats a copy (a core not at the address it was opened at) as closed (ARENA_ECLOSED), so it
-# can never reach memory the original gave back.
-#
-# The common cases are inline functions, compiled into your module: a ConfinedArena's allocate
-# and free from its free list, a SlicingArena's carve (no atomic instruction while one thread
-# keeps carving), a confined scope's open and close.  They read arenalib's structs, so a module
-# must be rebuilt against the arenalib it runs with: one whose C ABI fingerprint differs (a digest
-# of the struct layouts, constants and size-class rule it was compiled with, and of whether the
-# interpreter is free-threaded) gets ImportError from arena_core() or arena_open(), never a wrong
-# layout.
-# Consumers need no jemalloc header and link nothing: the inline functions and structs are in
-# arenalib/_capi.pxd (the C ABI), and reach arenalib's own functions through the function table of
-# the capsule arenalib._arena._C_API.  See arenalib/_examples/cython/ for a complete consumer.
+# For a scope without any Python object, put an ArenaCore on the stack, prepare it once with
+# arena_core_init(), then use arena_open() / arena_close() (both need the GIL).  An ArenaCore must
+# not be copied or moved while open: every call treats a copy (a core not at the address it was
+# opened at) as closed (ARENA_ECLOSED), so it can never reach memory the original gave back.
 
-from arenalib._arena cimport Arena, ArenaBase, ConfinedArena, Segment, SlicingArena
-from arenalib._capi cimport (
+from cpython.pycapsule cimport PyCapsule_Import
+from libc.string cimport memset
+
+from arenalib._fingerprints cimport TABLE_FINGERPRINT
+from arenalib._table cimport (
     ARENA_EBUSY,
     ARENA_ECLOSED,
     ARENA_EEXPORTED,
@@ -61,13 +54,83 @@ from arenalib._capi cimport (
     ARENA_KIND_SHARED,
     ARENA_KIND_SLICING,
     ARENA_OK,
-    ArenaCore,
-    arena_allocate,
-    arena_close,
-    arena_core,
-    arena_core_init,
-    arena_free,
-    arena_open,
-    arena_raise,
-    arena_reset,
+    ArenaTable,
 )
+from arenalib._table cimport OpaqueCore as ArenaCore
+
+cdef extern from *:
+    """
+    /* This module's pointer to arenalib's function table (set by the first call, with the GIL). */
+    static void *arenalib_table_ptr = 0;
+    """
+    void* arenalib_table_ptr
+
+
+cdef inline ArenaTable* _table() except NULL:
+    """arenalib's function table, checked once per module (with the GIL)."""
+    global arenalib_table_ptr
+    if arenalib_table_ptr != NULL:
+        return <ArenaTable*>arenalib_table_ptr
+    cdef ArenaTable* table = <ArenaTable*>PyCapsule_Import(b"arenalib._arena._C_TABLE", 0)
+    if table.fingerprint != TABLE_FINGERPRINT or table.core_size > sizeof(ArenaCore):
+        raise ImportError(
+            f"a Cython extension was compiled against another arenalib C API table (fingerprint "
+            f"{TABLE_FINGERPRINT:#018x}; this arenalib has {table.fingerprint:#018x}): rebuild "
+            "the extension against the arenalib it runs with")
+    arenalib_table_ptr = table
+    return table
+
+
+cdef inline ArenaCore* arena_core(object arena) except NULL:
+    """The C handle of an open Arena, ConfinedArena or SlicingArena (keep a reference to it)."""
+    return _table().core_of(arena)
+
+
+cdef inline int arena_raise(int code) except -1:
+    """Raise the Python exception for an error code of the nogil functions (with the GIL held)."""
+    if code == ARENA_OK:
+        return 0
+    return _table().raise_error(code)
+
+
+cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                               void** out) noexcept nogil:
+    """Allocate ``size`` bytes aligned to ``align`` (0 or a power of two up to 1 GiB), zeroed if
+    ``zero``; the address goes to ``*out``.  Returns ARENA_OK or an error code (ARENA_ECLOSED for
+    a core this module never had from arena_core() or arena_open())."""
+    if arenalib_table_ptr == NULL:
+        return ARENA_ECLOSED
+    return (<ArenaTable*>arenalib_table_ptr).allocate(core, size, align, zero, out)
+
+
+cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    """Give back one allocation of Arena or ConfinedArena; ``size`` must be the size allocated."""
+    if arenalib_table_ptr == NULL:
+        return ARENA_ECLOSED
+    return (<ArenaTable*>arenalib_table_ptr).free(core, ptr, size)
+
+
+cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
+    """Free every allocation at once and keep the arena open (no other thread may use it now)."""
+    if arenalib_table_ptr == NULL:
+        return ARENA_ECLOSED
+    return (<ArenaTable*>arenalib_table_ptr).reset(core)
+
+
+cdef inline void arena_core_init(ArenaCore* core) noexcept nogil:
+    """Prepare an ArenaCore of your own (on the stack, in a struct) for arena_open(): closed."""
+    memset(core, 0, sizeof(ArenaCore))
+
+
+cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
+                           size_t chunk_size) except -1:
+    """Open an arena in an ArenaCore the caller owns (prepared by arena_core_init()).  kind:
+    ARENA_KIND_*; max_bytes: -1 for no limit; chunk_size: the SlicingArena chunk size (0 for the
+    default).  Needs the GIL; arena_close() undoes it."""
+    return _table().open(core, kind, max_bytes, chunk_size)
+
+
+cdef inline int arena_close(ArenaCore* core) except -1:
+    """Free every allocation at once and give the memory back (GIL held); idempotent.  Raises
+    WrongThreadError for a confined arena of another thread, BufferError while exports live."""
+    return _table().close(core)

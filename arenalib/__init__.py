@@ -19,6 +19,7 @@ from arenalib._arena import (
     pool_stats,
     set_debug,
     set_retention,
+    slot_stats,
     trim,
 )
 from arenalib._errors import (
@@ -51,6 +52,14 @@ def get_include() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def get_c_include() -> str:
+    """The directory to pass to the C compiler with -I for a module that cimports arenalib.fast
+    (the table-only ``cimport arenalib`` needs no header)."""
+    import os
+
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+
+
 __all__ = [
     "TRACEMALLOC_DOMAIN",
     "Arena",
@@ -67,6 +76,7 @@ __all__ = [
     "WrongThreadError",
     "__version__",
     "check",
+    "get_c_include",
     "get_include",
     "get_retention",
     "jemalloc_version",
@@ -74,5 +84,6 @@ __all__ = [
     "pool_stats",
     "set_debug",
     "set_retention",
+    "slot_stats",
     "trim",
 ]

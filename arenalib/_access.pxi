@@ -270,7 +270,7 @@ cdef extern from *:
     void arenalib_yield "sched_yield"() noexcept nogil
 
 
-from arenalib._capi cimport FREE_THREADED, Lifetime
+from arenalib._abi cimport FREE_THREADED, Lifetime
 
 
 cdef inline bint _any_thread(Lifetime* life) noexcept nogil:

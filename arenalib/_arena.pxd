@@ -1,11 +1,11 @@
 # cython: language_level=3
 # The classes of arenalib._arena, and the functions arenalib's other modules (_pool) cimport.
-# The C ABI that extensions compile in is arenalib/_capi.pxd; the public cimport surface is
-# arenalib/__init__.pxd.
+# The C ABI the inline fast paths read is arenalib/_abi.pxd; the public cimport surfaces are
+# arenalib/__init__.pxd (the function table) and arenalib/fast.pxd (the inline fast paths).
 
 from libc.stdint cimport uint64_t
 
-from arenalib._capi cimport ArenaCore, Books, Lifetime
+from arenalib._abi cimport ArenaCore, Books, Lifetime
 
 cdef extern from *:
     """

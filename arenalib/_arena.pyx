@@ -4,76 +4,54 @@
 The one extension that links the private jemalloc.  Its parts, in the order they are included:
 
     _error_table.pxi  error code -> exception and message, for Python and the C API alike
+    _convert.pxi      argument conversion (the first step of "convert, then check, then touch")
+    _blocks.pxi       allocating from jemalloc, and the free-block cache in front of it
     _slots.pxi        the pool of jemalloc arenas and tcaches behind every arena object
+    _retention.pxi    what idle slots keep warm, and what goes back to the OS
     _access.pxi       accessing-now records: no free, reset or close under another thread's access
-    _core.pxi         the thin core: validate once, dispatch once on the kind; the C API entry points
+    _dispatch.pxi     every operation's entry point: check once, switch once on the kind
     _segment.pxi      Segment, and SegmentOwner (what segments need of whoever hands them out)
     (this file)       ArenaBase: the lifecycle, stats and Python API every arena kind shares
-    _confined.pxi     ConfinedArena: its whole rule, nogil functions and class
-    _shared.pxi       Arena: likewise
-    _slicing.pxi      SlicingArena: likewise
+    _confined.pxi     ConfinedArena: its rule and class (its inline rule: _confined.pxd)
+    _shared.pxi       Arena: likewise (_shared.pxd)
+    _slicing.pxi      SlicingArena: likewise (_slicing.pxd)
+    _with.pxi         `with arena:` without a garbage-collected method object per call
+    _stats.pxi        live_objects(), slot_stats(), jemalloc's figures for stats()
+    _c_api.pxi        the C API's function tables and capsules
 
-The inline fast paths and the structs they read are arenalib's C ABI, in _capi.pxd.  The start-up
-steps run in one place, _module_init(), at the bottom.
+The structs the inline fast paths read are arenalib/_abi.pxd; the fast paths themselves are
+arenalib/fast.pxd, compiled in here as in every module that cimports them.  The start-up steps
+run in one place, _module_init(), at the bottom.
 """
 
 cimport cython
-from cpython.exc cimport PyErr_Clear
-from cpython.number cimport PyNumber_Index
-from cpython.pycapsule cimport PyCapsule_New
+from cpython.pycapsule cimport PyCapsule_New  # noqa: F401  (used by _c_api.pxi)
 from libc.stdint cimport uint64_t
 from libc.string cimport memcpy
 
 import warnings
 
-from arenalib._capi cimport (
-    ARENA_EBUSY, ARENA_KIND_SHARED, FREE_THREADED, ArenaCore, Books, InlineState, abi_fingerprint,
-    adopt_inline_state, arena_allocate, arena_free, arena_open,
-)
-from arenalib._jemalloc cimport JEMALLOC_VERSION, je_mallctl, je_mallctlbymib, je_mallctlnametomib
+from arenalib._abi cimport FREE_THREADED, ArenaCore, ArenaSlot, Books, InlineState, Lifetime
+from arenalib._jemalloc cimport JEMALLOC_VERSION, je_dallocx
+from arenalib._table cimport ARENA_EBUSY, ARENA_EEXPORTED, ARENA_OK
+from arenalib.fast cimport arena_allocate, arena_free, arena_open
 
 cdef extern from "Python.h":
     int PyType_HasFeature(type t, unsigned long feature)
     unsigned long Py_TPFLAGS_HEAPTYPE
 
-cdef extern from *:
-    """
-    /* PyLong_AsSsize_t() of an exact int, with the value of a one-digit int read in place: sizes
-       and fill bytes are small, and the call was ~30 of a block's ~1,300 instructions. */
-    #if PY_VERSION_HEX >= 0x030C0000
-    static inline Py_ssize_t arenalib_long_as_ssize(PyObject *v) {
-        if (PyUnstable_Long_IsCompact((PyLongObject *)v))
-            return (Py_ssize_t)PyUnstable_Long_CompactValue((PyLongObject *)v);
-        return PyLong_AsSsize_t(v);
-    }
-    #else
-    #if PY_VERSION_HEX < 0x030B0000
-    #include "longintrepr.h"
-    #endif
-    static inline Py_ssize_t arenalib_long_as_ssize(PyObject *v) {
-        Py_ssize_t digits = Py_SIZE(v);
-        if (digits == 0)
-            return 0;
-        if (digits == 1)
-            return (Py_ssize_t)((PyLongObject *)v)->ob_digit[0];
-        return PyLong_AsSsize_t(v);
-    }
-    #endif
-    """
-    # Declared without an exception value: the fast paths inspect the result itself (-1 with an
-    # exception set when it does not fit).
-    Py_ssize_t _long_as_ssize "arenalib_long_as_ssize"(object value) noexcept
-
 
 include "_error_table.pxi"
+include "_convert.pxi"
+include "_blocks.pxi"
 include "_slots.pxi"
+include "_retention.pxi"
 include "_access.pxi"
-include "_core.pxi"
+include "_dispatch.pxi"
 include "_segment.pxi"
 
 # Debug mode: arenas record where they were created, for the ResourceWarning of an unclosed arena.
 cdef bint _debug = False
-cdef Py_ssize_t _open_pools = 0
 
 # tracemalloc domain of the memory that arenalib's Python API hands out ("ARNA"): filter a snapshot
 # with tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN).
@@ -91,87 +69,9 @@ def jemalloc_version():
     return JEMALLOC_VERSION.decode()
 
 
-def live_objects():
-    """Counts of open arenas and pools, Segment objects and buffer exports alive now (for leak
-    checks)."""
-    return {"open_arenas": count_read(&_inline_state.arenas_opened)
-            - count_read(&_inline_state.arenas_closed), "open_pools": count_read(&_open_pools),
-            "segments": shard_sum(LIVE_SEGMENTS), "exports": shard_sum(LIVE_EXPORTS)}
-
-
-cdef void count_open_pools(int delta) noexcept:
-    """BufferPool's open and close, for live_objects()."""
-    count_add(&_open_pools, delta)
-
-
-# -- arguments -------------------------------------------------------------------------------------
-
-cdef inline Py_ssize_t _parse_size(object size, str name) except -1:
-    cdef Py_ssize_t n
-    if type(size) is int:  # the common case, without the cost of a try block
-        n = _long_as_ssize(size)
-        if n >= 0:
-            return n
-        PyErr_Clear()  # negative or too large: the slow path says which
-    return _parse_size_slow(size, name)
-
-
-cdef Py_ssize_t _parse_size_slow(object size, str name) except -1:
-    cdef object index = PyNumber_Index(size)  # one __index__ call; TypeError for a non-integer
-    cdef Py_ssize_t n
-    try:
-        n = index
-    except OverflowError:
-        if index < 0:
-            raise ValueError(f"{name} must be >= 0, not {index!r}") from None
-        raise MemoryError(f"cannot allocate {index!r} bytes: larger than any address space") from None
-    if n < 0:
-        raise ValueError(f"{name} must be >= 0, not {n}")
-    return n
-
-
-cdef Py_ssize_t parse_size(object size, str name) except -1:
-    """A size argument as Py_ssize_t: ValueError when negative, MemoryError beyond any address space,
-    TypeError when not an integer (for arenalib's other modules)."""
-    return _parse_size(size, name)
-
-
-cdef size_t parse_align(object align) except 0:
-    """``align`` as a power of two; 1 when it is None (no constraint beyond malloc's)."""
-    if align is None:
-        return 1
-    cdef Py_ssize_t n
-    try:
-        n = align
-    except OverflowError:
-        n = -1
-    if n <= 0 or n & (n - 1) or <size_t>n > MAX_ALIGN:
-        raise ValueError(f"align must be a power of two from 1 to {MAX_ALIGN}, not {align!r}")
-    return <size_t>n
-
-
-cdef Py_ssize_t _parse_max_bytes(object max_bytes) except -2:
-    if max_bytes is None:
-        return -1
-    try:
-        return _parse_size(max_bytes, "max_bytes")
-    except MemoryError:
-        return -1  # a limit beyond any address space is no limit
-
-
-# The constructors take keyword arguments only; a positional one is caught by this default (cheaper
-# than *args) to name the class and its keywords in the error.
-cdef object _NOT_GIVEN = object()
-
-
-cdef int _no_positional(ArenaBase arena, str keywords) except -1:
-    name = type(arena).__name__
-    raise TypeError(f"{name}() takes keyword arguments only: {name}({keywords}...)")
-
-
+# -- ArenaBase ---------------------------------------------------------------------------------------
 # -- ArenaBase ---------------------------------------------------------------------------------------
 
-@cython.freelist(16)
 @cython.no_gc  # holds no object that could lead back to it: no cycles, no GC tracking cost
 cdef class ArenaBase(SegmentOwner):
     """What every arena shares: allocate(), reset(), purge(), close(), stats(), the with-block.
@@ -229,8 +129,7 @@ cdef class ArenaBase(SegmentOwner):
         if err:
             access_exit(token)
             self._raise(err, f"cannot allocate {size} bytes (align={align})")
-        if self._core.kind == ARENA_KIND_SHARED:
-            shared_update_peak(&self._core)
+        note_peak(&self._core)
         seg._ptr = <char*>ptr
         seg._generation = self._core.life.generation
         access_exit(token)
@@ -417,132 +316,17 @@ cdef class ArenaBase(SegmentOwner):
         if warnings is not None:  # None while the interpreter is tearing modules down
             warnings.warn(message, ResourceWarning, stacklevel=2)
 
-
 include "_confined.pxi"
 include "_shared.pxi"
 include "_slicing.pxi"
 include "_with.pxi"
-
-
-# -- jemalloc's figures for stats() ----------------------------------------------------------------
-
-# jemalloc's per-arena figures that stats() reports: (key, mallctl name, counted in pages).
-_ARENA_FIGURES = (
-    ("resident", b"stats.arenas.0.resident", False),
-    ("mapped", b"stats.arenas.0.mapped", False),
-    ("active", b"stats.arenas.0.pactive", True),
-    ("dirty", b"stats.arenas.0.pdirty", True),
-)
-cdef size_t _mib_figures[4][4]
-cdef size_t _mib_figures_len[4]
-cdef bint _figure_in_pages[4]
-cdef size_t _page_size = 0
-
-
-cdef int _figures_init() except -1:
-    global _page_size
-    cdef size_t size = sizeof(size_t)
-    cdef int i
-    for i, (_, name, pages) in enumerate(_ARENA_FIGURES):
-        _figure_in_pages[i] = pages
-        _mib_figures_len[i] = 4
-        if je_mallctlnametomib(name, _mib_figures[i], &_mib_figures_len[i]):
-            raise ImportError(f"arenalib: the private jemalloc does not know {name.decode()}")
-    je_mallctl(b"arenas.page", &_page_size, &size, NULL, 0)
-    return 0
-
-
-cdef void jemalloc_arena_figures(ArenaCore* core, size_t* figures) noexcept:
-    """jemalloc's figures (_ARENA_FIGURES, in bytes) for the arena behind ``core``; 0 once closed."""
-    cdef uint64_t epoch = 1
-    cdef size_t mib[4]
-    cdef size_t size
-    cdef int i
-    for i in range(4):
-        figures[i] = 0
-    # Read once: a ConfinedArena's owner may close it while another thread asks (slots are never
-    # freed, so the one read stays valid).
-    cdef ArenaSlot* slot = core.slot
-    if not core.open or slot == NULL:
-        return
-    # Statistics are snapshots: advancing the epoch refreshes them.
-    je_mallctl(b"epoch", NULL, NULL, &epoch, sizeof(epoch))
-    for i in range(4):
-        memcpy(mib, _mib_figures[i], _mib_figures_len[i] * sizeof(size_t))
-        mib[2] = slot.arena_index
-        size = sizeof(size_t)
-        if je_mallctlbymib(mib, _mib_figures_len[i], &figures[i], &size, NULL, 0):
-            figures[i] = 0
-        elif _figure_in_pages[i]:
-            figures[i] *= _page_size
-
-
-# -- the C API ---------------------------------------------------------------------------------------
-
-cdef void arena_slot_free(ArenaSlot* slot, void* ptr) noexcept nogil:
-    """Give a block of the slot's arena back to jemalloc."""
-    je_dallocx(ptr, slot_flags(slot))
-
-
-cdef int _capi_init() except -1:
-    """Fill the function table, digest the C ABI, and publish both as arenalib._arena._C_API."""
-    cdef InlineState* state = _inline_state
-    state.abi_fingerprint = abi_fingerprint(state)
-    state.functions.open_slow = arena_open_slow
-    state.functions.close_slow = arena_close_slow
-    state.functions.allocate_slow = arena_allocate_slow
-    state.functions.free_slow = arena_free_slow
-    state.functions.reset = arena_reset_checked
-    state.functions.raise_error = arena_raise
-    state.functions.core_of = arena_core_of
-    state.functions.slot_free = arena_slot_free
-    if <size_t>&state.carvers % 64:
-        raise ImportError("arenalib: its carver records are not on cache lines of their own")
-    adopt_inline_state(state)
-    globals()["_C_API"] = PyCapsule_New(state, b"arenalib._arena._C_API", NULL)
-    return 0
+include "_stats.pxi"
+include "_c_api.pxi"
 
 
 # -- arena objects kept for the next one ------------------------------------------------------------
 
-cdef extern from *:
-    """
-    /* A scope per request makes and drops an arena object each time: up to 16 dropped ones (all
-       ArenaBase subclasses have one size) are kept for the next, zeroed as PyType_GenericAlloc
-       would (Cython's @freelist cannot serve subclasses).  With the GIL only: the list is shared. */
-    #if !ARENALIB_FREE_THREADED
-    #define ARENALIB_ARENA_FREELIST 16
-    static PyObject *arenalib_arena_freelist[ARENALIB_ARENA_FREELIST];
-    static int arenalib_arena_free_count;
-    static Py_ssize_t arenalib_arena_size;
-    static PyObject *arenalib_arena_alloc(PyTypeObject *t, Py_ssize_t nitems) {
-        if (arenalib_arena_free_count && nitems == 0 && t->tp_basicsize == arenalib_arena_size) {
-            PyObject *o = arenalib_arena_freelist[--arenalib_arena_free_count];
-            memset(o, 0, (size_t)arenalib_arena_size);
-            return PyObject_Init(o, t);
-        }
-        return PyType_GenericAlloc(t, nitems);
-    }
-    static void arenalib_arena_free(void *o) {
-        if (arenalib_arena_free_count < ARENALIB_ARENA_FREELIST
-                && Py_TYPE((PyObject *)o)->tp_basicsize == arenalib_arena_size)
-            arenalib_arena_freelist[arenalib_arena_free_count++] = (PyObject *)o;
-        else
-            PyObject_Free(o);
-    }
-    /* Serve ``t`` (a concrete arena class) from the list, where nothing else allocates it. */
-    static void arenalib_arena_freelist_for(PyTypeObject *t) {
-        if (t->tp_alloc == PyType_GenericAlloc && t->tp_free == PyObject_Free
-                && !(t->tp_flags & (Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HEAPTYPE))) {
-            arenalib_arena_size = t->tp_basicsize;
-            t->tp_alloc = arenalib_arena_alloc;
-            t->tp_free = arenalib_arena_free;
-        }
-    }
-    #else
-    static void arenalib_arena_freelist_for(PyTypeObject *t) { }
-    #endif
-    """
+cdef extern from "src/arena_freelist.h":
     void arenalib_arena_freelist_for(type t) noexcept
 
 

@@ -2,15 +2,14 @@
 # from the slot's explicit tcache and from a cache of free blocks threaded through the blocks
 # themselves (FreeBlocks).  Its fields: the shared Books of the core plus ConfinedState (its first
 # few allocations, so that a small scope's close hands them back to the cache instead of waiting
-# for a bulk reset).  Its fast paths (a block from the cache, a small scope's open and close) are
-# inline in _capi.pxd; what is here is everything else.
+# for a bulk reset).  Its inline rule (its open, a block from the cache, a small scope's close) is
+# _confined.pxd; what is here is everything else.
 
 cimport cython
 
-from arenalib._capi cimport (
-    ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, confined_count_allocation,
-    confined_count_free, recent_blocks_to_cache,
-)
+from arenalib._abi cimport ArenaCore
+from arenalib._confined cimport confined_count_allocation, confined_count_free, recent_blocks_to_cache
+from arenalib._table cimport ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_CONFINED, ARENA_OK
 
 
 cdef inline int confined_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
@@ -29,6 +28,14 @@ cdef inline int confined_free(ArenaCore* core, void* ptr, size_t size) noexcept 
     cached_free(&core.slot.cache, slot_flags(core.slot), ptr, size)
     confined_count_free(core, ptr, size)
     return ARENA_OK
+
+
+cdef void confined_reset(ArenaCore* core) noexcept nogil:
+    """Every allocation goes at once: the slot's whole jemalloc arena is reset."""
+    slot_reset(core.slot)
+    core_forget_live(core)
+    core.confined.recent_count = 0
+    core.confined.recent_overflowed = False
 
 
 cdef inline void confined_close(ArenaCore* core, size_t* stale, size_t* churn) noexcept:

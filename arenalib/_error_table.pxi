@@ -1,9 +1,10 @@
 # One table from error code to exception class and message, for the Python methods (which add what
 # was being done and name the arena) and for the C API's arena_raise(): one wording for both.
 
-from arenalib._capi cimport (
+from arenalib._abi cimport Books
+from arenalib._table cimport (
     ARENA_EBUSY, ARENA_ECLOSED, ARENA_EEXPORTED, ARENA_EINVAL, ARENA_ELIMIT, ARENA_ENOMEM,
-    ARENA_ERROR_CODES, ARENA_EUNSUPPORTED, ARENA_EWRONGTHREAD, ARENA_OK, Books,
+    ARENA_ERROR_CODES, ARENA_EUNSUPPORTED, ARENA_EWRONGTHREAD, ARENA_OK,
 )
 
 from arenalib._errors import ArenaClosedError, ArenaError, UnsupportedOperation, WrongThreadError

@@ -2,7 +2,7 @@
 # BufferPool, for arenalib's other Cython modules and for extensions that cimport it.
 
 from arenalib._arena cimport Segment, SegmentOwner
-from arenalib._capi cimport Lifetime
+from arenalib._abi cimport Lifetime
 
 
 cdef class _Region:

@@ -40,7 +40,7 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memset
 
 from arenalib._arena cimport Segment
-from arenalib._capi cimport thread_ident
+from arenalib._abi cimport thread_ident
 from arenalib._liburing cimport (
     IORING_ASYNC_CANCEL_ALL, IORING_ASYNC_CANCEL_ANY, IORING_SETUP_CLAMP, IORING_SETUP_COOP_TASKRUN,
     IORING_SETUP_CQSIZE, IORING_SETUP_IOPOLL, IORING_SETUP_SQPOLL, IORING_SETUP_SUBMIT_ALL,

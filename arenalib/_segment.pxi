@@ -24,7 +24,7 @@ from cpython.slice cimport PySlice_Unpack
 from libc.stdint cimport uint64_t
 from libc.string cimport memcpy, memmove, memset
 
-from arenalib._capi cimport Lifetime, thread_ident
+from arenalib._abi cimport Lifetime, thread_ident
 
 from arenalib._errors import ArenaClosedError, UnsupportedOperation, WrongThreadError
 

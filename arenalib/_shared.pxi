@@ -12,61 +12,16 @@ from cpython.pythread cimport (
 )
 from libc.stdint cimport uint64_t
 
-from arenalib._capi cimport (
-    ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SHARED, ARENA_OK, ArenaCore, ArenaSlot, Books,
-    ThreadCache, books_clear, books_remove, cache_held_bytes, load_first_cache, load_size, load_ssize,
-    shared_count_allocation, store_first_cache,
+from arenalib._abi cimport (
+    ArenaCore, ArenaSlot, Books, ThreadCache, books_clear, books_remove, load_first_cache, load_size,
+    load_ssize, store_first_cache,
 )
+from arenalib._blocks cimport cache_held_bytes
+from arenalib._shared cimport shared_count_allocation
+from arenalib._table cimport ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SHARED, ARENA_OK
 from arenalib._jemalloc cimport MALLOCX_ARENA, MALLOCX_TCACHE_NONE, je_dallocx, je_mallocx
 
-cdef extern from *:
-    """
-    #include <stdint.h>
-    /* A direct-mapped cache: arena serial -> this thread's ThreadCache of that (shared) arena. */
-    typedef struct { uint64_t serial; void *cache; } arenalib_tls_entry;
-    static __thread arenalib_tls_entry arenalib_tls_cache[8];
-    static inline void *arenalib_tls_get(uint64_t serial) {
-        arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
-        return e->serial == serial ? e->cache : NULL;
-    }
-    /* jemalloc has initialised this thread's state fully (see _thread_cache). */
-    static __thread int arenalib_thread_ready;
-    static inline void arenalib_tls_set(uint64_t serial, void *cache) {
-        arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
-        e->serial = serial;
-        e->cache = cache;
-    }
-    #define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
-    /* The thread list is walked without its lock by shared_update_peak(): a node is published
-       whole (release) and read so (acquire). */
-    #define arenalib_publish(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-    #define arenalib_follow(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-    /* *peak = max(*peak, value), against other threads doing the same: a compare-and-swap where
-       they run at once; with the GIL, which every caller (a Python-level allocate) holds, a store. */
-    static inline void arenalib_raise_peak(Py_ssize_t *peak, Py_ssize_t value) {
-    #ifdef Py_GIL_DISABLED
-        Py_ssize_t seen = __atomic_load_n(peak, __ATOMIC_RELAXED);
-        while (value > seen && !__atomic_compare_exchange_n(peak, &seen, value, 1, __ATOMIC_RELAXED,
-                                                            __ATOMIC_RELAXED))
-            ;
-    #else
-        if (value > *peak)
-            *peak = value;
-    #endif
-    }
-    /* Add size to *counter unless that would take it past limit; 0 (nothing added) when it would. */
-    static inline int arenalib_reserve(Py_ssize_t *counter, size_t size, Py_ssize_t limit) {
-        Py_ssize_t live = __atomic_load_n(counter, __ATOMIC_RELAXED);
-        do {
-            if (live > limit || size > (size_t)(limit - live))
-                return 0;
-        } while (!__atomic_compare_exchange_n(counter, &live, live + (Py_ssize_t)size, 1,
-                                              __ATOMIC_RELAXED, __ATOMIC_RELAXED));
-        return 1;
-    }
-    #define arenalib_load_thread(p) __atomic_load_n((p), __ATOMIC_RELAXED)
-    #define arenalib_store_thread(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
-    """
+cdef extern from "src/shared.h":
     unsigned long load_thread "arenalib_load_thread"(unsigned long* thread) noexcept nogil
     void store_thread "arenalib_store_thread"(unsigned long* thread, unsigned long value) noexcept nogil
     void* arenalib_tls_get(uint64_t serial) noexcept nogil
@@ -247,9 +202,12 @@ cdef void shared_update_peak(ArenaCore* core) noexcept nogil:
     arenalib_raise_peak(&core.books.peak_bytes, live)
 
 
-cdef void shared_open(ArenaSlot* slot) noexcept nogil:
-    """A shared arena opens on a slot: the threads' caches stay warm, their books start at 0."""
+cdef void shared_open(ArenaCore* core) noexcept nogil:
+    """A shared arena opens on a slot: the threads' caches stay warm, their books start at 0.  Its
+    permit (first_cache) waits for its first allocation."""
+    cdef ArenaSlot* slot = core.slot
     cdef ThreadCache* tc
+    core.shared.reserved_bytes = 0
     PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
     tc = slot.threads
     while tc != NULL:
@@ -257,6 +215,14 @@ cdef void shared_open(ArenaSlot* slot) noexcept nogil:
         tc.high_water = 0
         tc = tc.next
     PyThread_release_lock(<PyThread_type_lock>slot.threads_lock)
+
+
+cdef void shared_reset(ArenaCore* core) noexcept nogil:
+    """Every allocation goes at once: the slot's whole jemalloc arena is reset (its threads' books
+    of live bytes with it), and so do the reservations against max_bytes."""
+    slot_reset(core.slot)
+    core.shared.reserved_bytes = 0
+    core_forget_live(core)
 
 
 cdef void shared_close(ArenaCore* core, size_t* stale, size_t* churn) noexcept:

@@ -1,45 +1,24 @@
 # SlicingArena: bump-pointer carving of chunks (Panama's slicingAllocator).  Nothing is freed one by
 # one; reset() starts over in the first chunk, close() gives the chunks back.  Its fields are
 # SlicingState.  Any thread may carve: the thread that carved last keeps the arena (biased
-# ownership, the inline fast path in _capi.pxd) and carves without any atomic instruction; any other
+# ownership, the inline fast path in fast.pxd) and carves without any atomic instruction; any other
 # thread takes the busy lock and the arena over, or gets ARENA_EBUSY while it is in use.  Its books
 # are folded in lazily (slicing_settle): the carve counts live bytes only.
 
 cimport cython
 from cpython.mem cimport PyMem_RawFree, PyMem_RawRealloc
-from libc.string cimport memmove
+from libc.string cimport memmove, memset
 
-from arenalib._capi cimport (
-    ARENA_EBUSY, ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SLICING, ARENA_OK, CARVER_RECORDS,
-    RECENT_MAX, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, SlicingState, arenalib_load_carving,
-    arenalib_load_owner, arenalib_store_owner, arenalib_try_lock, arenalib_unlock,
-    slicing_carve_current, slicing_settle, thread_ident,
+from arenalib._abi cimport (
+    CARVER_RECORDS, RECENT_MAX, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, SlicingState,
+    arenalib_load_carving, arenalib_load_owner, arenalib_store_owner, arenalib_try_lock, arenalib_unlock,
+    thread_ident,
 )
 from arenalib._jemalloc cimport je_dallocx
+from arenalib._slicing cimport slicing_carve_current, slicing_settle
+from arenalib._table cimport ARENA_EBUSY, ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SLICING, ARENA_OK
 
-cdef extern from *:
-    """
-    #include <unistd.h>
-    #include <sys/syscall.h>
-    #if defined(__linux__) && defined(SYS_membarrier)
-    #include <linux/membarrier.h>
-    static int arenalib_membarrier_register(void) {
-        return (int)syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0);
-    }
-    /* A full memory barrier on every running thread of this process. */
-    static int arenalib_membarrier(void) {
-        if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
-            return 0;
-        return (int)syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0);
-    }
-    #else
-    static int arenalib_membarrier_register(void) { return -1; }
-    static int arenalib_membarrier(void) { return -1; }
-    #endif
-    #define arenalib_claim_record(p, me) \
-        __atomic_compare_exchange_n((p), &(unsigned long){0}, (me), 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)
-    #define arenalib_release_record(p) __atomic_store_n((p), 0UL, __ATOMIC_RELEASE)
-    """
+cdef extern from "src/slicing.h":
     void arenalib_release_record(unsigned long* thread) noexcept nogil
     int arenalib_membarrier_register() noexcept nogil
     int arenalib_membarrier() noexcept nogil
@@ -279,6 +258,12 @@ cdef int slicing_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
     return err
 
 
+cdef void slicing_open(ArenaCore* core, size_t chunk_size) noexcept nogil:
+    """A SlicingArena opens with no chunk: its first carve takes one."""
+    memset(&core.slicing, 0, sizeof(SlicingState))
+    core.slicing.chunk_size = chunk_size
+
+
 cdef int slicing_reset(ArenaCore* core) noexcept nogil:
     """Start over in the first chunk (the chunks stay, warm); every segment is dead."""
     cdef int err = slicing_lock(core)
@@ -290,9 +275,7 @@ cdef int slicing_reset(ArenaCore* core) noexcept nogil:
     else:
         _use_no_chunk(&core.slicing)
     slicing_settle(core)
-    core.life.generation += 1
-    core.books.live_bytes = 0
-    core.books.live_segments = 0
+    core_forget_live(core)
     slicing_unlock(core)
     return ARENA_OK
 

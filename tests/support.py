@@ -179,35 +179,57 @@ def load_extension(build: Path, name: str):
     return module
 
 
-def build_example_consumer(directory: Path):
+def build_example_consumer(directory: Path) -> dict:
     """The example consumer shipped in arenalib/_examples/cython, built in ``directory`` with its own
-    meson.build as a downstream project builds it (against the installed arenalib's .pxd files), and
-    imported."""
-    for name in ("meson.build", "arenalib_consumer.pyx"):
-        shutil.copy(EXAMPLE / name, directory / name)
+    meson.build as a downstream project builds it (against the installed arenalib), both ways, and
+    imported: ``{"table": arenalib_consumer, "fast": arenalib_consumer_fast}``."""
+    for path in EXAMPLE.iterdir():
+        if path.is_file():
+            shutil.copy(path, directory / path.name)
     meson_build(directory, directory / "build")
-    return load_extension(directory / "build", "arenalib_consumer")
+    return {"table": load_extension(directory / "build", "arenalib_consumer"),
+            "fast": load_extension(directory / "build", "arenalib_consumer_fast")}
+
+
+def stale_package_copy(directory: Path, edit: tuple[str, str, str]) -> Path:
+    """A copy of the installed arenalib's .pxd files and C headers in ``directory``/arenalib with one
+    ``edit`` (file, old text, new text) and its fingerprints derived again by
+    tools/abi_fingerprint.py, as another arenalib version would have them; returns ``directory``."""
+    package = directory / "arenalib"
+    package.mkdir(parents=True)
+    installed = Path(arenalib.get_include(), "arenalib")
+    for pxd in installed.glob("*.pxd"):
+        shutil.copy(pxd, package / pxd.name)
+    shutil.copytree(arenalib.get_c_include(), package / "include")
+    name, old, new = edit
+    text = (package / name).read_text()
+    assert old in text, (name, old)
+    (package / name).write_text(text.replace(old, new))
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "abi_fingerprint.py"), "--package",
+                             str(package)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return directory
 
 
 def build_test_consumers(directory: Path) -> dict:
     """The test-only consumers of tests/cython, built in ``directory`` by tests/cython/meson.build and
     imported, by name: ``safety_consumer``, ``core_init_consumer`` and ``handoff_consumer`` against
-    the installed arenalib's .pxd files, and ``stale_consumer``, the example consumer built against a
-    copy of those .pxd files that declares another free-block cache tuning (CACHE_MAX_PER_BIN 32, not
-    64)."""
-    stale = directory / "stale-include"
-    (stale / "arenalib").mkdir(parents=True)
-    for pxd in Path(arenalib.get_include(), "arenalib").glob("*.pxd"):
-        shutil.copy(pxd, stale / "arenalib" / pxd.name)
-    capi_pxd = stale / "arenalib" / "_capi.pxd"
-    text = capi_pxd.read_text()
-    # A retune that changes no struct's size: only a fingerprint of the constants catches it.
-    assert "    CACHE_MAX_PER_BIN = 64\n" in text
-    capi_pxd.write_text(text.replace("    CACHE_MAX_PER_BIN = 64\n", "    CACHE_MAX_PER_BIN = 32\n"))
+    the installed arenalib (its inline fast paths), and the example consumer built against copies
+    of arenalib's declarations of another version: ``stale_consumer`` (fast) against one with
+    another free-block cache tuning (CACHE_MAX_PER_BIN 32, not 64: a retune that changes no
+    struct's size), ``stale_table_consumer`` (table-only) against one whose table has another
+    signature (arena_free's size is a Py_ssize_t)."""
+    stale = stale_package_copy(directory / "stale-fast", (
+        "_abi.pxd", "    CACHE_MAX_PER_BIN = 64\n", "    CACHE_MAX_PER_BIN = 32\n"))
+    stale_table = stale_package_copy(directory / "stale-table", (
+        "_table.pxd", "ctypedef int (*table_free_fn)(OpaqueCore* core, void* ptr, size_t size)",
+        "ctypedef int (*table_free_fn)(OpaqueCore* core, void* ptr, Py_ssize_t size)"))
     build = directory / "build"
     meson_build(CONSUMERS, build, f"-Darenalib_include={arenalib.get_include()}",
-                f"-Dstale_include={stale}", f"-Dexample_pyx={EXAMPLE / 'arenalib_consumer.pyx'}")
+                f"-Darenalib_c_include={arenalib.get_c_include()}", f"-Dstale_include={stale}",
+                f"-Dstale_table_include={stale_table}", f"-Dexample_dir={EXAMPLE}")
     return {"safety_consumer": load_extension(build, "safety_consumer"),
             "core_init_consumer": load_extension(build, "core_init_consumer"),
             "handoff_consumer": load_extension(build, "handoff_consumer"),
-            "stale_consumer": load_extension(build, "arenalib_consumer")}
+            "stale_consumer": load_extension(build, "arenalib_consumer_fast"),
+            "stale_table_consumer": load_extension(build, "arenalib_consumer")}

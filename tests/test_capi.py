@@ -1,30 +1,40 @@
 """Other Cython extensions cimport arenalib and allocate without the GIL (issue 5), through the C-level
-API's inline fast paths.
+API: its function table (``cimport arenalib``) and its inline fast paths (``cimport arenalib.fast``).
 
 The example consumer shipped in arenalib/_examples/cython is built here against the package, in a
-temporary directory, with its own meson.build, as a downstream project would build it; the
-test-only consumers of tests/cython are built once for the session (conftest.py)."""
+temporary directory, with its own meson.build, as a downstream project would build it, both ways
+from one source (each test below runs on both); the test-only consumers of tests/cython are built
+once for the session (conftest.py)."""
 
 import ctypes
 import itertools
+import shutil
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
-from support import FREEABLE_KINDS, KINDS, build_example_consumer, run_threads
+from support import FREEABLE_KINDS, KINDS, ROOT, build_example_consumer, run_threads
 
 import arenalib
 
 
 @pytest.fixture(scope="module")
-def consumer(tmp_path_factory):
+def example_consumers(tmp_path_factory):
     return build_example_consumer(tmp_path_factory.mktemp("consumer"))
 
 
-def test_consumer_uses_the_package_pxd(consumer):
+@pytest.fixture(params=["table", "fast"])
+def consumer(request, example_consumers):
+    return example_consumers[request.param]
+
+
+def test_consumer_uses_the_package_pxd(example_consumers):
     # The consumer's C code imports arenalib._arena's C API at import time (no link against it).
     assert "arenalib._arena" in sys.modules
-    assert consumer.fill_free_loop.__module__ == "arenalib_consumer"
+    assert example_consumers["table"].fill_free_loop.__module__ == "arenalib_consumer"
+    assert example_consumers["fast"].fill_free_loop.__module__ == "arenalib_consumer_fast"
 
 
 @pytest.mark.parametrize("kind", FREEABLE_KINDS)
@@ -209,6 +219,70 @@ def test_consumer_built_against_other_layouts_is_refused(cython_consumers):
         assert arena.stats()["live_segments"] == 0
     with pytest.raises(ImportError, match="another arenalib C ABI"):
         stale.scoped_loop(10, 64)
+
+
+def test_consumer_built_against_another_table_is_refused(cython_consumers):
+    """A table-only consumer compiled against another function table (here arena_free's size is a
+    Py_ssize_t) is refused by its first call, before it calls anything of the table."""
+    stale = cython_consumers["stale_table_consumer"]
+    with arenalib.ConfinedArena() as arena:
+        with pytest.raises(ImportError, match="another arenalib C API table"):
+            stale.fill_free_loop(arena, 10, 64)
+        assert arena.stats()["live_segments"] == 0
+    with pytest.raises(ImportError, match="rebuild the extension"):
+        stale.scoped_loop(10, 64)
+
+
+def test_fingerprints_are_derived_from_the_declarations_in_the_tree():
+    """arenalib/_fingerprints.pxd is what tools/abi_fingerprint.py derives from the declarations now:
+    a change to a struct, a constant, an inline rule or a table signature without it would let a
+    consumer of the old declarations run against the new arenalib."""
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "abi_fingerprint.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_fingerprint_digest_ignores_comments_and_sees_declarations(tmp_path):
+    """The digest leaves comments and blank lines out (rewording a comment breaks no consumer) and
+    sees every declaration, including a field added into a struct's padding."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import abi_fingerprint
+    finally:
+        sys.path.pop(0)
+    package = tmp_path / "arenalib"
+    shutil.copytree(Path(arenalib.get_include(), "arenalib"), package,
+                    ignore=shutil.ignore_patterns("*.so", "*.py", "*.pyi", "*.pyx", "*.pxi", "__pycache__"))
+    original = abi_fingerprint.digest(package, abi_fingerprint.FAST_FILES)
+    table = abi_fingerprint.digest(package, abi_fingerprint.TABLE_FILES)
+    abi = package / "_abi.pxd"
+    text = abi.read_text()
+    abi.write_text(text.replace("cdef struct Books:", "# a reworded comment\n\ncdef struct Books:"))
+    assert abi_fingerprint.digest(package, abi_fingerprint.FAST_FILES) == original
+    abi.write_text(text.replace("    int busy ", "    char added\n    int busy "))
+    assert abi_fingerprint.digest(package, abi_fingerprint.FAST_FILES) != original
+    # The inline paths' layout is no business of a table-only consumer's.
+    assert abi_fingerprint.digest(package, abi_fingerprint.TABLE_FILES) == table
+
+
+def cython_lines(directory: Path, source: str) -> int:
+    """Lines of C that Cython generates for a module of ``source`` (against the installed arenalib)."""
+    pyx = directory / "module.pyx"
+    pyx.write_text(source)
+    result = subprocess.run([sys.executable, "-m", "cython", "-3", "-I", arenalib.get_include(), str(pyx)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return len((directory / "module.c").read_text().splitlines())
+
+
+def test_table_only_consumers_compile_no_arenalib_code(tmp_path):
+    """``cimport arenalib`` adds at most 1,000 lines of C to an empty module (the table's
+    declarations and its one-line calls), where the inline fast paths add thousands."""
+    empty = cython_lines(tmp_path, "x = 1\n")
+    table = cython_lines(tmp_path, "cimport arenalib\nx = 1\n")
+    fast = cython_lines(tmp_path, "cimport arenalib.fast\nx = 1\n")
+    assert table - empty <= 1000, (empty, table)
+    assert fast - empty > table - empty, (empty, table, fast)
 
 
 def test_buffer_pool_has_no_c_level_arena_handle(consumer):

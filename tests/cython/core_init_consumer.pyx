@@ -5,7 +5,7 @@ by arena_core_init()."""
 
 from libc.string cimport memset
 
-from arenalib cimport (
+from arenalib.fast cimport (
     ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_KIND_SLICING, ARENA_OK, ArenaCore, arena_allocate,
     arena_close, arena_core_init, arena_open, arena_raise,
 )

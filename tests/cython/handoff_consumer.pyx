@@ -7,7 +7,7 @@ arenalib's function table itself (tests/test_capi.py)."""
 from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 
-from arenalib cimport ARENA_OK, ArenaCore, arena_allocate
+from arenalib.fast cimport ARENA_OK, ArenaCore, arena_allocate
 
 
 def allocate_without_the_gil(uintptr_t address, size_t size, size_t align):

@@ -3,7 +3,7 @@
 inline fast paths' argument checks and copies of a core (tests/test_capi.py), and closing and
 re-opening an arena object's core from C (tests/test_safety.py)."""
 
-from arenalib cimport (
+from arenalib.fast cimport (
     ARENA_ECLOSED, ARENA_EINVAL, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_KIND_SLICING, ARENA_OK,
     ArenaCore, arena_allocate, arena_close, arena_core, arena_core_init, arena_free, arena_open,
     arena_raise,

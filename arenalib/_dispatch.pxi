@@ -1,16 +1,18 @@
-# The thin core: each operation validates once, then dispatches once on the kind.  The rules of
-# each kind live in its own file (_confined.pxi, _shared.pxi, _slicing.pxi); the jemalloc calls
-# they share are in _slots.pxi.  The Python classes and the C API (the function table of _capi.pxd)
-# both call these entry points, so each rule is written once.
+# The entry points of every operation, and the only kind switches of arenalib's own code: each
+# operation checks its arguments and the core once, then switches once on the kind to that kind's
+# rule (_confined.pxi, _shared.pxi, _slicing.pxi).  The Python classes and the C API (the function
+# tables of arenalib._arena._C_API and _C_TABLE) both call these, so each rule is written once.  The
+# inline fast paths' one switch, their open, is arenalib/_dispatch.pxd.
 
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport uint64_t
-from libc.string cimport memset
 
-from arenalib._capi cimport (
-    ARENA_EBUSY, ARENA_ECLOSED, ARENA_EEXPORTED, ARENA_EINVAL, ARENA_ENOMEM, ARENA_EUNSUPPORTED,
-    ARENA_EWRONGTHREAD, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_KIND_SLICING, ARENA_OK,
-    ArenaCore, ArenaSlot, Books, InlineState, close_small_scope, core_init, thread_ident,
+from arenalib._abi cimport ArenaCore, ArenaSlot, Books, core_init, thread_ident
+from arenalib._confined cimport close_small_scope, confined_init
+from arenalib._slicing cimport slicing_books
+from arenalib._table cimport (
+    ARENA_ECLOSED, ARENA_EEXPORTED, ARENA_EINVAL, ARENA_ENOMEM, ARENA_EUNSUPPORTED, ARENA_EWRONGTHREAD,
+    ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_KIND_SLICING, ARENA_OK,
 )
 
 # Largest alignment accepted: huge pages (2 MiB) and well beyond, far below what would make
@@ -26,7 +28,12 @@ cdef inline bint over_limit(ArenaCore* core, size_t size) noexcept nogil:
     return core.max_bytes >= 0 and <Py_ssize_t>size > core.max_bytes - core.books.live_bytes
 
 
-# -- the entry points (ArenaFunctions) -------------------------------------------------------------
+cdef inline void core_forget_live(ArenaCore* core) noexcept nogil:
+    """Every segment of the core is dead: a new generation, nothing live in the books."""
+    core.life.generation += 1
+    core.books.live_bytes = 0
+    core.books.live_segments = 0
+
 
 cdef inline int _usable(ArenaCore* core) noexcept nogil:
     """ARENA_OK when the calling thread may use the open ``core``; a copy of a core is closed."""
@@ -36,6 +43,8 @@ cdef inline int _usable(ArenaCore* core) noexcept nogil:
         return ARENA_EWRONGTHREAD
     return ARENA_OK
 
+
+# -- allocate and free -----------------------------------------------------------------------------
 
 cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint zero,
                              void** out) noexcept nogil:
@@ -55,6 +64,13 @@ cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint ze
     return slicing_allocate(core, size, align, zero, out)
 
 
+cdef inline void note_peak(ArenaCore* core) noexcept nogil:
+    """After a Python-level allocate: bring the arena's peak_bytes up to date (confined arenas do
+    so as they count, SlicingArenas when they settle; a shared one sums its threads)."""
+    if core.kind == ARENA_KIND_SHARED:
+        shared_update_peak(core)
+
+
 cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
     """arena_free() for every kind and case (the inline fast path calls it)."""
     cdef int err = _usable(core)
@@ -66,6 +82,8 @@ cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil
         return confined_free(core, ptr, size)
     return ARENA_EUNSUPPORTED
 
+
+# -- reset -------------------------------------------------------------------------------------------
 
 cdef int arena_reset_checked(ArenaCore* core) noexcept nogil:
     """Free every allocation at once and keep the arena open, once no other thread's Python-level
@@ -84,15 +102,14 @@ cdef int _reset(ArenaCore* core) noexcept nogil:
         return ARENA_EEXPORTED
     if core.kind == ARENA_KIND_SLICING:
         return slicing_reset(core)  # takes the busy lock: may refuse with ARENA_EBUSY
-    slot_reset(core.slot)           # confined and shared: the whole jemalloc arena at once
-    core.shared.reserved_bytes = 0  # a shared arena's reservations against max_bytes go too
-    core.life.generation += 1
-    core.books.live_bytes = 0
-    core.books.live_segments = 0
-    core.confined.recent_count = 0
-    core.confined.recent_overflowed = False
+    if core.kind == ARENA_KIND_SHARED:
+        shared_reset(core)
+    else:
+        confined_reset(core)
     return ARENA_OK
 
+
+# -- open and close ----------------------------------------------------------------------------------
 
 cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
                          size_t chunk_size) except -1:
@@ -103,10 +120,14 @@ cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
         raise ValueError(f"kind must be one of ARENA_KIND_SHARED, _CONFINED, _SLICING, not {kind}")
     cdef uint64_t serial
     cdef ArenaSlot* slot = slot_acquire(&serial)
+    core_init(core, _inline_state, slot, kind, max_bytes, serial)
     if kind == ARENA_KIND_SHARED:
-        shared_open(slot)
-    core_init(core, _inline_state, slot, kind, max_bytes,
-              chunk_size if chunk_size else DEFAULT_CHUNK_SIZE, serial)
+        shared_open(core)
+    elif kind == ARENA_KIND_CONFINED:
+        confined_init(core)
+    else:
+        slicing_open(core, chunk_size if chunk_size else DEFAULT_CHUNK_SIZE)
+    core.open = True
     count_add(&_inline_state.arenas_opened, 1)
     return 0
 
@@ -157,33 +178,18 @@ cdef int arena_close_slow(ArenaCore* core) except -1:
     return arena_raise(arena_close_checked(core))
 
 
-cdef ArenaCore* arena_core_of(object arena) except NULL:
-    """arena_core() of the C API: the core of an open Arena, ConfinedArena or SlicingArena."""
-    if not isinstance(arena, ArenaBase):
-        raise TypeError(f"expected Arena, ConfinedArena or SlicingArena, not {type(arena).__name__}")
-    cdef ArenaBase base = arena
-    if not base._core.open:
-        raise_error(ARENA_ECLOSED, base, None)
-    return &base._core
-
-
-cdef int arena_raise(int code) except -1:
-    """arena_raise() of the C API: the exception for ``code`` (nothing for ARENA_OK)."""
-    if code == ARENA_OK:
-        return 0
-    return raise_error(code, None, None)
-
+# -- the books ---------------------------------------------------------------------------------------
 
 cdef void read_books(ArenaCore* core, Books* books) noexcept:
     """The arena's books as stats() reports them: summed over the threads of a shared arena, with
     a SlicingArena's carves folded in, and no live bytes once closed."""
-    if core.open and core.kind == ARENA_KIND_SHARED:
-        shared_totals(core, books)
-        return
-    books[0] = core.books
     if not core.open:  # a closed core's live counts are stale (a scope's close skips them)
+        books[0] = core.books
         books.live_bytes = 0
         books.live_segments = 0
-    elif core.kind == ARENA_KIND_SLICING:  # not settled yet (see slicing_settle)
-        books.peak_bytes = max(books.peak_bytes, books.live_bytes)
-        books.allocated_total += <size_t>books.live_bytes
+    elif core.kind == ARENA_KIND_SHARED:
+        shared_totals(core, books)
+    elif core.kind == ARENA_KIND_SLICING:
+        slicing_books(core, books)  # not settled yet (see slicing_settle)
+    else:
+        books[0] = core.books

@@ -1,0 +1,183 @@
+# cython: language_level=3
+# The C-level API of arenalib with its inline fast paths compiled in: the names of arenalib's
+# table-only API (arenalib/__init__.pxd, whose notes on threads and on cores of your own hold here
+# too), cimported from arenalib.fast instead:
+#
+#     from arenalib.fast cimport ArenaCore, arena_core, arena_allocate, arena_free, arena_raise
+#
+# The common cases run in your module without a call: a ConfinedArena's allocate and free from its
+# free list, a shared Arena's on its first thread, a SlicingArena's carve (no atomic instruction
+# while one thread keeps carving), a confined scope's open and close.  They read arenalib's structs
+# (arenalib/_abi.pxd), so a module must be rebuilt against the arenalib it runs with: one whose C
+# ABI fingerprint differs (a digest of every declaration it compiled in, tools/abi_fingerprint.py,
+# and of whether the interpreter is free-threaded) gets ImportError from arena_core() or
+# arena_open(), never a wrong layout.  The inline code includes arenalib/platform.h: build with
+# `-I` arenalib.get_c_include() besides `-I` arenalib.get_include() for Cython.  Consumers need no
+# jemalloc header and link nothing: anything the inline paths do not cover goes to arenalib's own
+# functions through the function table of the capsule arenalib._arena._C_API.
+
+from libc.string cimport memset
+
+from arenalib._abi cimport (
+    CACHE_MAX_SIZE, INLINE_PARKING, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, InlineState,
+    ThreadCache, abi_check, allocate_fn, arenalib_allocate_slow_fn, arenalib_clear_carving,
+    arenalib_compiler_fence, arenalib_free_slow_fn, arenalib_inline_state_ptr, arenalib_load_owner,
+    arenalib_set_carving, books_remove, core_state, free_fn, load_first_cache, thread_ident,
+)
+from arenalib._blocks cimport cache_pop, cache_push, small_align
+from arenalib._confined cimport close_small_scope, confined_count_allocation, confined_count_free
+from arenalib._dispatch cimport open_parked
+from arenalib._shared cimport shared_count_allocation
+from arenalib._slicing cimport slicing_carve_current
+from arenalib._table cimport (  # noqa: F401  (the same names as arenalib's table-only API)
+    ARENA_EBUSY,
+    ARENA_ECLOSED,
+    ARENA_EEXPORTED,
+    ARENA_EINVAL,
+    ARENA_ELIMIT,
+    ARENA_ENOMEM,
+    ARENA_EUNSUPPORTED,
+    ARENA_EWRONGTHREAD,
+    ARENA_KIND_CONFINED,
+    ARENA_KIND_SHARED,
+    ARENA_KIND_SLICING,
+    ARENA_OK,
+)
+
+
+cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
+                               void** out) noexcept nogil:
+    """Allocate ``size`` bytes aligned to ``align`` (0 or a power of two up to 1 GiB), zeroed if
+    ``zero``; the address goes to ``*out``.  Returns ARENA_OK or an error code."""
+    cdef void* ptr
+    cdef unsigned long me = thread_ident()
+    cdef CarverRecord* record
+    cdef ThreadCache* tc
+    cdef InlineState* state
+    if core.self != core:
+        pass  # a copy: the slow path says it is closed
+    elif core.fast_owner == me and small_align(align) and size <= CACHE_MAX_SIZE:
+        ptr = cache_pop(&core.slot.cache, size)
+        if ptr != NULL:
+            if zero:
+                memset(ptr, 0, size)
+            confined_count_allocation(core, ptr, size)
+            out[0] = ptr
+            return ARENA_OK
+    else:
+        tc = load_first_cache(&core.shared.first_cache)
+        if tc != NULL:
+            # A shared Arena's permit: the cache of its first thread, on that thread.
+            if (arenalib_load_owner(&tc.thread) == me and small_align(align)
+                    and size <= CACHE_MAX_SIZE):
+                ptr = cache_pop(&tc.cache, size)
+                if ptr != NULL:
+                    if zero:
+                        memset(ptr, 0, size)
+                    shared_count_allocation(tc, size)
+                    out[0] = ptr
+                    return ARENA_OK
+        elif arenalib_load_owner(&core.carve_owner) == me and small_align(align):
+            # The SlicingArena is biased to this thread: announce the carve in this thread's own
+            # record, then check that the arena was not taken over meanwhile (a thread taking it
+            # over clears carve_owner, runs membarrier(), then reads the record: one of the two
+            # sees the other).  No atomic read-modify-write, no fence instruction.
+            # The record read here may already be the next owner's (or none): a thread only ever
+            # announces a carve in its own record, else it takes the slow path.
+            record = core.slicing.carve_record
+            if record != NULL and record.thread == me:
+                arenalib_set_carving(&record.carving, core)
+                arenalib_compiler_fence()
+                ptr = NULL
+                if arenalib_load_owner(&core.carve_owner) == me:
+                    ptr = slicing_carve_current(core, size, SLICE_DEFAULT_ALIGN, zero)
+                arenalib_clear_carving(&record.carving)
+                if ptr != NULL:
+                    out[0] = ptr
+                    return ARENA_OK
+    if arenalib_allocate_slow_fn != NULL:
+        return (<allocate_fn>arenalib_allocate_slow_fn)(core, size, align, zero, out)
+    state = core_state(core)  # a core handed to a module that never called abi_check()
+    if state == NULL:
+        return ARENA_ECLOSED  # never opened, or by an arenalib of another C ABI
+    return state.functions.allocate_slow(core, size, align, zero, out)
+
+
+cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
+    """Give back one allocation of Arena or ConfinedArena; ``size`` must be the size allocated."""
+    cdef InlineState* state
+    cdef ThreadCache* tc
+    cdef unsigned long me = thread_ident()
+    if size <= CACHE_MAX_SIZE and core.self == core:  # a copy: the slow path says it is closed
+        if core.fast_owner == me:
+            if cache_push(&core.slot.cache, ptr, size):
+                confined_count_free(core, ptr, size)
+                return ARENA_OK
+        else:
+            tc = load_first_cache(&core.shared.first_cache)  # a shared Arena's permit
+            if (tc != NULL and arenalib_load_owner(&tc.thread) == me
+                    and cache_push(&tc.cache, ptr, size)):
+                books_remove(&tc.books, size)
+                return ARENA_OK
+    if arenalib_free_slow_fn != NULL:
+        return (<free_fn>arenalib_free_slow_fn)(core, ptr, size)
+    state = core_state(core)
+    if state == NULL:
+        return ARENA_ECLOSED
+    return state.functions.free_slow(core, ptr, size)
+
+
+cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
+    """Free every allocation at once and keep the arena open (no other thread may use it now)."""
+    cdef InlineState* state = core_state(core)
+    if state == NULL:
+        return ARENA_ECLOSED
+    return state.functions.reset(core)
+
+
+cdef inline void arena_core_init(ArenaCore* core) noexcept nogil:
+    """Prepare an ArenaCore of your own (on the stack, in a struct) for arena_open(): closed."""
+    memset(core, 0, sizeof(ArenaCore))
+
+
+cdef inline ArenaCore* arena_core(object arena) except NULL:
+    """The C handle of an open Arena, ConfinedArena or SlicingArena (keep a reference to it)."""
+    if arenalib_inline_state_ptr == NULL:
+        abi_check()
+    return (<InlineState*>arenalib_inline_state_ptr).functions.core_of(arena)
+
+
+cdef inline int arena_raise(int code) except -1:
+    """Raise the Python exception for an error code of the nogil functions (with the GIL held)."""
+    if code == ARENA_OK:
+        return 0
+    if arenalib_inline_state_ptr == NULL:
+        abi_check()
+    return (<InlineState*>arenalib_inline_state_ptr).functions.raise_error(code)
+
+
+cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
+                           size_t chunk_size) except -1:
+    """Open an arena in an ArenaCore the caller owns (an arena object's, or a C struct on the
+    stack for a nogil scope, prepared by arena_core_init()).  kind: ARENA_KIND_*; max_bytes: -1 for
+    no limit; chunk_size: the SlicingArena chunk size (0 for the default).  Needs the GIL;
+    arena_close() undoes it."""
+    cdef InlineState* state
+    if arenalib_inline_state_ptr == NULL:  # the first time only (abi_check() is not small)
+        abi_check()
+    state = <InlineState*>arenalib_inline_state_ptr
+    if INLINE_PARKING and not core.open and open_parked(core, state, kind, max_bytes):
+        return 0
+    return state.functions.open_slow(core, kind, max_bytes, chunk_size)
+
+
+cdef inline int arena_close(ArenaCore* core) except -1:
+    """Free every allocation at once and give the memory back (GIL held); idempotent.  Raises
+    WrongThreadError for a confined arena of another thread, BufferError while exports live."""
+    if not core.open:
+        return 0
+    if arenalib_inline_state_ptr == NULL:
+        abi_check()
+    if close_small_scope(core, <InlineState*>arenalib_inline_state_ptr):
+        return 0
+    return core.state.functions.close_slow(core)

@@ -1,0 +1,56 @@
+/* A shared Arena's C (arenalib/_shared.pxi): the thread-local table that finds a thread's
+ * ThreadCache of an arena, and the atomics of its thread list, peak and max_bytes reservation.
+ * Private to arenalib._arena. */
+#ifndef ARENALIB_SRC_SHARED_H
+#define ARENALIB_SRC_SHARED_H
+
+#include <stdint.h>
+
+#include "arenalib/platform.h"
+
+/* A direct-mapped cache: arena serial -> this thread's ThreadCache of that (shared) arena. */
+typedef struct { uint64_t serial; void *cache; } arenalib_tls_entry;
+static __thread arenalib_tls_entry arenalib_tls_cache[8];
+static inline void *arenalib_tls_get(uint64_t serial) {
+    arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
+    return e->serial == serial ? e->cache : NULL;
+}
+/* jemalloc has initialised this thread's state fully (see _thread_cache). */
+static __thread int arenalib_thread_ready;
+static inline void arenalib_tls_set(uint64_t serial, void *cache) {
+    arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
+    e->serial = serial;
+    e->cache = cache;
+}
+#define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
+/* The thread list is walked without its lock by shared_update_peak(): a node is published
+   whole (release) and read so (acquire). */
+#define arenalib_publish(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define arenalib_follow(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+/* *peak = max(*peak, value), against other threads doing the same: a compare-and-swap where
+   they run at once; with the GIL, which every caller (a Python-level allocate) holds, a store. */
+static inline void arenalib_raise_peak(Py_ssize_t *peak, Py_ssize_t value) {
+#ifdef Py_GIL_DISABLED
+    Py_ssize_t seen = __atomic_load_n(peak, __ATOMIC_RELAXED);
+    while (value > seen && !__atomic_compare_exchange_n(peak, &seen, value, 1, __ATOMIC_RELAXED,
+                                                        __ATOMIC_RELAXED))
+        ;
+#else
+    if (value > *peak)
+        *peak = value;
+#endif
+}
+/* Add size to *counter unless that would take it past limit; 0 (nothing added) when it would. */
+static inline int arenalib_reserve(Py_ssize_t *counter, size_t size, Py_ssize_t limit) {
+    Py_ssize_t live = __atomic_load_n(counter, __ATOMIC_RELAXED);
+    do {
+        if (live > limit || size > (size_t)(limit - live))
+            return 0;
+    } while (!__atomic_compare_exchange_n(counter, &live, live + (Py_ssize_t)size, 1,
+                                          __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return 1;
+}
+#define arenalib_load_thread(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define arenalib_store_thread(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+
+#endif /* ARENALIB_SRC_SHARED_H */
