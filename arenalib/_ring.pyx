@@ -65,7 +65,7 @@ from arenalib._pool cimport BufferPool
 import os
 import warnings
 
-from arenalib._errors import WrongThreadError
+from arenalib._errors import ArenaClosedError, WrongThreadError
 from arenalib._pool import _PoolBufferView
 
 cdef extern from "<sched.h>" nogil:
@@ -162,7 +162,8 @@ cdef class Ring:
     One thread owns a ring: its creator.  Any use from another thread raises WrongThreadError.  A
     fork child cannot use its parent's rings (their memory is not mapped in the child, and their
     requests are the parent's): every call raises RuntimeError except close(), which lets go of the
-    child's copy of the pins and of the ring's descriptor.
+    child's copy of the pins and of the ring's descriptor.  A closed ring raises ArenaClosedError (a
+    ValueError) from every call but close() (idempotent) and its properties.
 
     close() (or the end of a with-block) cancels every request in flight and waits for all their
     completions before releasing the pins; a ring garbage-collected while open (alone or in a

@@ -18,7 +18,7 @@ cdef int _check_usable(Ring ring) except -1:
     _check_thread(ring)
     _check_not_forked(ring)
     if not ring._open:
-        raise ValueError("the Ring is closed")
+        raise ArenaClosedError("the Ring is closed: make a new one")
     if ring._busy:
         raise RuntimeError(BUSY.format("use"))
     return 0

@@ -20,7 +20,9 @@ cdef int _queue_fixed(Ring ring, object fd, object segment, object offset, objec
     req.fixed = True
     cdef Py_ssize_t index
     try:
-        # After the acquisition, which may have run Python code: the registration as it is now.
+        # After the acquisition, which may have run Python code: the ring and its registration as
+        # they are now (a closed ring says so, not that it has no pool).
+        _check_usable(ring)
         if ring._pool is None:
             raise ValueError("no BufferPool is registered with this Ring: register_pool() first")
         if seg._arena is not ring._pool:
