@@ -221,7 +221,7 @@ cdef class Ring:
             self._open = False
             raise MemoryError(f"cannot allocate the request table of {params.cq_entries} entries")
 
-    # -- queueing (_ring_submit.pxi, _ring_fixed.pxi) --------------------------------------------
+    # -- queueing (_ring_submit.pxi, _ring_fixed.pxi) -----------------------------------------------
 
     def nop(self, *, user_data=0):
         """Queue a request that does nothing; it completes with result 0."""
@@ -270,7 +270,7 @@ cdef class Ring:
         socket's error queue, which the pin does not wait for."""
         _queue_one(self, OP_SEND, sock, buf, flags, user_data)
 
-    # -- submitting and reaping (_ring_wait.pxi) -------------------------------------------------
+    # -- submitting and reaping (_ring_wait.pxi) ----------------------------------------------------
 
     def submit(self):
         """Send the queued requests to the kernel (without the GIL); returns how many it took."""
@@ -284,7 +284,7 @@ cdef class Ring:
         than the requests in flight and reaped could ever give (the wait would never end)."""
         return _wait(self, n)
 
-    # -- registered buffers (_ring_fixed.pxi) ----------------------------------------------------
+    # -- registered buffers (_ring_fixed.pxi) -------------------------------------------------------
 
     def register_pool(self, pool):
         """Register every buffer of the BufferPool ``pool`` with the kernel (buffer i is fixed buffer
@@ -304,7 +304,7 @@ cdef class Ring:
         _check_thread(self)
         return self._pool
 
-    # -- closing (_ring_close.pxi) ---------------------------------------------------------------
+    # -- closing (_ring_close.pxi) ------------------------------------------------------------------
 
     def close(self):
         """Cancel every request in flight, wait for all their completions, release their pins and the
@@ -323,7 +323,7 @@ cdef class Ring:
             return
         _close_unclosed(self)
 
-    # -- figures -------------------------------------------------------------------------------------
+    # -- figures ------------------------------------------------------------------------------------
 
     @property
     def closed(self):
