@@ -37,7 +37,8 @@ class Ring:
     # a raw view of a BufferPool buffer (BufferPool.raw_views(), or a memoryview or slice of one)
     # pins no buffer and raises TypeError: pass the acquired Segment.  user_data and the buffers are
     # visible to the garbage collector: a cycle through the ring is collected as an unclosed ring is
-    # (cancelled, reaped, unpinned, ResourceWarning).
+    # (cancelled, reaped, unpinned, ResourceWarning).  A closed ring raises arenalib.ArenaClosedError
+    # (a ValueError) from every method but close(), which is idempotent.
     def __new__(cls, entries: int = 64, *, flags: int = 0) -> Self: ...
     def nop(self, *, user_data: object = 0) -> None: ...
     def read(self, fd: _FD, buf: Buffer, offset: int = -1, *, user_data: object = 0) -> None: ...

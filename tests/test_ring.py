@@ -565,6 +565,54 @@ def test_close_cancels_what_is_in_flight_and_unpins(pipe):
     ring.close()  # idempotent
 
 
+
+def test_every_call_of_a_closed_ring_raises_arena_closed_error(pipe):
+    r, w = pipe
+    a, b = socket.socketpair()
+    pool = BufferPool(64, 2)
+    seg = pool.acquire()
+    buf = bytearray(8)
+    ring = Ring(4)
+    ring.close()
+    # Arguments a live ring would take: what is refused is the closed ring, after the conversions.
+    calls = {
+        "nop": lambda: ring.nop(),
+        "read": lambda: ring.read(r, buf),
+        "write": lambda: ring.write(w, b"x"),
+        "readv": lambda: ring.readv(r, [buf]),
+        "writev": lambda: ring.writev(w, [b"x"]),
+        "read_fixed": lambda: ring.read_fixed(r, seg),
+        "write_fixed": lambda: ring.write_fixed(w, seg),
+        "recv": lambda: ring.recv(a, buf),
+        "send": lambda: ring.send(a, b"x"),
+        "submit": lambda: ring.submit(),
+        "wait": lambda: ring.wait(0),
+        "register_pool": lambda: ring.register_pool(pool),
+        "unregister_pool": lambda: ring.unregister_pool(),
+        "features": lambda: ring.features(),
+        "__enter__": lambda: ring.__enter__(),
+    }
+    # Every public method but close() (idempotent): one added later must be added here.
+    public = {name for name in dir(Ring) if not name.startswith("_") and callable(getattr(Ring, name))}
+    assert public - {"close"} == set(calls) - {"__enter__"}
+    for name, call in calls.items():
+        with pytest.raises(ArenaClosedError, match="closed") as caught:
+            call()
+        assert isinstance(caught.value, ValueError), name  # old `except ValueError` still catches it
+    with pytest.raises(ArenaClosedError):
+        with ring:
+            pass
+    # Nothing was pinned on the way: the buffers are free to go.
+    assert seg.exports == 0
+    buf.extend(b"resizable")
+    pool.release(seg)
+    pool.close()
+    a.close()
+    b.close()
+    ring.close()  # still idempotent
+    assert ring.closed and ring.in_flight == 0 and ring.pool is None
+
+
 CLOSE_WITH_A_FULL_QUEUE = """
     import os, sys
     import arenalib._ring
