@@ -8,6 +8,9 @@ from arenalib._capi cimport Lifetime
 cdef class _Region:
     cdef void* ptr                  # freed when the last holder (pool or raw view) lets go
 
+    @staticmethod
+    cdef _Region allocate(size_t size, size_t align, bint zero)
+
 
 cdef class BufferPool(SegmentOwner):
     cdef:

@@ -24,7 +24,6 @@ the region but written only as buffers are first handed out, so a pool costs wha
 """
 
 cimport cython
-from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.string cimport memset
@@ -33,19 +32,14 @@ from arenalib._arena cimport (
     SEG_FREED, TRACE_DOMAIN, PyTraceMalloc_Track, PyTraceMalloc_Untrack, Segment, SegmentOwner,
     count_open_pools,
     count_read, exclusive_begin, exclusive_end, free_begin, free_end, make_segment, parse_align,
-    parse_size, region_allocate, region_free,
+    parse_size,
 )
 
 import warnings
 
 from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, UnsupportedOperation
 
-cdef extern from "sys/mman.h" nogil:
-    int mincore(void* addr, size_t length, unsigned char* vec)
-
-cdef extern from "unistd.h" nogil:
-    long sysconf(int name)
-    int _SC_PAGESIZE
+include "_region.pxi"
 
 cdef extern from "sys/sysinfo.h" nogil:
     struct sysinfo_t "sysinfo":
@@ -53,8 +47,6 @@ cdef extern from "sys/sysinfo.h" nogil:
         unsigned long totalswap
         unsigned int mem_unit
     int sysinfo(sysinfo_t* info)
-
-cdef size_t REGION_ALIGN = 4096
 
 # Buffer states.  Free buffers that were never handed out since the region was zeroed need no memset
 # for a zero=True pool.
@@ -146,16 +138,11 @@ cdef class BufferPool(SegmentOwner):
         self._stride = stride
         self._align = <size_t>a
         self._zero = zero
-        cdef _Region region = _Region()  # before the memory: its owner must exist to free it
-        cdef void* ptr = region_allocate(total, max(<size_t>a, REGION_ALIGN), zero)
-        if ptr == NULL:
-            raise MemoryError(f"cannot allocate a pool region of {total} bytes: out of memory")
-        region.ptr = ptr
-        self._region = region
-        self._base = <char*>ptr
+        self._region = _Region.allocate(total, <size_t>a, zero)
+        self._base = <char*>self._region.ptr
         self._fresh_state = FREE_ZERO if zero else FREE_DIRTY  # what the region's pages hold now
         # The region is the allocation tracemalloc sees (untracked by close(), as arenas' blocks are).
-        self._traced = PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, total) == 0
+        self._traced = PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>self._base, total) == 0
         self._lifetime.generation = 1
         self._open = True
         count_open_pools(1)
@@ -545,13 +532,9 @@ cdef class BufferPool(SegmentOwner):
         high_water (most buffers in use at once) and exhausted (acquire()/try_acquire() calls that
         found no free buffer).  The figures are of one moment (in_use + available == buffers while
         open), read in one critical section with nothing else inside."""
-        cdef size_t page = <size_t>sysconf(_SC_PAGESIZE)
-        cdef size_t region_start = <size_t>self._base
-        cdef size_t region_end = region_start + self._stride * <size_t>self._count
-        cdef size_t start = region_start & ~(page - 1)
-        cdef size_t pages = (region_end - start + page - 1) // page
+        cdef size_t nbytes = self._stride * <size_t>self._count
         # Made first: this may start a GC that closes the pool, which the reads below must see.
-        cdef bytearray vector = bytearray(pages)
+        cdef bytearray vector = bytearray(region_pages(self._base, nbytes))
         cdef unsigned char* flags = vector
         cdef bint is_open
         cdef Py_ssize_t in_use = 0, available = 0, exports, high_water, exhausted
@@ -561,12 +544,12 @@ cdef class BufferPool(SegmentOwner):
             if is_open:
                 in_use = self._in_use
                 available = self._available()
-                resident = _resident_bytes(start, region_start, region_end, page, pages, flags)
+                resident = region_resident(self._base, nbytes, flags)
             exports = count_read(&self._lifetime.exports)
             acquisitions = self._acquisitions
             high_water = self._high_water
             exhausted = self._exhausted
-        return {"live_bytes": self._stride * <size_t>self._count if is_open else 0,
+        return {"live_bytes": nbytes if is_open else 0,
                 "resident": resident, "exports": exports, "closed": not is_open,
                 "buffers": self._count, "buffer_size": self._buffer_size, "in_use": in_use,
                 "available": available, "acquisitions": acquisitions, "high_water": high_water,
@@ -577,53 +560,3 @@ cdef class BufferPool(SegmentOwner):
             return "<arenalib.BufferPool closed>"
         return (f"<arenalib.BufferPool {self._in_use}/{self._count} buffers of {self._buffer_size} "
                 f"bytes in use, at {<size_t>self._base:#x}>")
-
-
-cdef size_t _resident_bytes(size_t start, size_t region_start, size_t region_end, size_t page,
-                            size_t pages, unsigned char* flags) noexcept nogil:
-    """Bytes of the region [region_start, region_end) on resident pages (mincore), ``flags`` a
-    vector of ``pages`` bytes for the pages from ``start``."""
-    cdef size_t i, first, last, resident = 0
-    if mincore(<void*>start, region_end - start, flags) != 0:
-        return 0
-    for i in range(pages):
-        if flags[i] & 1:  # the part of page i that is the region's
-            first = max(start + i * page, region_start)
-            last = min(start + (i + 1) * page, region_end)
-            resident += last - first
-    return resident
-
-
-@cython.final
-cdef class _PoolBufferView:
-    """The exporter behind raw_views(): one buffer of a pool's region, keeping the region alive."""
-
-    cdef _Region _region
-    cdef char* _ptr
-    cdef Py_ssize_t _size
-
-    def __init__(self, *args, **kwargs):
-        raise TypeError("use BufferPool.raw_views()")
-
-    @staticmethod
-    cdef _PoolBufferView _make(_Region region, char* ptr, Py_ssize_t size):
-        cdef _PoolBufferView exporter = _PoolBufferView.__new__(_PoolBufferView)
-        exporter._region = region
-        exporter._ptr = ptr
-        exporter._size = size
-        return exporter
-
-    def __getbuffer__(self, Py_buffer* view, int flags):
-        if self._region is None:
-            raise TypeError("use BufferPool.raw_views()")
-        PyBuffer_FillInfo(view, self, self._ptr, self._size, 0, flags)
-
-
-@cython.final
-@cython.no_gc
-cdef class _Region:
-    """Owns a pool's region; the pool and every raw view hold it, the last one frees it."""
-
-    def __dealloc__(self):
-        if self.ptr != NULL:
-            region_free(self.ptr)
