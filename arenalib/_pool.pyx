@@ -24,8 +24,6 @@ the region but written only as buffers are first handed out, so a pool costs wha
 """
 
 cimport cython
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.string cimport memset
 
 from arenalib._arena cimport (
@@ -40,20 +38,7 @@ import warnings
 from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, UnsupportedOperation
 
 include "_region.pxi"
-
-cdef extern from "sys/sysinfo.h" nogil:
-    struct sysinfo_t "sysinfo":
-        unsigned long totalram
-        unsigned long totalswap
-        unsigned int mem_unit
-    int sysinfo(sysinfo_t* info)
-
-# Buffer states.  Free buffers that were never handed out since the region was zeroed need no memset
-# for a zero=True pool.
-cdef enum:
-    FREE_ZERO = 0
-    IN_USE = 1
-    FREE_DIRTY = 2
+include "_pool_buffers.pxi"
 
 cdef enum:  # what BufferPool._take() and _give_back() found
     TAKEN
@@ -65,24 +50,12 @@ cdef enum:  # what BufferPool._take() and _give_back() found
     SEG_EXPORTED
     SEG_NOT_IN_USE
 
-# Bookkeeping per buffer: its index on the free stack and its state byte.
-cdef size_t BOOKKEEPING_PER_BUFFER = sizeof(Py_ssize_t) + 1
-
 
 cdef Py_ssize_t _positive(object value, str name) except -1:
     cdef Py_ssize_t n = parse_size(value, name)
     if n < 1:
         raise ValueError(f"{name} must be >= 1, not {value!r}")
     return n
-
-
-cdef size_t _backable_bytes() noexcept nogil:
-    """RAM plus swap of this machine (0 when unknown): more cannot be backed at once."""
-    cdef sysinfo_t info
-    if sysinfo(&info) != 0:
-        return 0
-    cdef size_t unit = info.mem_unit if info.mem_unit else 1
-    return (<size_t>info.totalram + <size_t>info.totalswap) * unit
 
 
 @cython.final
@@ -111,28 +84,11 @@ cdef class BufferPool(SegmentOwner):
         cdef Py_ssize_t size = _positive(buffer_size, "buffer_size")
         cdef Py_ssize_t n = _positive(count, "count")
         cdef Py_ssize_t a = <Py_ssize_t>parse_align(align)
-        if <size_t>size > <size_t>PY_SSIZE_T_MAX - <size_t>a:
-            raise MemoryError(f"cannot allocate buffers of {size} bytes: larger than any address space")
-        cdef size_t stride = (<size_t>size + <size_t>a - 1) & ~(<size_t>a - 1)
-        if <size_t>n > <size_t>PY_SSIZE_T_MAX / stride:
-            raise MemoryError(f"cannot allocate {n} buffers of {stride} bytes: larger than any address "
-                              "space")
+        cdef size_t stride = pool_stride(size, n, <size_t>a)
         cdef size_t total = stride * <size_t>n
-        # Every buffer may be in use at once, each with its bookkeeping: refuse what this machine
-        # could never back (the region is reserved at once but its pages only as they are written,
-        # so an impossible pool would otherwise fail later, with the OOM killer).
-        cdef size_t bookkeeping = <size_t>n * BOOKKEEPING_PER_BUFFER
-        cdef size_t backable = _backable_bytes()
-        if backable and (total > backable or bookkeeping > backable - total):
-            raise MemoryError(
-                f"cannot make a BufferPool of {n} buffers of {stride} bytes: its region ({total} "
-                f"bytes) and bookkeeping ({bookkeeping} bytes) are more than this machine's memory "
-                f"({backable} bytes of RAM and swap); ask for fewer or smaller buffers")
-        # Written only as buffers are first handed out (see _take): a pool costs what it uses.
-        self._free_stack = <Py_ssize_t*>PyMem_Malloc(<size_t>n * sizeof(Py_ssize_t))
-        self._state = <unsigned char*>PyMem_Malloc(<size_t>n)
-        if self._free_stack == NULL or self._state == NULL:
-            raise MemoryError(f"cannot allocate the bookkeeping of {n} buffers ({bookkeeping} bytes)")
+        if books_init(&self._books, n, zero) != 0:
+            raise MemoryError(f"cannot allocate the bookkeeping of {n} buffers "
+                              f"({<size_t>n * BOOKKEEPING_PER_BUFFER} bytes)")
         self._buffer_size = size
         self._count = n
         self._stride = stride
@@ -140,7 +96,6 @@ cdef class BufferPool(SegmentOwner):
         self._zero = zero
         self._region = _Region.allocate(total, <size_t>a, zero)
         self._base = <char*>self._region.ptr
-        self._fresh_state = FREE_ZERO if zero else FREE_DIRTY  # what the region's pages hold now
         # The region is the allocation tracemalloc sees (untracked by close(), as arenas' blocks are).
         self._traced = PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>self._base, total) == 0
         self._lifetime.generation = 1
@@ -220,8 +175,7 @@ cdef class BufferPool(SegmentOwner):
         raise TypeError("BufferPool owns native memory and cannot be pickled")
 
     def __dealloc__(self):
-        PyMem_Free(self._free_stack)
-        PyMem_Free(self._state)
+        books_free(&self._books)
         if not self._open:
             return
         # As an unclosed file does: give the memory back and say so with a ResourceWarning.
@@ -229,25 +183,6 @@ cdef class BufferPool(SegmentOwner):
         self._close_now()
         if warnings is not None:  # None while the interpreter is tearing modules down
             warnings.warn(message, ResourceWarning, stacklevel=2)
-
-    cdef void _reset_buffers(self) noexcept:
-        """Every buffer free, handed out from index 0 up again; in-use buffers become dirty.
-
-        The free buffers are the released ones (the free stack, LIFO) and every index from
-        ``_next_fresh`` up (handed out in order once the stack is empty); ``_state`` is written
-        only below ``_touched``, the buffers ever handed out (above it: ``_fresh_state``).  So
-        making a pool writes no bookkeeping and a reset writes what was used, not ``count``."""
-        cdef Py_ssize_t i
-        for i in range(self._touched):
-            if self._state[i] == IN_USE:
-                self._state[i] = FREE_DIRTY
-        self._nstack = 0
-        self._next_fresh = 0
-        self._in_use = 0
-
-    cdef Py_ssize_t _available(self) noexcept:
-        """Free buffers (in the pool's critical section)."""
-        return self._nstack + (self._count - self._next_fresh)
 
     # -- acquire / release -----------------------------------------------------------------------
 
@@ -276,31 +211,16 @@ cdef class BufferPool(SegmentOwner):
         return None
 
     cdef int _take(self, Segment seg) noexcept:
-        """Bind ``seg`` to a free buffer (in the pool's critical section): the last one released,
-        else the lowest never handed out since the region was made or reset."""
+        """Bind ``seg`` to a free buffer (in the pool's critical section)."""
         if not self._open:
             return POOL_CLOSED
-        cdef Py_ssize_t i
-        if self._nstack:
-            self._nstack -= 1
-            i = self._free_stack[self._nstack]
-        elif self._next_fresh < self._count:
-            i = self._next_fresh
-            self._next_fresh += 1
-            if i == self._touched:  # its first time: its state is what the region's pages hold
-                self._state[i] = self._fresh_state
-                self._touched += 1
-        else:
-            self._exhausted += 1
+        cdef bint dirty
+        cdef Py_ssize_t i = books_take(&self._books, self._count, &dirty)
+        if i < 0:
             return POOL_EXHAUSTED
         cdef char* ptr = self._base + <size_t>i * self._stride
-        if self._zero and self._state[i] != FREE_ZERO:
+        if self._zero and dirty:
             memset(ptr, 0, <size_t>self._buffer_size)
-        self._state[i] = IN_USE
-        self._in_use += 1
-        self._acquisitions += 1
-        if self._in_use > self._high_water:
-            self._high_water = self._in_use
         seg._ptr = ptr
         seg._generation = self._lifetime.generation
         return TAKEN
@@ -373,14 +293,9 @@ cdef class BufferPool(SegmentOwner):
         if exports[0]:
             free_end(seg, False)
             return SEG_EXPORTED
-        if (i >= self._touched or seg._ptr != self._base + <size_t>i * self._stride
-                or self._state[i] != IN_USE):
+        if seg._ptr != self._base + <size_t>i * self._stride or not books_give_back(&self._books, i):
             free_end(seg, False)
             return SEG_NOT_IN_USE
-        self._state[i] = FREE_DIRTY
-        self._free_stack[self._nstack] = i
-        self._nstack += 1
-        self._in_use -= 1
         free_end(seg, True)
         return RELEASED
 
@@ -411,7 +326,7 @@ cdef class BufferPool(SegmentOwner):
                 registrations = self._registrations
                 if not exports and not registrations:
                     self._lifetime.generation += 1
-                    self._reset_buffers()
+                    books_reset(&self._books)
                 exclusive_end(&self._lifetime)
         if not is_open:
             raise ArenaClosedError("BufferPool is closed")
@@ -522,7 +437,7 @@ cdef class BufferPool(SegmentOwner):
         """Number of free buffers (0 once closed)."""
         cdef Py_ssize_t n
         with cython.critical_section(self):
-            n = self._available() if self._open else 0
+            n = books_available(&self._books, self._count) if self._open else 0
         return n
 
     def stats(self):
@@ -542,13 +457,13 @@ cdef class BufferPool(SegmentOwner):
         with cython.critical_section(self):  # C only inside: nothing can suspend the section
             is_open = self._open
             if is_open:
-                in_use = self._in_use
-                available = self._available()
+                in_use = self._books.in_use
+                available = books_available(&self._books, self._count)
                 resident = region_resident(self._base, nbytes, flags)
             exports = count_read(&self._lifetime.exports)
-            acquisitions = self._acquisitions
-            high_water = self._high_water
-            exhausted = self._exhausted
+            acquisitions = self._books.acquisitions
+            high_water = self._books.high_water
+            exhausted = self._books.exhausted
         return {"live_bytes": nbytes if is_open else 0,
                 "resident": resident, "exports": exports, "closed": not is_open,
                 "buffers": self._count, "buffer_size": self._buffer_size, "in_use": in_use,
@@ -558,5 +473,5 @@ cdef class BufferPool(SegmentOwner):
     def __repr__(self):
         if not self._open:
             return "<arenalib.BufferPool closed>"
-        return (f"<arenalib.BufferPool {self._in_use}/{self._count} buffers of {self._buffer_size} "
+        return (f"<arenalib.BufferPool {self._books.in_use}/{self._count} buffers of {self._buffer_size} "
                 f"bytes in use, at {<size_t>self._base:#x}>")
