@@ -45,12 +45,10 @@ cdef class BufferPool(SegmentOwner):
 
     cdef Segment _acquire(self, bint raise_exhausted)
     cdef int _take(self, Segment seg) noexcept
+    cdef int _check_releasable(self, Segment seg) except -1
     cdef int _release(self, Segment seg) except -1
     cdef int _give_back(self, Segment seg, Py_ssize_t i, Py_ssize_t* exports) noexcept
     cdef Py_ssize_t _index_of(self, Segment seg) except -1
     cdef int _check_open(self) except -1
     cdef void _close_now(self) noexcept
-    cdef str _exports_alive(self, str context, Py_ssize_t exports)
     cdef int _registered(self, int delta) except -1
-    cdef int _refuse_if_pinned(self, str context, Py_ssize_t exports,
-                               Py_ssize_t registrations) except -1

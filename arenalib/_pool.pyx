@@ -39,16 +39,7 @@ from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, U
 
 include "_region.pxi"
 include "_pool_buffers.pxi"
-
-cdef enum:  # what BufferPool._take() and _give_back() found
-    TAKEN
-    RELEASED
-    POOL_CLOSED
-    POOL_EXHAUSTED
-    SEG_RELEASED_ALREADY
-    SEG_STALE
-    SEG_EXPORTED
-    SEG_NOT_IN_USE
+include "_pool_errors.pxi"
 
 
 cdef Py_ssize_t _positive(object value, str name) except -1:
@@ -120,16 +111,7 @@ cdef class BufferPool(SegmentOwner):
                 if not exports and not registrations:
                     self._close_now()
                 exclusive_end(&self._lifetime)
-        self._refuse_if_pinned("cannot close BufferPool", exports, registrations)
-
-    cdef int _refuse_if_pinned(self, str context, Py_ssize_t exports, Py_ssize_t registrations) except -1:
-        if exports:
-            raise BufferError(self._exports_alive(context, exports))
-        if registrations:
-            # The kernel holds the region's pages and writes to them for fixed-buffer requests.
-            raise BufferError(f"{context}: its buffers are registered with {registrations} io_uring "
-                              "Ring(s); unregister_pool() or close the ring first")
-        return 0
+        refuse_if_pinned("cannot close BufferPool", exports, registrations)
 
     cdef int _registered(self, int delta) except -1:
         """Count a ring's registration of the region in (+1) or out (-1): close() and reset() refuse
@@ -140,7 +122,7 @@ cdef class BufferPool(SegmentOwner):
             if not refused:
                 self._registrations += delta
         if refused:
-            raise ArenaClosedError("BufferPool is closed")
+            raise_closed()
         return 0
 
     cdef void _close_now(self) noexcept:
@@ -152,10 +134,6 @@ cdef class BufferPool(SegmentOwner):
             self._traced = False
         self._region = None
         count_open_pools(-1)
-
-    cdef str _exports_alive(self, str context, Py_ssize_t exports):
-        return (f"{context}: {exports} buffer export(s) of its segments (memoryview, "
-                "NumPy array, io_uring request in flight ...) are alive; release them first")
 
     @property
     def closed(self):
@@ -203,12 +181,9 @@ cdef class BufferPool(SegmentOwner):
             outcome = self._take(seg)
         if outcome == TAKEN:
             return seg
-        if outcome == POOL_CLOSED:
-            raise ArenaClosedError("BufferPool is closed")
-        if raise_exhausted:
-            raise PoolExhaustedError(
-                f"all {self._count} buffers of {self._buffer_size} bytes of the BufferPool are in use")
-        return None
+        if outcome == POOL_EXHAUSTED and not raise_exhausted:
+            return None
+        raise_outcome(self, outcome, 0, 0)
 
     cdef int _take(self, Segment seg) noexcept:
         """Bind ``seg`` to a free buffer (in the pool's critical section)."""
@@ -241,10 +216,7 @@ cdef class BufferPool(SegmentOwner):
         if not deferred:
             self._release(seg)
             return
-        if seg._arena is not self:
-            raise ValueError("the segment does not belong to this BufferPool")
-        if seg._root is not None:
-            raise ValueError("a slice cannot be released; release the segment acquire() returned")
+        self._check_releasable(seg)
         seg._check()
         seg._free_when_unexported()
 
@@ -253,29 +225,23 @@ cdef class BufferPool(SegmentOwner):
         # already refused slices, dead segments and live exports).
         return self._release(seg)
 
-    cdef int _release(self, Segment seg) except -1:
+    cdef int _check_releasable(self, Segment seg) except -1:
         if seg._arena is not self:
             raise ValueError("the segment does not belong to this BufferPool")
         if seg._root is not None:
             raise ValueError("a slice cannot be released; release the segment acquire() returned")
+        return 0
+
+    cdef int _release(self, Segment seg) except -1:
+        self._check_releasable(seg)
         cdef Py_ssize_t i = self._index_of(seg)
         cdef Py_ssize_t exports = 0
         cdef int outcome
         with cython.critical_section(self):  # no Python code inside: the errors are made after
             outcome = self._give_back(seg, i, &exports)
-        if outcome == RELEASED:
-            return 0
-        if outcome == POOL_CLOSED:
-            raise ArenaClosedError("BufferPool is closed")
-        if outcome == SEG_RELEASED_ALREADY:
-            raise ArenaClosedError("the segment was already released")
-        if outcome == SEG_STALE:
-            raise ArenaClosedError("the segment is stale: the BufferPool was reset since it was acquired")
-        if outcome == SEG_EXPORTED:
-            raise BufferError(
-                f"cannot release a buffer while {exports} buffer export(s) of it (memoryview, "
-                "NumPy array, io_uring request in flight ...) are alive; release them first")
-        raise ArenaError(f"internal error: buffer {i} of the BufferPool is not in use")
+        if outcome != RELEASED:
+            raise_outcome(self, outcome, exports, i)
+        return 0
 
     cdef int _give_back(self, Segment seg, Py_ssize_t i, Py_ssize_t* exports) noexcept:
         """Put buffer ``i``, ``seg``'s, back on the free stack (in the pool's critical section);
@@ -329,8 +295,8 @@ cdef class BufferPool(SegmentOwner):
                     books_reset(&self._books)
                 exclusive_end(&self._lifetime)
         if not is_open:
-            raise ArenaClosedError("BufferPool is closed")
-        self._refuse_if_pinned("cannot reset BufferPool", exports, registrations)
+            raise_closed()
+        refuse_if_pinned("cannot reset BufferPool", exports, registrations)
 
     def allocate(self, size, *, zero=True, align=None):
         """Not supported: a BufferPool hands out its fixed buffers with acquire()."""
@@ -356,7 +322,7 @@ cdef class BufferPool(SegmentOwner):
         with cython.critical_section(self):
             is_open = self._open
         if not is_open:
-            raise ArenaClosedError("BufferPool is closed")
+            raise_closed()
         return 0
 
     @property
@@ -401,7 +367,7 @@ cdef class BufferPool(SegmentOwner):
         with cython.critical_section(self):
             region = self._region  # held here: a GC in the loop below may close the pool
         if region is None:
-            raise ArenaClosedError("BufferPool is closed")
+            raise_closed()
         cdef Py_ssize_t i
         return [memoryview(_PoolBufferView._make(region, self._base + <size_t>i * self._stride,
                                                  self._buffer_size))
