@@ -3,24 +3,26 @@
 in O(1) for I/O (io_uring, O_DIRECT, sockets).
 
 BufferPool is not an arena: it is a SegmentOwner (what segments need: a Lifetime, a free-segment
-hook) holding one region of the private jemalloc, outside every arena, handed back by close().  Each
-acquire() makes a new Segment over a free buffer; release() marks that Segment freed, so a stale
-handle raises ArenaClosedError even after the same buffer is acquired again.
+hook) holding one region of the private jemalloc, outside every arena, let go by close() and freed
+once no raw view holds it either (_region.pxi).  Each acquire() makes a new Segment over a free
+buffer; release() marks that Segment freed, so a stale handle raises ArenaClosedError even after the
+same buffer is acquired again.
 
 Thread safety: the pool's state is read and written inside a critical section on the pool (the
 GIL on a GIL build, the pool object's own lock on a free-threaded one).  A method takes it once,
 does only C inside (no Python object is made, no error raised: the outcome is carried out and
-raised after), and leaves: a second critical section on the pool inside the first, or Python code
-that could take one, suspends the first on a free-threaded build, so another thread could act in
-the middle (torn figures), and costs the mutex's slow path.  The calls that can run Python code
-(making the Segment object or stats()' mincore vector may start the garbage collector, and with it
-finalizers that may switch threads or use this pool) happen before the state is read.  Segments'
-accesses of the buffers take no lock: release(), reset() and close() wait for the accesses under
-way to end (the accessing-now records of _access.pxi).
+raised after, _pool_errors.pxi), and leaves: a second critical section on the pool inside the
+first, or Python code that could take one, suspends the first on a free-threaded build, so another
+thread could act in the middle (torn figures), and costs the mutex's slow path.  The calls that
+can run Python code (making the Segment object or stats()' mincore vector may start the garbage
+collector, and with it finalizers that may switch threads or use this pool) happen before the state
+is read.  Segments' accesses of the buffers take no lock: release(), reset() and close() wait for
+the accesses under way to end (the accessing-now records of _access.pxi).
 
 Limits: a pool whose region and bookkeeping together exceed the machine's RAM and swap is refused
-(MemoryError).  The bookkeeping (a free-stack entry and a state byte per buffer) is reserved with
-the region but written only as buffers are first handed out, so a pool costs what is used of it.
+(MemoryError).  The bookkeeping (a free-stack entry and a state byte per buffer) is allocated with
+the pool but written only as buffers are handed out and released (_pool_buffers.pxi), so a pool
+costs what is used of it.
 """
 
 cimport cython
@@ -66,8 +68,9 @@ cdef class BufferPool(SegmentOwner):
     previous user left it.  zero=True: a buffer is zero-filled at each acquire.
 
     Thread-safe: every method may be called from any thread, with or without the GIL.
-    close() (or the end of a with-block) gives the region back; it raises BufferError while a buffer
-    export (memoryview ...) of an acquired segment is alive.
+    close() (or the end of a with-block) lets go of the region; it raises BufferError while a buffer
+    export (memoryview ...) of an acquired segment is alive or an io_uring Ring has the buffers
+    registered.
     """
 
     def __cinit__(self, buffer_size, count, *, align=4096, bint zero=False):
@@ -97,7 +100,8 @@ cdef class BufferPool(SegmentOwner):
         return self._open
 
     def close(self):
-        """Give the region back: every acquired segment is dead from now on; idempotent.
+        """Let go of the region (freed once no raw view holds it): every acquired segment is dead from
+        now on; idempotent.
 
         Raises BufferError, changing nothing, while a buffer export (memoryview ...) of an acquired
         segment is alive, or while an io_uring Ring has the buffers registered."""
@@ -306,7 +310,8 @@ cdef class BufferPool(SegmentOwner):
 
     def index(self, segment):
         """Index of the buffer ``segment`` (or a slice of it) lies in: its io_uring fixed-buffer index
-        when the pool is registered with ``iovecs()``.  ArenaClosedError for a dead segment."""
+        when the pool is registered with ``iovecs()`` or ``Ring.register_pool()``.  ArenaClosedError for
+        a dead segment."""
         if type(segment) is not Segment:
             raise TypeError(f"index() takes a Segment, not {type(segment).__name__}")
         cdef Segment seg = <Segment>segment
@@ -409,10 +414,10 @@ cdef class BufferPool(SegmentOwner):
     def stats(self):
         """Figures of the pool and its region: live_bytes (the region's size; 0 once closed),
         resident (bytes of the region in RAM now), exports (live buffer exports of its segments),
-        closed, buffers, buffer_size, in_use, available, acquisitions (acquire() calls served),
-        high_water (most buffers in use at once) and exhausted (acquire()/try_acquire() calls that
-        found no free buffer).  The figures are of one moment (in_use + available == buffers while
-        open), read in one critical section with nothing else inside."""
+        closed, buffers, buffer_size, in_use, available, acquisitions (acquire()/try_acquire()
+        calls served), high_water (most buffers in use at once) and exhausted (such calls that found
+        no free buffer).  The figures are of one moment (in_use + available == buffers while open),
+        read in one critical section with nothing else inside."""
         cdef size_t nbytes = self._stride * <size_t>self._count
         # Made first: this may start a GC that closes the pool, which the reads below must see.
         cdef bytearray vector = bytearray(region_pages(self._base, nbytes))
