@@ -373,10 +373,7 @@ cdef class BufferPool(SegmentOwner):
             region = self._region  # held here: a GC in the loop below may close the pool
         if region is None:
             raise_closed()
-        cdef Py_ssize_t i
-        return [memoryview(_PoolBufferView._make(region, self._base + <size_t>i * self._stride,
-                                                 self._buffer_size))
-                for i in range(self._count)]
+        return raw_views(region, self._base, self._stride, self._buffer_size, self._count)
 
     # -- figures ---------------------------------------------------------------------------------
 
