@@ -373,7 +373,7 @@ cdef class BufferPool(SegmentOwner):
             region = self._region  # held here: a GC in the loop below may close the pool
         if region is None:
             raise_closed()
-        return raw_views(region, self._base, self._stride, self._buffer_size, self._count)
+        return region_views(region, self._base, self._stride, self._buffer_size, self._count)
 
     # -- figures ---------------------------------------------------------------------------------
 

@@ -61,7 +61,7 @@ cdef class _PoolBufferView:
         PyBuffer_FillInfo(view, self, self._ptr, self._size, 0, flags)
 
 
-cdef list raw_views(_Region region, char* base, size_t stride, Py_ssize_t size, Py_ssize_t count):
+cdef list region_views(_Region region, char* base, size_t stride, Py_ssize_t size, Py_ssize_t count):
     """A memoryview of each of the ``count`` buffers of ``size`` bytes, ``stride`` apart from
     ``base``, each holding ``region``."""
     cdef Py_ssize_t i
