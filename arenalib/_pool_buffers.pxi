@@ -1,7 +1,7 @@
 # A BufferPool's buffers: how far apart they lie and what a pool of them costs (pool_stride), and
 # their books (PoolBooks, _pool.pxd): which are free, and whether a free one is known to hold zeros.
-# The books_ functions are C only, called in the pool's critical section: nothing in them raises or
-# runs Python code.
+# books_take, books_give_back, books_reset and books_available are C only, for the pool's critical
+# section: nothing in them raises or runs Python code.
 #
 # The free buffers are the released ones (the free stack, LIFO) and every index from ``next_fresh``
 # up (handed out in order once the stack is empty).  ``state`` is written only below ``touched``, the
