@@ -8,6 +8,25 @@ from arenalib._abi cimport Lifetime
 cdef class _Region:
     cdef void* ptr                  # freed when the last holder (pool or raw view) lets go
 
+    @staticmethod
+    cdef _Region allocate(size_t size, size_t align, bint zero)
+
+
+# Which of a pool's buffers are free and what each free one holds (_pool_buffers.pxi); read and
+# written in the pool's critical section only.
+cdef struct PoolBooks:
+    Py_ssize_t* free_stack      # indices of the released buffers; the top is taken next
+    Py_ssize_t nstack           # entries on the free stack
+    Py_ssize_t next_fresh       # every buffer from here up is free (taken in order once the stack
+    #                             is empty; 0 after a reset)
+    Py_ssize_t touched          # buffers ever handed out: state is written below this only
+    unsigned char* state        # per buffer: free and zero, in use, or free and dirty
+    unsigned char fresh_state   # the state of a buffer never handed out (zero or dirty)
+    Py_ssize_t in_use
+    Py_ssize_t high_water
+    Py_ssize_t exhausted
+    size_t acquisitions
+
 
 cdef class BufferPool(SegmentOwner):
     cdef:
@@ -21,29 +40,15 @@ cdef class BufferPool(SegmentOwner):
         Py_ssize_t _buffer_size
         Py_ssize_t _count
         bint _zero
-        Py_ssize_t* _free_stack     # indices of the released buffers; the top is acquired next
-        Py_ssize_t _nstack          # entries on the free stack
-        Py_ssize_t _next_fresh      # every buffer from here up is free (taken in order once the
-        #                             stack is empty; 0 after a reset)
-        Py_ssize_t _touched         # buffers ever handed out: _state is written below this only
-        unsigned char* _state       # per buffer: free and zero, in use, or free and dirty
-        unsigned char _fresh_state  # the state of a buffer never handed out (zero or dirty)
-        Py_ssize_t _in_use
-        Py_ssize_t _high_water
-        Py_ssize_t _exhausted
-        size_t _acquisitions
+        PoolBooks _books
         Py_ssize_t _registrations   # io_uring rings that registered the region (arenalib._ring)
 
-    cdef void _reset_buffers(self) noexcept
-    cdef Py_ssize_t _available(self) noexcept
     cdef Segment _acquire(self, bint raise_exhausted)
     cdef int _take(self, Segment seg) noexcept
+    cdef int _check_releasable(self, Segment seg) except -1
     cdef int _release(self, Segment seg) except -1
     cdef int _give_back(self, Segment seg, Py_ssize_t i, Py_ssize_t* exports) noexcept
     cdef Py_ssize_t _index_of(self, Segment seg) except -1
     cdef int _check_open(self) except -1
     cdef void _close_now(self) noexcept
-    cdef str _exports_alive(self, str context, Py_ssize_t exports)
     cdef int _registered(self, int delta) except -1
-    cdef int _refuse_if_pinned(self, str context, Py_ssize_t exports,
-                               Py_ssize_t registrations) except -1

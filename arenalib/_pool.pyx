@@ -3,78 +3,45 @@
 in O(1) for I/O (io_uring, O_DIRECT, sockets).
 
 BufferPool is not an arena: it is a SegmentOwner (what segments need: a Lifetime, a free-segment
-hook) holding one region of the private jemalloc, outside every arena, handed back by close().  Each
-acquire() makes a new Segment over a free buffer; release() marks that Segment freed, so a stale
-handle raises ArenaClosedError even after the same buffer is acquired again.
+hook) holding one region of the private jemalloc, outside every arena, let go by close() and freed
+once no raw view holds it either (_region.pxi).  Each acquire() makes a new Segment over a free
+buffer; release() marks that Segment freed, so a stale handle raises ArenaClosedError even after the
+same buffer is acquired again.
 
 Thread safety: the pool's state is read and written inside a critical section on the pool (the
 GIL on a GIL build, the pool object's own lock on a free-threaded one).  A method takes it once,
 does only C inside (no Python object is made, no error raised: the outcome is carried out and
-raised after), and leaves: a second critical section on the pool inside the first, or Python code
-that could take one, suspends the first on a free-threaded build, so another thread could act in
-the middle (torn figures), and costs the mutex's slow path.  The calls that can run Python code
-(making the Segment object or stats()' mincore vector may start the garbage collector, and with it
-finalizers that may switch threads or use this pool) happen before the state is read.  Segments'
-accesses of the buffers take no lock: release(), reset() and close() wait for the accesses under
-way to end (the accessing-now records of _access.pxi).
+raised after, _pool_errors.pxi), and leaves: a second critical section on the pool inside the
+first, or Python code that could take one, suspends the first on a free-threaded build, so another
+thread could act in the middle (torn figures), and costs the mutex's slow path.  The calls that
+can run Python code (making the Segment object or stats()' mincore vector may start the garbage
+collector, and with it finalizers that may switch threads or use this pool) happen before the state
+is read.  Segments' accesses of the buffers take no lock: release(), reset() and close() wait for
+the accesses under way to end (the accessing-now records of _access.pxi).
 
 Limits: a pool whose region and bookkeeping together exceed the machine's RAM and swap is refused
-(MemoryError).  The bookkeeping (a free-stack entry and a state byte per buffer) is reserved with
-the region but written only as buffers are first handed out, so a pool costs what is used of it.
+(MemoryError).  The bookkeeping (a free-stack entry and a state byte per buffer) is allocated with
+the pool but written only as buffers are handed out and released (_pool_buffers.pxi), so a pool
+costs what is used of it.
 """
 
 cimport cython
-from cpython.buffer cimport PyBuffer_FillInfo
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.string cimport memset
 
 from arenalib._arena cimport (
     SEG_FREED, TRACE_DOMAIN, PyTraceMalloc_Track, PyTraceMalloc_Untrack, Segment, SegmentOwner,
     count_open_pools,
     count_read, exclusive_begin, exclusive_end, free_begin, free_end, make_segment, parse_align,
-    parse_size, region_allocate, region_free,
+    parse_size,
 )
 
 import warnings
 
 from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, UnsupportedOperation
 
-cdef extern from "sys/mman.h" nogil:
-    int mincore(void* addr, size_t length, unsigned char* vec)
-
-cdef extern from "unistd.h" nogil:
-    long sysconf(int name)
-    int _SC_PAGESIZE
-
-cdef extern from "sys/sysinfo.h" nogil:
-    struct sysinfo_t "sysinfo":
-        unsigned long totalram
-        unsigned long totalswap
-        unsigned int mem_unit
-    int sysinfo(sysinfo_t* info)
-
-cdef size_t REGION_ALIGN = 4096
-
-# Buffer states.  Free buffers that were never handed out since the region was zeroed need no memset
-# for a zero=True pool.
-cdef enum:
-    FREE_ZERO = 0
-    IN_USE = 1
-    FREE_DIRTY = 2
-
-cdef enum:  # what BufferPool._take() and _give_back() found
-    TAKEN
-    RELEASED
-    POOL_CLOSED
-    POOL_EXHAUSTED
-    SEG_RELEASED_ALREADY
-    SEG_STALE
-    SEG_EXPORTED
-    SEG_NOT_IN_USE
-
-# Bookkeeping per buffer: its index on the free stack and its state byte.
-cdef size_t BOOKKEEPING_PER_BUFFER = sizeof(Py_ssize_t) + 1
+include "_region.pxi"
+include "_pool_buffers.pxi"
+include "_pool_errors.pxi"
 
 
 cdef Py_ssize_t _positive(object value, str name) except -1:
@@ -82,15 +49,6 @@ cdef Py_ssize_t _positive(object value, str name) except -1:
     if n < 1:
         raise ValueError(f"{name} must be >= 1, not {value!r}")
     return n
-
-
-cdef size_t _backable_bytes() noexcept nogil:
-    """RAM plus swap of this machine (0 when unknown): more cannot be backed at once."""
-    cdef sysinfo_t info
-    if sysinfo(&info) != 0:
-        return 0
-    cdef size_t unit = info.mem_unit if info.mem_unit else 1
-    return (<size_t>info.totalram + <size_t>info.totalswap) * unit
 
 
 @cython.final
@@ -110,8 +68,9 @@ cdef class BufferPool(SegmentOwner):
     previous user left it.  zero=True: a buffer is zero-filled at each acquire.
 
     Thread-safe: every method may be called from any thread, with or without the GIL.
-    close() (or the end of a with-block) gives the region back; it raises BufferError while a buffer
-    export (memoryview ...) of an acquired segment is alive.
+    close() (or the end of a with-block) lets go of the region; it raises BufferError while a buffer
+    export (memoryview ...) of an acquired segment is alive or an io_uring Ring has the buffers
+    registered.
     """
 
     def __cinit__(self, buffer_size, count, *, align=4096, bint zero=False):
@@ -119,43 +78,20 @@ cdef class BufferPool(SegmentOwner):
         cdef Py_ssize_t size = _positive(buffer_size, "buffer_size")
         cdef Py_ssize_t n = _positive(count, "count")
         cdef Py_ssize_t a = <Py_ssize_t>parse_align(align)
-        if <size_t>size > <size_t>PY_SSIZE_T_MAX - <size_t>a:
-            raise MemoryError(f"cannot allocate buffers of {size} bytes: larger than any address space")
-        cdef size_t stride = (<size_t>size + <size_t>a - 1) & ~(<size_t>a - 1)
-        if <size_t>n > <size_t>PY_SSIZE_T_MAX / stride:
-            raise MemoryError(f"cannot allocate {n} buffers of {stride} bytes: larger than any address "
-                              "space")
+        cdef size_t stride = pool_stride(size, n, <size_t>a)
         cdef size_t total = stride * <size_t>n
-        # Every buffer may be in use at once, each with its bookkeeping: refuse what this machine
-        # could never back (the region is reserved at once but its pages only as they are written,
-        # so an impossible pool would otherwise fail later, with the OOM killer).
-        cdef size_t bookkeeping = <size_t>n * BOOKKEEPING_PER_BUFFER
-        cdef size_t backable = _backable_bytes()
-        if backable and (total > backable or bookkeeping > backable - total):
-            raise MemoryError(
-                f"cannot make a BufferPool of {n} buffers of {stride} bytes: its region ({total} "
-                f"bytes) and bookkeeping ({bookkeeping} bytes) are more than this machine's memory "
-                f"({backable} bytes of RAM and swap); ask for fewer or smaller buffers")
-        # Written only as buffers are first handed out (see _take): a pool costs what it uses.
-        self._free_stack = <Py_ssize_t*>PyMem_Malloc(<size_t>n * sizeof(Py_ssize_t))
-        self._state = <unsigned char*>PyMem_Malloc(<size_t>n)
-        if self._free_stack == NULL or self._state == NULL:
-            raise MemoryError(f"cannot allocate the bookkeeping of {n} buffers ({bookkeeping} bytes)")
+        if books_init(&self._books, n, zero) != 0:
+            raise MemoryError(f"cannot allocate the bookkeeping of {n} buffers "
+                              f"({<size_t>n * BOOKKEEPING_PER_BUFFER} bytes)")
         self._buffer_size = size
         self._count = n
         self._stride = stride
         self._align = <size_t>a
         self._zero = zero
-        cdef _Region region = _Region()  # before the memory: its owner must exist to free it
-        cdef void* ptr = region_allocate(total, max(<size_t>a, REGION_ALIGN), zero)
-        if ptr == NULL:
-            raise MemoryError(f"cannot allocate a pool region of {total} bytes: out of memory")
-        region.ptr = ptr
-        self._region = region
-        self._base = <char*>ptr
-        self._fresh_state = FREE_ZERO if zero else FREE_DIRTY  # what the region's pages hold now
+        self._region = _Region.allocate(total, <size_t>a, zero)
+        self._base = <char*>self._region.ptr
         # The region is the allocation tracemalloc sees (untracked by close(), as arenas' blocks are).
-        self._traced = PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>ptr, total) == 0
+        self._traced = PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>self._base, total) == 0
         self._lifetime.generation = 1
         self._open = True
         count_open_pools(1)
@@ -164,7 +100,8 @@ cdef class BufferPool(SegmentOwner):
         return self._open
 
     def close(self):
-        """Give the region back: every acquired segment is dead from now on; idempotent.
+        """Let go of the region (freed once no raw view holds it): every acquired segment is dead from
+        now on; idempotent.
 
         Raises BufferError, changing nothing, while a buffer export (memoryview ...) of an acquired
         segment is alive, or while an io_uring Ring has the buffers registered."""
@@ -178,16 +115,7 @@ cdef class BufferPool(SegmentOwner):
                 if not exports and not registrations:
                     self._close_now()
                 exclusive_end(&self._lifetime)
-        self._refuse_if_pinned("cannot close BufferPool", exports, registrations)
-
-    cdef int _refuse_if_pinned(self, str context, Py_ssize_t exports, Py_ssize_t registrations) except -1:
-        if exports:
-            raise BufferError(self._exports_alive(context, exports))
-        if registrations:
-            # The kernel holds the region's pages and writes to them for fixed-buffer requests.
-            raise BufferError(f"{context}: its buffers are registered with {registrations} io_uring "
-                              "Ring(s); unregister_pool() or close the ring first")
-        return 0
+        refuse_if_pinned("cannot close BufferPool", exports, registrations)
 
     cdef int _registered(self, int delta) except -1:
         """Count a ring's registration of the region in (+1) or out (-1): close() and reset() refuse
@@ -198,7 +126,7 @@ cdef class BufferPool(SegmentOwner):
             if not refused:
                 self._registrations += delta
         if refused:
-            raise ArenaClosedError("BufferPool is closed")
+            raise_closed()
         return 0
 
     cdef void _close_now(self) noexcept:
@@ -210,10 +138,6 @@ cdef class BufferPool(SegmentOwner):
             self._traced = False
         self._region = None
         count_open_pools(-1)
-
-    cdef str _exports_alive(self, str context, Py_ssize_t exports):
-        return (f"{context}: {exports} buffer export(s) of its segments (memoryview, "
-                "NumPy array, io_uring request in flight ...) are alive; release them first")
 
     @property
     def closed(self):
@@ -233,8 +157,7 @@ cdef class BufferPool(SegmentOwner):
         raise TypeError("BufferPool owns native memory and cannot be pickled")
 
     def __dealloc__(self):
-        PyMem_Free(self._free_stack)
-        PyMem_Free(self._state)
+        books_free(&self._books)
         if not self._open:
             return
         # As an unclosed file does: give the memory back and say so with a ResourceWarning.
@@ -242,25 +165,6 @@ cdef class BufferPool(SegmentOwner):
         self._close_now()
         if warnings is not None:  # None while the interpreter is tearing modules down
             warnings.warn(message, ResourceWarning, stacklevel=2)
-
-    cdef void _reset_buffers(self) noexcept:
-        """Every buffer free, handed out from index 0 up again; in-use buffers become dirty.
-
-        The free buffers are the released ones (the free stack, LIFO) and every index from
-        ``_next_fresh`` up (handed out in order once the stack is empty); ``_state`` is written
-        only below ``_touched``, the buffers ever handed out (above it: ``_fresh_state``).  So
-        making a pool writes no bookkeeping and a reset writes what was used, not ``count``."""
-        cdef Py_ssize_t i
-        for i in range(self._touched):
-            if self._state[i] == IN_USE:
-                self._state[i] = FREE_DIRTY
-        self._nstack = 0
-        self._next_fresh = 0
-        self._in_use = 0
-
-    cdef Py_ssize_t _available(self) noexcept:
-        """Free buffers (in the pool's critical section)."""
-        return self._nstack + (self._count - self._next_fresh)
 
     # -- acquire / release -----------------------------------------------------------------------
 
@@ -281,39 +185,21 @@ cdef class BufferPool(SegmentOwner):
             outcome = self._take(seg)
         if outcome == TAKEN:
             return seg
-        if outcome == POOL_CLOSED:
-            raise ArenaClosedError("BufferPool is closed")
-        if raise_exhausted:
-            raise PoolExhaustedError(
-                f"all {self._count} buffers of {self._buffer_size} bytes of the BufferPool are in use")
-        return None
+        if outcome == POOL_EXHAUSTED and not raise_exhausted:
+            return None
+        raise_outcome(self, outcome, 0, 0)
 
     cdef int _take(self, Segment seg) noexcept:
-        """Bind ``seg`` to a free buffer (in the pool's critical section): the last one released,
-        else the lowest never handed out since the region was made or reset."""
+        """Bind ``seg`` to a free buffer (in the pool's critical section)."""
         if not self._open:
             return POOL_CLOSED
-        cdef Py_ssize_t i
-        if self._nstack:
-            self._nstack -= 1
-            i = self._free_stack[self._nstack]
-        elif self._next_fresh < self._count:
-            i = self._next_fresh
-            self._next_fresh += 1
-            if i == self._touched:  # its first time: its state is what the region's pages hold
-                self._state[i] = self._fresh_state
-                self._touched += 1
-        else:
-            self._exhausted += 1
+        cdef bint dirty
+        cdef Py_ssize_t i = books_take(&self._books, self._count, &dirty)
+        if i < 0:
             return POOL_EXHAUSTED
         cdef char* ptr = self._base + <size_t>i * self._stride
-        if self._zero and self._state[i] != FREE_ZERO:
+        if self._zero and dirty:
             memset(ptr, 0, <size_t>self._buffer_size)
-        self._state[i] = IN_USE
-        self._in_use += 1
-        self._acquisitions += 1
-        if self._in_use > self._high_water:
-            self._high_water = self._in_use
         seg._ptr = ptr
         seg._generation = self._lifetime.generation
         return TAKEN
@@ -334,10 +220,7 @@ cdef class BufferPool(SegmentOwner):
         if not deferred:
             self._release(seg)
             return
-        if seg._arena is not self:
-            raise ValueError("the segment does not belong to this BufferPool")
-        if seg._root is not None:
-            raise ValueError("a slice cannot be released; release the segment acquire() returned")
+        self._check_releasable(seg)
         seg._check()
         seg._free_when_unexported()
 
@@ -346,29 +229,23 @@ cdef class BufferPool(SegmentOwner):
         # already refused slices, dead segments and live exports).
         return self._release(seg)
 
-    cdef int _release(self, Segment seg) except -1:
+    cdef int _check_releasable(self, Segment seg) except -1:
         if seg._arena is not self:
             raise ValueError("the segment does not belong to this BufferPool")
         if seg._root is not None:
             raise ValueError("a slice cannot be released; release the segment acquire() returned")
+        return 0
+
+    cdef int _release(self, Segment seg) except -1:
+        self._check_releasable(seg)
         cdef Py_ssize_t i = self._index_of(seg)
         cdef Py_ssize_t exports = 0
         cdef int outcome
         with cython.critical_section(self):  # no Python code inside: the errors are made after
             outcome = self._give_back(seg, i, &exports)
-        if outcome == RELEASED:
-            return 0
-        if outcome == POOL_CLOSED:
-            raise ArenaClosedError("BufferPool is closed")
-        if outcome == SEG_RELEASED_ALREADY:
-            raise ArenaClosedError("the segment was already released")
-        if outcome == SEG_STALE:
-            raise ArenaClosedError("the segment is stale: the BufferPool was reset since it was acquired")
-        if outcome == SEG_EXPORTED:
-            raise BufferError(
-                f"cannot release a buffer while {exports} buffer export(s) of it (memoryview, "
-                "NumPy array, io_uring request in flight ...) are alive; release them first")
-        raise ArenaError(f"internal error: buffer {i} of the BufferPool is not in use")
+        if outcome != RELEASED:
+            raise_outcome(self, outcome, exports, i)
+        return 0
 
     cdef int _give_back(self, Segment seg, Py_ssize_t i, Py_ssize_t* exports) noexcept:
         """Put buffer ``i``, ``seg``'s, back on the free stack (in the pool's critical section);
@@ -386,14 +263,9 @@ cdef class BufferPool(SegmentOwner):
         if exports[0]:
             free_end(seg, False)
             return SEG_EXPORTED
-        if (i >= self._touched or seg._ptr != self._base + <size_t>i * self._stride
-                or self._state[i] != IN_USE):
+        if seg._ptr != self._base + <size_t>i * self._stride or not books_give_back(&self._books, i):
             free_end(seg, False)
             return SEG_NOT_IN_USE
-        self._state[i] = FREE_DIRTY
-        self._free_stack[self._nstack] = i
-        self._nstack += 1
-        self._in_use -= 1
         free_end(seg, True)
         return RELEASED
 
@@ -424,11 +296,11 @@ cdef class BufferPool(SegmentOwner):
                 registrations = self._registrations
                 if not exports and not registrations:
                     self._lifetime.generation += 1
-                    self._reset_buffers()
+                    books_reset(&self._books)
                 exclusive_end(&self._lifetime)
         if not is_open:
-            raise ArenaClosedError("BufferPool is closed")
-        self._refuse_if_pinned("cannot reset BufferPool", exports, registrations)
+            raise_closed()
+        refuse_if_pinned("cannot reset BufferPool", exports, registrations)
 
     def allocate(self, size, *, zero=True, align=None):
         """Not supported: a BufferPool hands out its fixed buffers with acquire()."""
@@ -438,7 +310,8 @@ cdef class BufferPool(SegmentOwner):
 
     def index(self, segment):
         """Index of the buffer ``segment`` (or a slice of it) lies in: its io_uring fixed-buffer index
-        when the pool is registered with ``iovecs()``.  ArenaClosedError for a dead segment."""
+        when the pool is registered with ``iovecs()`` or ``Ring.register_pool()``.  ArenaClosedError for
+        a dead segment."""
         if type(segment) is not Segment:
             raise TypeError(f"index() takes a Segment, not {type(segment).__name__}")
         cdef Segment seg = <Segment>segment
@@ -454,7 +327,7 @@ cdef class BufferPool(SegmentOwner):
         with cython.critical_section(self):
             is_open = self._open
         if not is_open:
-            raise ArenaClosedError("BufferPool is closed")
+            raise_closed()
         return 0
 
     @property
@@ -499,11 +372,8 @@ cdef class BufferPool(SegmentOwner):
         with cython.critical_section(self):
             region = self._region  # held here: a GC in the loop below may close the pool
         if region is None:
-            raise ArenaClosedError("BufferPool is closed")
-        cdef Py_ssize_t i
-        return [memoryview(_PoolBufferView._make(region, self._base + <size_t>i * self._stride,
-                                                 self._buffer_size))
-                for i in range(self._count)]
+            raise_closed()
+        return region_views(region, self._base, self._stride, self._buffer_size, self._count)
 
     # -- figures ---------------------------------------------------------------------------------
 
@@ -535,23 +405,19 @@ cdef class BufferPool(SegmentOwner):
         """Number of free buffers (0 once closed)."""
         cdef Py_ssize_t n
         with cython.critical_section(self):
-            n = self._available() if self._open else 0
+            n = books_available(&self._books, self._count) if self._open else 0
         return n
 
     def stats(self):
         """Figures of the pool and its region: live_bytes (the region's size; 0 once closed),
         resident (bytes of the region in RAM now), exports (live buffer exports of its segments),
-        closed, buffers, buffer_size, in_use, available, acquisitions (acquire() calls served),
-        high_water (most buffers in use at once) and exhausted (acquire()/try_acquire() calls that
-        found no free buffer).  The figures are of one moment (in_use + available == buffers while
-        open), read in one critical section with nothing else inside."""
-        cdef size_t page = <size_t>sysconf(_SC_PAGESIZE)
-        cdef size_t region_start = <size_t>self._base
-        cdef size_t region_end = region_start + self._stride * <size_t>self._count
-        cdef size_t start = region_start & ~(page - 1)
-        cdef size_t pages = (region_end - start + page - 1) // page
+        closed, buffers, buffer_size, in_use, available, acquisitions (acquire()/try_acquire()
+        calls served), high_water (most buffers in use at once) and exhausted (such calls that found
+        no free buffer).  The figures are of one moment (in_use + available == buffers while open),
+        read in one critical section with nothing else inside."""
+        cdef size_t nbytes = self._stride * <size_t>self._count
         # Made first: this may start a GC that closes the pool, which the reads below must see.
-        cdef bytearray vector = bytearray(pages)
+        cdef bytearray vector = bytearray(region_pages(self._base, nbytes))
         cdef unsigned char* flags = vector
         cdef bint is_open
         cdef Py_ssize_t in_use = 0, available = 0, exports, high_water, exhausted
@@ -559,14 +425,14 @@ cdef class BufferPool(SegmentOwner):
         with cython.critical_section(self):  # C only inside: nothing can suspend the section
             is_open = self._open
             if is_open:
-                in_use = self._in_use
-                available = self._available()
-                resident = _resident_bytes(start, region_start, region_end, page, pages, flags)
+                in_use = self._books.in_use
+                available = books_available(&self._books, self._count)
+                resident = region_resident(self._base, nbytes, flags)
             exports = count_read(&self._lifetime.exports)
-            acquisitions = self._acquisitions
-            high_water = self._high_water
-            exhausted = self._exhausted
-        return {"live_bytes": self._stride * <size_t>self._count if is_open else 0,
+            acquisitions = self._books.acquisitions
+            high_water = self._books.high_water
+            exhausted = self._books.exhausted
+        return {"live_bytes": nbytes if is_open else 0,
                 "resident": resident, "exports": exports, "closed": not is_open,
                 "buffers": self._count, "buffer_size": self._buffer_size, "in_use": in_use,
                 "available": available, "acquisitions": acquisitions, "high_water": high_water,
@@ -575,55 +441,5 @@ cdef class BufferPool(SegmentOwner):
     def __repr__(self):
         if not self._open:
             return "<arenalib.BufferPool closed>"
-        return (f"<arenalib.BufferPool {self._in_use}/{self._count} buffers of {self._buffer_size} "
+        return (f"<arenalib.BufferPool {self._books.in_use}/{self._count} buffers of {self._buffer_size} "
                 f"bytes in use, at {<size_t>self._base:#x}>")
-
-
-cdef size_t _resident_bytes(size_t start, size_t region_start, size_t region_end, size_t page,
-                            size_t pages, unsigned char* flags) noexcept nogil:
-    """Bytes of the region [region_start, region_end) on resident pages (mincore), ``flags`` a
-    vector of ``pages`` bytes for the pages from ``start``."""
-    cdef size_t i, first, last, resident = 0
-    if mincore(<void*>start, region_end - start, flags) != 0:
-        return 0
-    for i in range(pages):
-        if flags[i] & 1:  # the part of page i that is the region's
-            first = max(start + i * page, region_start)
-            last = min(start + (i + 1) * page, region_end)
-            resident += last - first
-    return resident
-
-
-@cython.final
-cdef class _PoolBufferView:
-    """The exporter behind raw_views(): one buffer of a pool's region, keeping the region alive."""
-
-    cdef _Region _region
-    cdef char* _ptr
-    cdef Py_ssize_t _size
-
-    def __init__(self, *args, **kwargs):
-        raise TypeError("use BufferPool.raw_views()")
-
-    @staticmethod
-    cdef _PoolBufferView _make(_Region region, char* ptr, Py_ssize_t size):
-        cdef _PoolBufferView exporter = _PoolBufferView.__new__(_PoolBufferView)
-        exporter._region = region
-        exporter._ptr = ptr
-        exporter._size = size
-        return exporter
-
-    def __getbuffer__(self, Py_buffer* view, int flags):
-        if self._region is None:
-            raise TypeError("use BufferPool.raw_views()")
-        PyBuffer_FillInfo(view, self, self._ptr, self._size, 0, flags)
-
-
-@cython.final
-@cython.no_gc
-cdef class _Region:
-    """Owns a pool's region; the pool and every raw view hold it, the last one frees it."""
-
-    def __dealloc__(self):
-        if self.ptr != NULL:
-            region_free(self.ptr)

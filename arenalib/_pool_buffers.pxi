@@ -1,0 +1,130 @@
+# A BufferPool's buffers: how far apart they lie and what a pool of them costs (pool_stride), and
+# their books (PoolBooks, _pool.pxd): which are free, and whether a free one is known to hold zeros.
+# books_take, books_give_back, books_reset and books_available are C only, for the pool's critical
+# section: nothing in them raises or runs Python code.
+#
+# The free buffers are the released ones (the free stack, LIFO) and every index from ``next_fresh``
+# up (handed out in order once the stack is empty).  ``state`` is written only below ``touched``, the
+# buffers ever handed out (above it, a buffer holds what the region's pages hold: ``fresh_state``).
+# So making a pool writes no bookkeeping, and a reset writes what was used, not every buffer.
+
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.pyport cimport PY_SSIZE_T_MAX
+
+cdef extern from "sys/sysinfo.h" nogil:
+    struct sysinfo_t "sysinfo":
+        unsigned long totalram
+        unsigned long totalswap
+        unsigned int mem_unit
+    int sysinfo(sysinfo_t* info)
+
+# Buffer states.  A buffer free since the region was zeroed needs no memset for a zero=True pool.
+cdef enum:
+    FREE_ZERO = 0
+    IN_USE = 1
+    FREE_DIRTY = 2
+
+# The bookkeeping per buffer: its index on the free stack and its state byte.
+cdef size_t BOOKKEEPING_PER_BUFFER = sizeof(Py_ssize_t) + 1
+
+
+cdef size_t backable_bytes() noexcept nogil:
+    """RAM plus swap of this machine (0 when unknown): more cannot be backed at once."""
+    cdef sysinfo_t info
+    if sysinfo(&info) != 0:
+        return 0
+    cdef size_t unit = info.mem_unit if info.mem_unit else 1
+    return (<size_t>info.totalram + <size_t>info.totalswap) * unit
+
+
+cdef size_t pool_stride(Py_ssize_t size, Py_ssize_t n, size_t align) except 0:
+    """The distance between buffers of ``size`` bytes aligned to ``align``; MemoryError for ``n`` of
+    them that no address space, or not this machine, could hold."""
+    if <size_t>size > <size_t>PY_SSIZE_T_MAX - align:
+        raise MemoryError(f"cannot allocate buffers of {size} bytes: larger than any address space")
+    cdef size_t stride = (<size_t>size + align - 1) & ~(align - 1)
+    if <size_t>n > <size_t>PY_SSIZE_T_MAX / stride:
+        raise MemoryError(f"cannot allocate {n} buffers of {stride} bytes: larger than any address "
+                          "space")
+    cdef size_t total = stride * <size_t>n
+    # Every buffer may be in use at once, each with its bookkeeping: refuse what this machine
+    # could never back (the region is reserved at once but its pages only as they are written,
+    # so an impossible pool would otherwise fail later, with the OOM killer).
+    cdef size_t bookkeeping = <size_t>n * BOOKKEEPING_PER_BUFFER
+    cdef size_t backable = backable_bytes()
+    if backable and (total > backable or bookkeeping > backable - total):
+        raise MemoryError(
+            f"cannot make a BufferPool of {n} buffers of {stride} bytes: its region ({total} "
+            f"bytes) and bookkeeping ({bookkeeping} bytes) are more than this machine's memory "
+            f"({backable} bytes of RAM and swap); ask for fewer or smaller buffers")
+    return stride
+
+
+cdef int books_init(PoolBooks* books, Py_ssize_t count, bint zero) noexcept:
+    """Books of ``count`` free buffers never handed out; -1: no memory (``books_free`` still owed).
+
+    The arrays are allocated whole but written only as buffers are handed out and released: a
+    pool costs what is used of it."""
+    books.free_stack = <Py_ssize_t*>PyMem_Malloc(<size_t>count * sizeof(Py_ssize_t))
+    books.state = <unsigned char*>PyMem_Malloc(<size_t>count)
+    books.fresh_state = FREE_ZERO if zero else FREE_DIRTY  # what the region's pages hold now
+    return -1 if books.free_stack == NULL or books.state == NULL else 0
+
+
+cdef void books_free(PoolBooks* books) noexcept:
+    PyMem_Free(books.free_stack)
+    PyMem_Free(books.state)
+    books.free_stack = NULL
+    books.state = NULL
+
+
+cdef inline Py_ssize_t books_available(const PoolBooks* books, Py_ssize_t count) noexcept nogil:
+    return books.nstack + (count - books.next_fresh)
+
+
+cdef Py_ssize_t books_take(PoolBooks* books, Py_ssize_t count, bint* dirty) noexcept nogil:
+    """Mark a free buffer in use and return its index: the last one released, else the lowest never
+    handed out since the region was made or reset; ``dirty``: it may not hold zeros.  -1 when every
+    buffer is in use (counted as exhausted)."""
+    cdef Py_ssize_t i
+    if books.nstack:
+        books.nstack -= 1
+        i = books.free_stack[books.nstack]
+    elif books.next_fresh < count:
+        i = books.next_fresh
+        books.next_fresh += 1
+        if i == books.touched:  # its first time: its state is what the region's pages hold
+            books.state[i] = books.fresh_state
+            books.touched += 1
+    else:
+        books.exhausted += 1
+        return -1
+    dirty[0] = books.state[i] != FREE_ZERO
+    books.state[i] = IN_USE
+    books.in_use += 1
+    books.acquisitions += 1
+    if books.in_use > books.high_water:
+        books.high_water = books.in_use
+    return i
+
+
+cdef bint books_give_back(PoolBooks* books, Py_ssize_t i) noexcept nogil:
+    """Put buffer ``i`` back on the free stack; False, changing nothing, when it is not in use."""
+    if i >= books.touched or books.state[i] != IN_USE:
+        return False
+    books.state[i] = FREE_DIRTY
+    books.free_stack[books.nstack] = i
+    books.nstack += 1
+    books.in_use -= 1
+    return True
+
+
+cdef void books_reset(PoolBooks* books) noexcept nogil:
+    """Every buffer free, handed out from index 0 up again; the ones in use become dirty."""
+    cdef Py_ssize_t i
+    for i in range(books.touched):
+        if books.state[i] == IN_USE:
+            books.state[i] = FREE_DIRTY
+    books.nstack = 0
+    books.next_fresh = 0
+    books.in_use = 0
