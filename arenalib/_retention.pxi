@@ -242,7 +242,7 @@ cdef size_t _free_slots_warm_bytes() noexcept nogil:
 
 cdef void _keep_within_retain_limit() noexcept nogil:
     """Wipe idle slots, coldest first, until what they may hold is within the retain limit, and
-    tell the inline close (close_small_scope in _capi.pxd) how far the parked slot may grow idle."""
+    tell the inline close (close_small_scope in _confined.pxd) how far the parked slot may grow idle."""
     cdef size_t total = _free_slots_warm_bytes()
     cdef size_t parked = _warm_bytes(_inline_state.parked) if _inline_state.parked_idle else 0
     cdef Py_ssize_t i = max(0, _free_count - WARM_SLOTS)

@@ -58,7 +58,7 @@ cdef Py_ssize_t _resets = 0
 cdef Py_ssize_t _purges = 0
 
 # module can take it without a call; the SlicingArena carver records and the C API's function table
-# live here too (see InlineState in _capi.pxd).  Allocated by slots_init().
+# live here too (see InlineState in _abi.pxd).  Allocated by slots_init().
 cdef InlineState* _inline_state = NULL
 
 cdef unsigned* _spare_tcaches = NULL
