@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 import roundtrip
 from _common import BASELINE, Config, Progress, fmt_size, same_round_ratio, summarize, table
-from _experiment import no_plots, no_targets, ratio_line
+from _experiment import no_plots
 
 TITLE = "3. Threads"
 
@@ -359,11 +359,31 @@ def run(cfg: Config, progress: Progress) -> dict:
 
 # -- reading the results back (tables; also from a results.json) ----------------------------------
 
-# Issue 13's scaling targets are the table's last column: each cell carries its own (run() decides
-# it, "n/a (GIL on)" on a GIL build).
-targets = no_targets
-target_line = ratio_line
 plots = no_plots
+
+
+def targets(th: dict) -> list[dict]:
+    """Issue 13's scaling targets, as run() decided them in each cell (also the table's last column):
+    n/a on a GIL build, where Python threads cannot scale."""
+    checks = []
+    for key, c in th["candidates"].items():
+        for n in th["method"]["sizes"]:
+            cell = th["cells"].get(key, {}).get(str(n), {})
+            target = cell.get("target")
+            if target is None:
+                continue
+            checks.append({"target": "threads (issue 13): 2-thread scaling at Python level, free-threaded "
+                                     "build with the GIL off",
+                           "candidate": key, "label": c["label"], "size": n, "limit": target["min_scaling"],
+                           "ratio": cell["scaling"]["median"],
+                           "status": target["status"] if target["status"] in ("MET", "MISSED") else "n/a"})
+    return checks
+
+
+def target_line(c: dict) -> str:
+    gil = " (GIL on: Python threads take turns)" if c["status"] == "n/a" else ""
+    return (f"{c['status']:6s} {c['label']} at {fmt_size(c['size'])}: scaling {c['ratio']:.2f} "
+            f"(at least {c['limit']}){gil}")
 
 
 def title(th: dict) -> str:
