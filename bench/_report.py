@@ -1,8 +1,9 @@
 """The report of a run, or of a results.json redone: printed, and written as results.json, results.md
 and PNG plots.
 
-It gives each experiment's tables in the order bench/run.py lists them, then the checklist of
-every target.  What an experiment shows, and how its targets read, is its own
+It opens with the verdict (how many of the project's targets were met, which were missed, what
+failed or disturbed the run), then each experiment's tables in the order bench/run.py lists them,
+then the checklist of every target.  What an experiment shows, and how its targets read, is its own
 module's (bench/_experiment.py); this module only lays the parts out.
 """
 
@@ -11,14 +12,60 @@ from __future__ import annotations
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from _experiment import Experiment
+
+WIDTH = 120        # the verdict's and the prose's lines; tables are as wide as their columns
+MISSED_SHOWN = 12  # missed targets the verdict names; the checklist has them all
 
 # (experiment module, its checks), in report order: what run.py's targets() returns.
 Groups = list[tuple[Experiment, list[dict]]]
 # (name, experiment module) of each experiment with results, in report order: run.py's experiments().
 Named = list[tuple[str, Experiment]]
+
+
+def _wrap(text: str, indent: str = "") -> list[str]:
+    # A size stays on one line ("512 B"): the no-break space is not whitespace to textwrap.
+    text = re.sub(r"(\d) (B|KiB|MiB|GiB)\b", "\\1\u00a0\\2", text)
+    return [line.replace("\u00a0", " ") for line in textwrap.wrap(
+        text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)]
+
+
+def verdict(res: dict, groups: Groups, order: tuple[str, ...]) -> list[str]:
+    """The report's first lines: the targets met, each missed one, the experiments that failed and a
+    warning when other processes disturbed the run."""
+    checks = [c for _, cs in groups for c in cs]
+    missed = [(exp, c) for exp, cs in groups for c in cs if c["status"] == "MISSED"]
+    met = sum(c["status"] == "MET" for c in checks)
+    rest = len(checks) - met - len(missed)
+    parts = [f"{met} of {len(checks)} targets met" if checks else "no targets checked"]
+    if missed:
+        parts.append(f"{len(missed)} missed")
+    if rest:
+        parts.append(f"{rest} not measured or not applicable")
+    head = "Verdict: " + "; ".join(parts) + "."
+    failed = res.get("failed") or {}
+    if failed:
+        head += (f"  {len(failed)} experiment(s) failed and are left out: {', '.join(failed)} (why: below; "
+                 "their targets are not counted).")
+    share = disturbance_share(res)
+    if share is not None:
+        head += (f"  Other processes took {share:.0%} of the CPU time: rerun on an idle machine before "
+                 "trusting the ratios.")
+    lines = _wrap(head)
+    if missed:
+        lines.append("Missed (the figure measured against the limit; the checklist at the end has them all):")
+        by_target: dict[str, list[str]] = {}
+        for exp, c in missed[:MISSED_SHOWN]:
+            line = exp.target_line(c).removeprefix(c["status"]).lstrip()
+            by_target.setdefault(c["target"], []).append(line)
+        for target, shown in by_target.items():
+            lines += _wrap(f"- {target}: {'; '.join(shown)}", "  ")
+        if len(missed) > MISSED_SHOWN:
+            lines.append(f"- and {len(missed) - MISSED_SHOWN} more")
+    return lines
 
 
 def targets_text(groups: Groups, markdown: bool = False) -> str:
@@ -96,17 +143,17 @@ def markdown_report(res: dict, experiments: Named, groups: Groups, pngs: list[st
                     order: tuple[str, ...]) -> str:
     cmd = "python3 dev.py bench" + (" --full" if res["config"]["mode"] == "full" else "")
     parts = [
-        "# arenalib benchmark results", "",
-        f"Machine: {machine_line(res)}.",
-        f"Run: {res['started']}, {res['config']['mode']} mode, {res['wall_seconds']:.0f} s; "
-        f"other processes took {res.get('cpu_share', {}).get('others_share', 0) or 0:.0%} of the CPU "
-        f"time meanwhile.  Reproduce: `{cmd}` (writes bench/out/; `--out DIR` to choose).",
+        "# arenalib benchmark results", "", *verdict(res, groups, order), "",
+        *_wrap(f"Machine: {machine_line(res)}."),
+        *_wrap(f"Run: {res['started']}, {res['config']['mode']} mode, {res['wall_seconds']:.0f} s; "
+               f"other processes took {res.get('cpu_share', {}).get('others_share', 0) or 0:.0%} of the CPU "
+               f"time meanwhile.  Reproduce: `{cmd}` (writes bench/out/; `--out DIR` to choose)."),
         "",
     ]
     if failures_text(res):
         parts += [failures_text(res, markdown=True), ""]
     if disturbance(res, order):
-        parts += [f"**{disturbance(res, order)}**", ""]
+        parts += [*_wrap(f"**{disturbance(res, order)}**"), ""]
     for name, exp in experiments:
         parts += [f"## {exp.TITLE}", "", exp.tables(res[name], markdown=True), ""]
     if any(cs for _, cs in groups):
@@ -117,16 +164,17 @@ def markdown_report(res: dict, experiments: Named, groups: Groups, pngs: list[st
 
 
 def report(res: dict, experiments: Named, groups: Groups, out: Path, order: tuple[str, ...]) -> None:
-    """Print the tables and the checklist; write results.json, the plots and results.md.
+    """Print the verdict, the tables and the checklist; write results.json, the plots and results.md.
     ``experiments``: (name, module) of each experiment in ``res``, in report order; ``order``: the
     order they ran in."""
-    print(f"\nMachine: {machine_line(res)}\n")
+    print("\n" + "\n".join(verdict(res, groups, order)))
+    print("\n" + "\n".join(_wrap(f"Machine: {machine_line(res)}")) + "\n")
     failed = failures_text(res)
     if failed:
         print(failed + "\n")
     disturbed = disturbance(res, order)
     if disturbed:
-        print(disturbed + "\n")
+        print("\n".join(_wrap(disturbed)) + "\n")
     for name, exp in experiments:
         print(exp.tables(res[name]) + "\n")
     if any(cs for _, cs in groups):

@@ -3,7 +3,7 @@ reported by name with the reason, and the rest of the run still completes and wr
 
 The experiments here are stand-ins (``--experiments-dir``) that fail at once or return a small
 result, so the whole run takes a few seconds: they have what bench/_experiment.py asks of an
-experiment module, and the report is made of what they return."""
+experiment module, and the report (its verdict first) is made of what they return."""
 
 from __future__ import annotations
 
@@ -101,6 +101,10 @@ def test_failed_experiments_are_reported_and_the_run_completes(tmp_path):
     assert "stand-in candidate" in proc.stdout and "1.50" in proc.stdout
     assert "a note from the child" in proc.stderr and "a stray print" in proc.stderr
     assert "Fatal Python error" in proc.stderr  # the child's faulthandler report, passed on
+    # the verdict comes first, counting only what completed, and names what failed
+    words = " ".join(proc.stdout.split())  # (the verdict is wrapped at 120 columns)
+    assert words.startswith("Verdict: 1 of 1 targets met. 3 experiment(s) failed and are left out: "
+                            "memory, pool, native")
     assert "    MET    stand-in candidate: 1.50" in proc.stdout  # the checklist, as the stand-in words it
     results = json.loads((out / "results.json").read_text())
     assert results["failed"] == reasons
@@ -109,10 +113,12 @@ def test_failed_experiments_are_reported_and_the_run_completes(tmp_path):
     assert results["threads"]["scaling"] == 1.5
     assert [c["status"] for c in results["targets"]] == ["MET"]
     markdown = (out / "results.md").read_text()
+    assert markdown.startswith("# arenalib benchmark results\n\nVerdict: 1 of 1 targets met.")
     assert "Experiments that failed" in markdown
     for name, why in reasons.items():
         assert f"- **{name}**: {why}" in markdown
     assert "## a stand-in\n\nstand-in candidate: scaling 1.50" in markdown
+    assert all(len(line) <= 120 for line in markdown.splitlines())
 
 
 def test_from_json_redoes_the_report_and_refuses_a_module_that_is_no_experiment(tmp_path):
