@@ -46,7 +46,7 @@ class Config:
 class Progress:
     """A plain-text progress bar on stderr: redrawn in place on a terminal, a line every 5 %
     otherwise (CI logs).  Units are estimated milliseconds of work: each experiment says how many it
-    expects (plan_units) and steps by its own estimates; sync() corrects the drift after each one."""
+    expects (plan) and steps by its own estimates; sync() corrects the drift after each one."""
 
     WIDTH = 30
 
@@ -325,13 +325,13 @@ def table(headers: list[str], rows: list[list[str]], markdown: bool = False) -> 
 
 def run_standalone(module) -> None:
     """An experiment run by itself (``python3 bench/<name>.py [--full]``): its run(cfg, progress),
-    then its tables and target lines."""
+    then its tables and target lines (bench/_experiment.py: what an experiment module has)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=module.__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the careful run (longer)")
     cfg = Config.full() if parser.parse_args().full else Config.quick()
-    progress = Progress(module.plan_units(cfg))
+    progress = Progress(module.plan(cfg))
     results = module.run(cfg, progress)
     progress.close()
     print(module.tables(results))

@@ -60,8 +60,10 @@ import time
 from pathlib import Path
 
 from _common import Config, Progress, fmt_size, run_standalone, same_round_ratio, summarize, table
+from _experiment import no_plots
 
 HERE = Path(__file__).resolve().parent
+TITLE = "7. asyncio frames: arenalib.aio.FrameReader (issue 15)"
 SIZES = (1 << 20, 64 << 20)
 KEYS = ("framereader", "bytearray")
 LABELS = {"framereader": "FrameReader (arena), seg.free(deferred=True)",
@@ -166,7 +168,7 @@ def send_frames(port: int, size: int, count: int, payload: memoryview) -> dict:
     return figures
 
 
-def plan_units(cfg: Config) -> float:
+def plan(cfg: Config) -> float:
     """Estimated milliseconds at ~1.5 GB/s over loopback."""
     s = settings(cfg)
     per_round = sum(2 * n * size for size, n in s["frames"].items()) / 1.5e6
@@ -264,7 +266,10 @@ def run(cfg: Config, progress: Progress) -> dict:
             stop_server(server)
 
 
-# -- reading the results back -----------------------------------------------------------------------
+# -- reading the results back (targets, tables; also from a results.json) -------------------------
+
+plots = no_plots
+
 
 def targets(results: dict) -> list[dict]:
     checks = []
@@ -327,7 +332,8 @@ def tables(results: dict, markdown: bool = False) -> str:
     m = results["method"]
     title = (f"{h}asyncio frames over loopback (two processes; {m['rounds']} rounds, medians; ratios: "
              "FrameReader over bytearray in the same round)")
-    out = [title, table(["server protocol", "loop", "frame", "GB/s", "ratio", "server CPU ms/frame", "ratio",
+    out = ["What and how: bench/aio.py's docstring.", ""] if markdown else []
+    out += [title, table(["server protocol", "loop", "frame", "GB/s", "ratio", "server CPU ms/frame", "ratio",
                          "faults/frame", "server busy"], rows, markdown)]
     out += [f"Skipped {loop}: {why}" for loop, why in results.get("skipped", {}).items()]
     return "\n".join(out)

@@ -14,7 +14,7 @@ of what it allocated, in two workloads.
    no longer uses should go back to the OS while the program waits, with no call.
 
 How, for both:
-* Every candidate runs in a fresh process (this module, run with --child NAME [--workload idle]),
+* Every candidate runs in a fresh process (_memory_fragment.py or _memory_idle.py --child NAME),
   so no allocator starts warm or inherits another's heap.  RSS comes from /proc/self/statm; the peak
   is the kernel's high-water mark (VmHWM, reset at the baseline through /proc/self/clear_refs), or the
   largest statm sample taken during the build if that is higher.
@@ -68,24 +68,21 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
-import random
 import signal
 import subprocess
 import sys
 import time
-from array import array
 from pathlib import Path
 
-from _common import Config, Progress, fmt_size, peak_rss_bytes, reset_peak_rss, rss_bytes, table
+from _common import Config, Progress, fmt_size, table
+from _experiment import ratio_line
+from _memory_fragment import ARENALIB, GROUPS, MAX_SIZE, MIN_SIZE, PHASES, SURVIVOR_P, TEMP_BATCH, TEMP_P
+from _memory_idle import IDLE_ARENALIB, IDLE_CHURN, IDLE_PHASES, IDLE_SIZES, IDLE_SURVIVORS, IDLE_WAITS
 
-GROUPS = 4
-SURVIVOR_P = 0.005
-TEMP_P = 0.5
-TEMP_BATCH = 64
-MIN_SIZE, MAX_SIZE = 16, 65536
-PHASES = ["baseline", "peak", "freed_most", "survivors", "idle_1s", "trimmed"]
+HERE = Path(__file__).resolve().parent
+TITLE = "2. Memory handed back"
+WORKLOADS = {"fragment": HERE / "_memory_fragment.py", "idle": HERE / "_memory_idle.py"}
 
 CANDIDATES = {
     "bytearray": ("bytearray", "glibc malloc (pymalloc up to 512 B)", "malloc_trim(0)"),
@@ -96,15 +93,9 @@ CANDIDATES = {
     "Arena": ("arenalib Arena", "arenalib (jemalloc explicit arenas)", "arenalib.trim()"),
     "SlicingArena": ("arenalib SlicingArena", "arenalib (bump chunks on jemalloc)", "arenalib.trim()"),
 }
-ARENALIB = ("Arena", "SlicingArena")
 
 # Workload 2, "idle" (issue 14): one long-lived allocator frees 99 % of its blocks, then waits.
 IDLE_BYTES = {"quick": 250_000_000, "full": 1_100_000_000}  # at the default memory_bytes (1.5 GB)
-IDLE_SIZES = (64, 65536)
-IDLE_SURVIVORS = 0.01
-IDLE_CHURN = 1000
-IDLE_WAITS = {"idle_0.5s": 0.5, "idle_1s": 1.0, "idle_2s": 2.0, "idle_4s": 4.0}  # after the last free
-IDLE_PHASES = ["baseline", "peak", "freed", *IDLE_WAITS, "churn", "trimmed"]
 IDLE_CANDIDATES = {
     "bytearray": ("bytearray", "glibc malloc (pymalloc up to 512 B)", "malloc_trim(0)"),
     "numpy": ("numpy.empty", "glibc malloc", "malloc_trim(0)"),
@@ -112,446 +103,7 @@ IDLE_CANDIDATES = {
     "Arena": ("arenalib Arena", "arenalib (jemalloc explicit arenas)", "arena.purge()"),
     "ConfinedArena": ("arenalib ConfinedArena", "arenalib (jemalloc explicit arenas)", "arena.purge()"),
 }
-IDLE_ARENALIB = ("Arena", "ConfinedArena")
 IDLE_TARGET_PHASE, IDLE_LIMIT = "idle_2s", 0.05
-
-
-# -- the workload (child process) -----------------------------------------------------------------
-
-def make_plan(total_bytes: int, seed: int) -> tuple[array, array]:
-    """(sizes, kinds): kind 0..GROUPS-1 is a lifetime group, GROUPS a survivor, GROUPS+1 a temporary."""
-    rng = random.Random(seed)
-    lo, hi = math.log(MIN_SIZE), math.log(MAX_SIZE)
-    sizes, kinds = array("I"), array("b")
-    kept = 0
-    while kept < total_bytes:
-        n = int(math.exp(rng.uniform(lo, hi)))
-        kind = GROUPS if rng.random() < SURVIVOR_P else rng.randrange(GROUPS)
-        sizes.append(n)
-        kinds.append(kind)
-        kept += n
-        if rng.random() < TEMP_P:
-            sizes.append(int(math.exp(rng.uniform(lo, hi))))
-            kinds.append(GROUPS + 1)
-    return sizes, kinds
-
-
-class Backend:
-    """alloc(kind, n) -> a filled object; free_temps(); free_group(g); finish(); trim()."""
-
-    def __init__(self):
-        self.groups = [[] for _ in range(GROUPS)]
-        self.survivors = []
-        self.temps = []
-
-    def _store(self, kind: int, obj) -> None:
-        if kind < GROUPS:
-            self.groups[kind].append(obj)
-        elif kind == GROUPS:
-            self.survivors.append(obj)
-        else:
-            self.temps.append(obj)
-            if len(self.temps) >= TEMP_BATCH:
-                self.free_temps()
-
-    def free_temps(self) -> None:
-        self.temps.clear()
-
-    def free_group(self, g: int) -> None:
-        self.groups[g].clear()
-
-    def finish(self) -> None:
-        self.free_temps()
-
-
-def _malloc_trim() -> None:
-    import ctypes
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-class BytearrayBackend(Backend):
-    def __init__(self):
-        super().__init__()
-        self.b3 = bytearray(b"\x03")
-
-    def alloc(self, kind: int, n: int) -> None:
-        self._store(kind, self.b3 * n)
-
-    def trim(self) -> None:
-        _malloc_trim()
-
-
-class NumpyBackend(Backend):
-    def __init__(self):
-        super().__init__()
-        import numpy
-        self.empty, self.u8 = numpy.empty, numpy.uint8
-
-    def alloc(self, kind: int, n: int) -> None:
-        a = self.empty(n, self.u8)
-        a.fill(3)
-        self._store(kind, a)
-
-    def trim(self) -> None:
-        _malloc_trim()
-
-
-class PyarrowBackend(Backend):
-    def __init__(self, pool_name: str):
-        super().__init__()
-        import numpy
-        import pyarrow
-        self.pool = getattr(pyarrow, f"{pool_name}_memory_pool")()
-        self.allocate_buffer = pyarrow.allocate_buffer
-        self.frombuffer, self.u8 = numpy.frombuffer, numpy.uint8
-
-    def alloc(self, kind: int, n: int) -> None:
-        buf = self.allocate_buffer(n, memory_pool=self.pool)
-        self.frombuffer(buf, self.u8).fill(3)
-        self._store(kind, buf)
-
-    def trim(self) -> None:
-        self.pool.release_unused()
-
-
-class ArenaBackend(Backend):
-    def __init__(self):
-        super().__init__()
-        import arenalib
-        self.arenalib = arenalib
-        self.survivor_arena = arenalib.Arena()
-        self.arenas = [arenalib.Arena() for _ in range(GROUPS)]
-        self.scratch = arenalib.Arena()
-
-    def alloc(self, kind: int, n: int) -> None:
-        if kind < GROUPS:
-            arena = self.arenas[kind]
-        elif kind == GROUPS:
-            arena = self.survivor_arena
-        else:
-            arena = self.scratch
-        self._store(kind, arena.allocate(n, zero=False).fill(3))
-
-    def free_temps(self) -> None:
-        for seg in self.temps:
-            seg.free()
-        self.temps.clear()
-
-    def free_group(self, g: int) -> None:
-        self.groups[g].clear()
-        self.arenas[g].close()
-
-    def finish(self) -> None:
-        self.free_temps()
-        self.scratch.close()
-
-    def trim(self) -> None:
-        self.arenalib.trim()
-
-
-class SlicingBackend(ArenaBackend):
-    def __init__(self):
-        Backend.__init__(self)
-        import arenalib
-        self.arenalib = arenalib
-        self.survivor_arena = arenalib.SlicingArena()
-        self.arenas = [arenalib.SlicingArena() for _ in range(GROUPS)]
-        self.scratch = arenalib.SlicingArena()
-
-    def free_temps(self) -> None:
-        self.temps.clear()
-        self.scratch.reset()
-
-
-def make_backend(name: str) -> Backend:
-    if name == "bytearray":
-        return BytearrayBackend()
-    if name == "numpy":
-        return NumpyBackend()
-    if name.startswith("pa_"):
-        return PyarrowBackend(name[3:])
-    if name == "Arena":
-        return ArenaBackend()
-    if name == "SlicingArena":
-        return SlicingBackend()
-    raise SystemExit(f"unknown memory candidate {name!r}")
-
-
-def child(name: str, total_bytes: int, seed: int) -> dict:
-    """Run the workload for one candidate in this (fresh) process; print phases, return figures."""
-    import gc
-
-    def phase(label: str) -> None:
-        print(f"@phase {label}", flush=True)
-
-    # Imports first: they belong to the baseline, not to the workload.
-    if name in ("numpy",) or name.startswith("pa_"):
-        import numpy  # noqa: F401
-    if name.startswith("pa_"):
-        import pyarrow  # noqa: F401
-    if name in ARENALIB:
-        import arenalib
-    sizes, kinds = make_plan(total_bytes, seed)
-    gc.collect()
-    gc.disable()  # containers of buffers only: no cycles to collect, and no collector pauses
-    rss = {}
-    seconds = {}
-    rss["baseline"] = rss_bytes()
-    hwm_ok = reset_peak_rss()
-    phase("baseline")
-
-    t0 = time.perf_counter()
-    backend = make_backend(name)
-    alloc = backend.alloc
-    sampled_peak = 0
-    for i in range(len(sizes)):
-        alloc(kinds[i], sizes[i])
-        if not i & 4095:
-            sampled_peak = max(sampled_peak, rss_bytes())
-    sampled_peak = max(sampled_peak, rss_bytes())
-    hwm = peak_rss_bytes() if hwm_ok else None
-    rss["peak"] = max(sampled_peak, hwm or 0)
-    seconds["build"] = time.perf_counter() - t0
-    phase("peak")
-
-    t0 = time.perf_counter()
-    for g in range(GROUPS - 1):
-        backend.free_group(g)
-    seconds["freed_most"] = time.perf_counter() - t0
-    rss["freed_most"] = rss_bytes()
-    phase("freed_most")
-
-    t0 = time.perf_counter()
-    backend.free_group(GROUPS - 1)
-    backend.finish()
-    seconds["survivors"] = time.perf_counter() - t0
-    rss["survivors"] = rss_bytes()
-    phase("survivors")
-
-    time.sleep(1.0)
-    rss["idle_1s"] = rss_bytes()
-    phase("idle_1s")
-
-    t0 = time.perf_counter()
-    backend.trim()
-    seconds["trimmed"] = time.perf_counter() - t0
-    rss["trimmed"] = rss_bytes()
-    phase("trimmed")
-
-    survivors = backend.survivors
-    kept = sum(sizes[i] for i in range(len(sizes)) if kinds[i] < GROUPS + 1)
-    result = {
-        "rss": rss,
-        "seconds": seconds,
-        "allocations": len(sizes),
-        "kept_bytes": kept,
-        "temp_bytes": sum(sizes[i] for i in range(len(sizes)) if kinds[i] == GROUPS + 1),
-        "survivor_count": len(survivors),
-        "survivor_bytes": sum(sizes[i] for i in range(len(sizes)) if kinds[i] == GROUPS),
-        "peak_source": "VmHWM" if hwm_ok and hwm and hwm >= sampled_peak else "statm samples",
-    }
-    if name.startswith("pa_"):
-        result["pool_bytes_allocated"] = backend.pool.bytes_allocated()
-    if name in ARENALIB:
-        import arenalib
-        result["pool_stats"] = arenalib.pool_stats()
-        result["survivor_arena_stats"] = backend.survivor_arena.stats()
-    return result
-
-
-# -- workload 2, "idle" (child process) -----------------------------------------------------------
-
-def idle_plan(total_bytes: int, seed: int) -> tuple[array, array, array, array]:
-    """(sizes, survivors, frees, churn): the sizes allocated in order, the indices of the survivors,
-    the indices of the others in the order they are freed, and the sizes of the allocate+free pairs
-    that follow the idle readings."""
-    rng = random.Random(seed)
-    lo, hi = math.log(IDLE_SIZES[0]), math.log(IDLE_SIZES[1])
-    sizes = array("I")
-    total = 0
-    while total < total_bytes:
-        n = int(math.exp(rng.uniform(lo, hi)))
-        sizes.append(n)
-        total += n
-    order = list(range(len(sizes)))
-    rng.shuffle(order)
-    keep = max(1, round(len(sizes) * IDLE_SURVIVORS))
-    churn = array("I", (int(math.exp(rng.uniform(lo, hi))) for _ in range(IDLE_CHURN)))
-    return sizes, array("I", sorted(order[:keep])), array("I", order[keep:]), churn
-
-
-class IdleBackend:
-    """One long-lived allocator: allocate(n) -> a filled object; free(obj) (then the caller drops
-    it); trim(); facts() -> dict of the allocator's own figures; close()."""
-
-    def free(self, obj) -> None:  # dropping the last reference frees it
-        pass
-
-    def facts(self) -> dict:
-        return {}
-
-    def close(self) -> None:
-        pass
-
-
-class IdleBytearray(IdleBackend):
-    def __init__(self):
-        self.b3 = bytearray(b"\x03")
-
-    def allocate(self, n: int) -> bytearray:
-        return self.b3 * n
-
-    def trim(self) -> None:
-        _malloc_trim()
-
-
-class IdleNumpy(IdleBackend):
-    def __init__(self):
-        import numpy
-        self.empty, self.u8 = numpy.empty, numpy.uint8
-
-    def allocate(self, n: int):
-        a = self.empty(n, self.u8)
-        a.fill(3)
-        return a
-
-    def trim(self) -> None:
-        _malloc_trim()
-
-
-class IdlePyarrow(IdleBackend):
-    def __init__(self):
-        import numpy
-        import pyarrow
-        self.pool = pyarrow.jemalloc_memory_pool()
-        self.allocate_buffer = pyarrow.allocate_buffer
-        self.frombuffer, self.u8 = numpy.frombuffer, numpy.uint8
-
-    def allocate(self, n: int):
-        buf = self.allocate_buffer(n, memory_pool=self.pool)
-        self.frombuffer(buf, self.u8).fill(3)
-        return buf
-
-    def trim(self) -> None:
-        self.pool.release_unused()
-
-    def facts(self) -> dict:
-        return {"pool_bytes_allocated": self.pool.bytes_allocated(),
-                "pool_max_memory": self.pool.max_memory()}
-
-
-class IdleArena(IdleBackend):
-    def __init__(self, kind: str):
-        import arenalib
-        self.arenalib = arenalib
-        self.arena = getattr(arenalib, kind)()
-
-    def allocate(self, n: int):
-        return self.arena.allocate(n, zero=False).fill(3)
-
-    def free(self, seg) -> None:
-        seg.free()
-
-    def trim(self) -> None:
-        self.arena.purge()
-
-    def facts(self) -> dict:
-        return {"arena_stats": self.arena.stats(), "pool_stats": self.arenalib.pool_stats()}
-
-    def close(self) -> None:
-        self.arena.close()
-
-
-def idle_backend(name: str) -> IdleBackend:
-    if name == "bytearray":
-        return IdleBytearray()
-    if name == "numpy":
-        return IdleNumpy()
-    if name == "pa_jemalloc":
-        return IdlePyarrow()
-    if name in IDLE_ARENALIB:
-        return IdleArena(name)
-    raise SystemExit(f"unknown idle candidate {name!r}")
-
-
-def idle_child(name: str, total_bytes: int, seed: int) -> dict:
-    """Run the idle workload for one candidate in this (fresh) process; print phases, return figures."""
-    import gc
-
-    def phase(label: str) -> None:
-        print(f"@phase {label}", flush=True)
-
-    # Imports, the plan and the long-lived allocator first: they belong to the baseline.
-    sizes, survivors, frees, churn = idle_plan(total_bytes, seed)
-    backend = idle_backend(name)
-    allocate, free = backend.allocate, backend.free
-    live: list = [None] * len(sizes)
-    gc.collect()
-    gc.disable()  # a list of buffers only: no cycles to collect, and no collector pauses
-    rss = {}
-    seconds = {}
-    rss["baseline"] = rss_bytes()
-    hwm_ok = reset_peak_rss()
-    phase("baseline")
-
-    t0 = time.perf_counter()
-    sampled_peak = 0
-    for i in range(len(sizes)):
-        live[i] = allocate(sizes[i])
-        if not i & 4095:
-            sampled_peak = max(sampled_peak, rss_bytes())
-    sampled_peak = max(sampled_peak, rss_bytes())
-    hwm = peak_rss_bytes() if hwm_ok else None
-    rss["peak"] = max(sampled_peak, hwm or 0)
-    seconds["build"] = time.perf_counter() - t0
-    phase("peak")
-
-    t0 = time.perf_counter()
-    for i in frees:
-        free(live[i])
-        live[i] = None
-    freed_at = time.perf_counter()
-    seconds["freed"] = freed_at - t0
-    rss["freed"] = rss_bytes()
-    phase("freed")
-
-    idle_at = {}
-    for label, after in IDLE_WAITS.items():
-        time.sleep(max(0.0, freed_at + after - time.perf_counter()))
-        rss[label] = rss_bytes()
-        idle_at[label] = time.perf_counter() - freed_at
-        phase(label)
-
-    t0 = time.perf_counter()
-    for n in churn:
-        free(allocate(n))
-    seconds["churn"] = time.perf_counter() - t0
-    rss["churn"] = rss_bytes()
-    phase("churn")
-
-    facts = backend.facts()  # before the trim: what the allocator held
-    t0 = time.perf_counter()
-    backend.trim()
-    seconds["trimmed"] = time.perf_counter() - t0
-    rss["trimmed"] = rss_bytes()
-    phase("trimmed")
-
-    result = {
-        "rss": rss,
-        "seconds": seconds,
-        "idle_seconds": idle_at,
-        "allocations": len(sizes),
-        "allocated_bytes": sum(sizes),
-        "survivor_count": len(survivors),
-        "survivor_bytes": sum(sizes[i] for i in survivors),
-        "peak_source": "VmHWM" if hwm_ok and hwm and hwm >= sampled_peak else "statm samples",
-        **facts,
-    }
-    for i in survivors:
-        free(live[i])
-        live[i] = None
-    backend.close()
-    return result
 
 
 # -- the experiment (parent process) --------------------------------------------------------------
@@ -577,7 +129,7 @@ def idle_bytes(cfg: Config) -> int:
     return round(IDLE_BYTES.get(cfg.mode, IDLE_BYTES["full"]) * cfg.memory_bytes / default)
 
 
-def plan_units(cfg: Config) -> float:
+def plan(cfg: Config) -> float:
     idle = idle_bytes(cfg)
     return (len(CANDIDATES) * sum(_phase_ms(p, cfg.memory_bytes) for p in PHASES)
             + len(IDLE_CANDIDATES) * sum(_idle_phase_ms(p, idle) for p in IDLE_PHASES))
@@ -631,12 +183,12 @@ def _available(name: str) -> str | None:
     return None
 
 
-def _run_child(name: str, label: str, args: list[str], phases: list[str], phase_ms: dict[str, float],
-               progress: Progress) -> dict:
-    """Run one candidate in a fresh process (``memory.py --child NAME *args``): its figures with MB
-    above baseline and retained/peak per phase, or {"error": why}; wall_seconds either way."""
+def _run_child(workload: str, name: str, label: str, args: list[str], phases: list[str],
+               phase_ms: dict[str, float], progress: Progress) -> dict:
+    """Run one candidate in a fresh process (``_memory_<workload>.py --child NAME *args``): its figures
+    with MB above baseline and retained/peak per phase, or {"error": why}; wall_seconds either way."""
     progress.set_label(f"memory {label}: starting")
-    cmd = [*_python(), str(Path(__file__).resolve()), "--child", name, *args]
+    cmd = [*_python(), str(WORKLOADS[workload]), "--child", name, *args]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     payload = None
@@ -681,14 +233,15 @@ def run(cfg: Config, progress: Progress) -> dict:
         "candidates": {},
     }
     phase_ms = {p: _phase_ms(p, total) for p in PHASES}
-    results["candidates"] = _run_candidates(CANDIDATES, ["--bytes", str(total), "--seed", str(cfg.seed)],
+    results["candidates"] = _run_candidates(CANDIDATES, "fragment",
+                                            ["--bytes", str(total), "--seed", str(cfg.seed)],
                                             PHASES, phase_ms, progress, "memory")
     results["idle"] = run_idle(cfg, progress)
     return results
 
 
-def _run_candidates(candidates: dict, args: list[str], phases, phase_ms: dict, progress: Progress,
-                    what: str) -> dict:
+def _run_candidates(candidates: dict, workload: str, args: list[str], phases, phase_ms: dict,
+                    progress: Progress, what: str) -> dict:
     """Each candidate's child run (its phases' figures), or why it was skipped."""
     entries = {}
     for name, (label, allocator, trim) in candidates.items():
@@ -700,7 +253,7 @@ def _run_candidates(candidates: dict, args: list[str], phases, phase_ms: dict, p
             progress.note(f"{what}: skipping {label}: {why}")
             progress.step(units=sum(phase_ms.values()))
             continue
-        entry.update(_run_child(name, label, args, phases, phase_ms, progress))
+        entry.update(_run_child(workload, name, label, args, phases, phase_ms, progress))
     return entries
 
 
@@ -718,17 +271,34 @@ def run_idle(cfg: Config, progress: Progress) -> dict:
     }
     phase_ms = {p: _idle_phase_ms(p, total) for p in IDLE_PHASES}
     results["candidates"] = _run_candidates(
-        IDLE_CANDIDATES, ["--workload", "idle", "--bytes", str(total), "--seed", str(cfg.seed)],
+        IDLE_CANDIDATES, "idle", ["--bytes", str(total), "--seed", str(cfg.seed)],
         IDLE_PHASES, phase_ms, progress, "memory (idle)")
     return results
 
 
-# -- the idle workload's report (bench/run.py calls these) ----------------------------------------
+# -- reading the results back (targets, tables, plots; also from a results.json) --------------------
+
+target_line = ratio_line
+
+
+def targets(mem: dict) -> list[dict]:
+    """The fragment workload's target (arenalib keeps <= 3% of its peak growth right after its arenas
+    close: no trim, no waiting), then idle_targets()."""
+    checks = []
+    for key in ARENALIB:
+        entry = mem["candidates"].get(key, {})
+        retained = entry.get("retained_of_peak", {}).get("survivors")
+        checks.append({"target": "memory: RSS above baseline right after the arenas close <= 3% of peak "
+                                 "growth",
+                       "candidate": key, "label": entry.get("label", key), "limit": 0.03, "ratio": retained,
+                       "status": "n/a" if retained is None else ("MET" if retained <= 0.03 else "MISSED")})
+    return checks + idle_targets(mem)
+
 
 def idle_targets(mem: dict) -> list[dict]:
-    """Issue 14's target on run()'s result (run.py's res["memory"]), in the shape of run.py's
-    targets(): arenalib's Arena and ConfinedArena keep <= 5 % of their peak growth 2 s after the
-    last free, with no call.  [] for a result from before the idle workload existed."""
+    """Issue 14's target on run()'s result: arenalib's Arena and ConfinedArena keep <= 5 % of their
+    peak growth 2 s after the last free, with no call.  [] for a result from before the idle workload
+    existed."""
     idle = mem.get("idle")
     if not idle:
         return []
@@ -750,8 +320,8 @@ def idle_targets(mem: dict) -> list[dict]:
 
 
 def idle_table(mem: dict, markdown: bool = False) -> str:
-    """The idle workload's table, from run()'s result (run.py's res["memory"]); "" for a result from
-    before the idle workload existed."""
+    """The idle workload's table, from run()'s result; "" for a result from before the idle workload
+    existed."""
     idle = mem.get("idle")
     if not idle:
         return ""
@@ -783,19 +353,57 @@ def idle_table(mem: dict, markdown: bool = False) -> str:
     return title + "\n" + table(heads, rows, markdown)
 
 
-def main() -> int:
-    import argparse
-    parser = argparse.ArgumentParser(description="memory experiment child process")
-    parser.add_argument("--child", required=True)
-    parser.add_argument("--workload", choices=("fragment", "idle"), default="fragment")
-    parser.add_argument("--bytes", type=int, required=True)
-    parser.add_argument("--seed", type=int, default=6)
-    args = parser.parse_args()
-    run_workload = idle_child if args.workload == "idle" else child
-    result = run_workload(args.child, args.bytes, args.seed)
-    print(json.dumps(result), flush=True)
-    return 0
+def fragment_table(mem: dict, markdown: bool = False) -> str:
+    """The fragment workload's table: RSS above baseline per phase and the share of the peak kept."""
+    rows = []
+    for _key, e in mem["candidates"].items():
+        if "rss" not in e:
+            why = e.get("skipped") or e.get("error", "")[:60]
+            rows.append([e["label"], *(["-"] * (len(PHASES) + 3)), why])
+            continue
+        mb = e["mb_above_baseline"]
+        ret = e["retained_of_peak"]
+        rows.append([e["label"], f"{e['rss']['baseline'] / 1e6:.0f}",
+                     *[f"{mb[p]:.0f}" for p in PHASES[1:]],
+                     *[f"{ret[p]:.1%}" for p in ("survivors", "idle_1s", "trimmed")], e["trim"]])
+    heads = ["candidate", "baseline MB", *[f"{p} +MB" for p in PHASES[1:]],
+             "kept@survivors", "kept@idle", "kept@trim", "trim"]
+    gb = mem["method"]["memory_bytes"] / 1e9
+    title = (("### " if markdown else "") + f"Memory: RSS above baseline per phase ({gb:.2f} GB kept, "
+             f"sizes 16 B-64 KiB); kept = (RSS - baseline) / (peak - baseline)")
+    return title + "\n" + table(heads, rows, markdown)
+
+
+def tables(mem: dict, markdown: bool = False) -> str:
+    idle = idle_table(mem, markdown)
+    return fragment_table(mem, markdown) + ("\n\n" + idle if idle else "")
+
+
+def plots(mem: dict, out: Path, plt) -> list[str]:
+    """RSS per phase of the fragment workload, every candidate a line (linear and log scale)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.4))
+    for key, e in mem["candidates"].items():
+        if "rss" not in e:
+            continue
+        ys = [e["rss"][p] / 1e6 for p in PHASES]
+        style = "-" if key in ARENALIB else "--"
+        for ax in axes:
+            ax.plot(PHASES, ys, style, marker="o", markersize=4, label=e["label"])
+    axes[0].set_ylabel("RSS (MB)")
+    axes[0].set_title("RSS per phase")
+    axes[1].set_yscale("log")
+    axes[1].set_title("RSS per phase (log scale)")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(out / "memory_rss.png", dpi=90)
+    plt.close(fig)
+    return ["memory_rss.png"]
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _common import run_standalone
+    run_standalone(sys.modules[__name__])

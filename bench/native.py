@@ -29,9 +29,13 @@ import threading
 from functools import partial
 from pathlib import Path
 
+from _common import Config, Progress
+from _experiment import no_plots
+
 import arenalib
 
 HERE = Path(__file__).resolve().parent
+TITLE = "4b. The C level through `cimport arenalib` (issue 5)"
 SIZES = [8, 512, 1024, 4096, 65536]
 
 
@@ -215,7 +219,7 @@ def _closing(arena, value):
     return value
 
 
-def targets(roundtrip_results: dict, thread_results: dict) -> list[dict]:
+def c_targets(roundtrip_results: dict, thread_results: dict) -> list[dict]:
     """The issue's targets, each with the measured ratio and whether it is met.  A roundtrip
     target also carries the fill alone as a ratio (``floor``): no allocator can go below it, so a
     bound under the floor cannot be met by any candidate."""
@@ -246,35 +250,74 @@ def targets(roundtrip_results: dict, thread_results: dict) -> list[dict]:
     return out
 
 
-def run(quick: bool = True, progress=None) -> dict:
+def measure(quick: bool, say=None) -> dict:
+    """Both experiments and their targets; ``say(message)`` after each step."""
     kernels = build_kernels()
-    rt = roundtrip(quick, progress)
-    th = threads(kernels, quick, progress)
-    return {"roundtrip": rt, "threads": th, "targets": targets(rt, th)}
+    rt = roundtrip(quick, say)
+    th = threads(kernels, quick, say)
+    return {"roundtrip": rt, "threads": th, "targets": c_targets(rt, th)}
 
 
-def print_report(result: dict) -> None:
-    print("\nC level, per op (ns) and ratio to malloc+fill+free measured in the same round "
-          "(the no-fill rows: to malloc+free)")
-    names = list(next(iter(result["roundtrip"].values())))
-    print(f"{'candidate':34s}" + "".join(f"{size:>16d}" for size in result["roundtrip"]))
+def plan(cfg: Config) -> float:
+    """Estimated milliseconds (full mode took ~23 s on 2 cores)."""
+    return 23_000 if cfg.mode == "full" else 12_000
+
+
+def run(cfg: Config, progress: Progress) -> dict:
+    return measure(cfg.mode != "full", progress.set_label)
+
+
+# -- reading the results back (tables; also from a results.json) ----------------------------------
+
+plots = no_plots
+
+
+def _by_size(result: dict) -> dict:
+    """run()'s roundtrip figures keyed by int size again (a results.json's keys are str)."""
+    return {int(size): row for size, row in result["roundtrip"].items()}
+
+
+def targets(result: dict) -> list[dict]:
+    """c_targets() recomputed from the figures (an older results.json gets today's targets), each
+    target's sizes together."""
+    checks = []
+    for t in sorted(c_targets(_by_size(result), result["threads"]), key=lambda t: t["target"]):
+        checks.append({"target": f"C level (issue 5): {t['target']}", "label": "cimport arenalib",
+                       "size": t["size"], "ratio": t["value"], "limit": t["bound"], "floor": t["floor"],
+                       "status": "MET" if t["met"] else "MISSED"})
+    return checks
+
+
+def target_line(c: dict) -> str:
+    """As the C level's targets were always printed, the fill alone beside: no allocator goes below it."""
+    note = ""
+    if c["floor"] is not None:
+        below = " (the bound is below it)" if c["floor"] > c["limit"] else ""
+        note = f"   [the fill alone: {c['floor']:.2f}{below}]"
+    size = f"at {c['size']} B" if c["size"] else "measured"
+    return f"{c['status']:6s} {size}: {c['ratio']:.2f}{note}"
+
+
+def tables(result: dict, markdown: bool = False) -> str:
+    """Per op at each size and the threads' pairs (the targets are in the checklist); in markdown, the
+    same text in a code block."""
+    rt = _by_size(result)
+    out = ["```"] if markdown else ["C level through `cimport arenalib` (issue 5)", ""]
+    out.append("C level, per op (ns) and ratio to malloc+fill+free measured in the same round "
+               "(the no-fill rows: to malloc+free)")
+    names = list(next(iter(rt.values())))
+    out.append(f"{'candidate':34s}" + "".join(f"{size:>16d}" for size in rt))
     for name in names:
         cells = "".join(f"{row[name]['ns_per_op']:8.1f} ({row[name]['ratio_to_malloc']:4.2f}x)"
-                        for row in result["roundtrip"].values())
-        print(f"{name:34s}{cells}")
-    print("\nC level, allocate/free pairs per thread")
+                        for row in rt.values())
+        out.append(f"{name:34s}{cells}")
+    out += ["", "C level, allocate/free pairs per thread"]
     for name, row in result["threads"].items():
-        print(f"{name:34s} 1 thread {row['1 thread ns/op']:6.1f} ns/op   2 threads "
-              f"{row['2 threads ns/op']:6.1f} ns/op   scaling {row['scaling']:4.2f}x")
-    print("\nTargets (C level)")
-    for t in result["targets"]:
-        size = f" at {t['size']} B" if t["size"] else ""
-        floor = t.get("floor")
-        note = ""
-        if floor is not None:
-            below = " (the bound is below it)" if floor > t["bound"] else ""
-            note = f"   [the fill alone: {floor:.2f}{below}]"
-        print(f"  [{'MET' if t['met'] else 'MISSED'}] {t['target']}{size}: {t['value']:.2f}{note}")
+        out.append(f"{name:34s} 1 thread {row['1 thread ns/op']:6.1f} ns/op   2 threads "
+                   f"{row['2 threads ns/op']:6.1f} ns/op   scaling {row['scaling']:4.2f}x")
+    if markdown:
+        out.append("```")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
@@ -286,4 +329,8 @@ if __name__ == "__main__":
     if args.roundtrip_process:
         print(json.dumps(roundtrip_samples(build_kernels(), quick=not args.full)))
     else:
-        print_report(run(quick=not args.full, progress=lambda m: print(m, file=sys.stderr)))
+        result = measure(not args.full, lambda m: print(m, file=sys.stderr))
+        print(tables(result))
+        print("\nTargets (C level)")
+        for check in targets(result):
+            print(f"  {check['target']}: {target_line(check)}")

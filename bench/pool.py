@@ -18,7 +18,7 @@ read costs through pool buffers against bytearray buffers.
    PyPI where a probe in a child interpreter says it works (its 2026.3.30 wheel dies with SIGILL on
    x86-64 CPUs without AVX-512).
 
-``run(quick)`` returns every figure as a dict (bench/run.py calls it); quick mode takes ~5 s.
+``run(cfg, progress)`` returns every figure as a dict (bench/run.py calls it); quick mode takes ~5 s.
 """
 
 from __future__ import annotations
@@ -33,13 +33,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import fmt_num, fmt_size, same_round_ratio, summarize, table
+from _common import Config, Progress, fmt_num, fmt_size, run_standalone, same_round_ratio, summarize, table
+from _experiment import no_plots, no_targets, ratio_line
 
 import arenalib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import raw_uring  # examples/raw_uring.py: io_uring over raw syscalls, stdlib only
 
+TITLE = "4a. BufferPool (issue 4)"
 OP_SIZES = (4096, 65536)
 FILE_SIZE = 64 << 20
 BLOCK = 64 << 10
@@ -383,21 +385,40 @@ def bench_read(rounds: int, skipped: dict[str, str]) -> dict:
 
 # -- entry points ----------------------------------------------------------------------------------
 
-def run(quick: bool) -> dict:
-    """Both experiments; quick mode takes ~5 s on 2 cores, full mode ~15 s."""
+def plan(cfg: Config) -> float:
+    """Estimated milliseconds, half of them the acquire + release loops: ~5 s in quick mode on 2 cores,
+    ~15 s in full mode."""
+    return 15_000 if cfg.mode == "full" else 5_000
+
+
+def run(cfg: Config, progress: Progress) -> dict:
+    """Both experiments."""
+    quick = cfg.mode != "full"
     rounds, target_ms, read_rounds = (15, 10.0, 7) if quick else (41, 30.0, 21)
     t0 = time.monotonic()
+    progress.set_label("pool: acquire + release")
     ops = bench_ops(rounds, target_ms)
+    progress.step("pool: reading a file", plan(cfg) / 2)
     skipped: dict[str, str] = {}
     reads = bench_read(read_rounds, skipped)
+    progress.step(None, plan(cfg) / 2)
     return {"mode": "quick" if quick else "full", "op_rounds": rounds, "op_target_ms": target_ms,
             "read_rounds": read_rounds, "file_bytes": FILE_SIZE, "block_bytes": BLOCK,
             "acquire_release": ops, "read_throughput": reads, "read_skipped": skipped,
             "seconds": round(time.monotonic() - t0, 1)}
 
 
-def tables(res: dict) -> str:
-    out = []
+# -- reading the results back (tables; also from a results.json) ----------------------------------
+
+# Issue 4 set no ratio as a target: the tables are the verdict.
+targets = no_targets
+target_line = ratio_line
+plots = no_plots
+
+
+def tables(res: dict, markdown: bool = False) -> str:
+    """Plain text; in markdown, the same text in a code block."""
+    out = ["```"] if markdown else ["BufferPool (issue 4)", ""]
     for n, cands in res["acquire_release"].items():
         rows = [[c["label"], fmt_num(c["ns_per_op"]["median"]),
                  f"{c['ns_per_op']['q1']:.0f}-{c['ns_per_op']['q3']:.0f}",
@@ -412,10 +433,10 @@ def tables(res: dict) -> str:
                "(page cache unless noted)")
     out.append(table(["candidate", "MB/s", "IQR", "vs bytearray+readinto"], rows))
     out.extend(f"  skipped {key}: {why}" for key, why in res.get("read_skipped", {}).items())
+    if markdown:
+        out.append("```")
     return "\n".join(out)
 
 
 if __name__ == "__main__":
-    result = run(quick="--full" not in sys.argv)
-    print(tables(result))
-    print(f"\n{result['mode']} mode, {result['seconds']} s")
+    run_standalone(sys.modules[__name__])

@@ -56,11 +56,27 @@ from __future__ import annotations
 
 import gc
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from _common import BASELINE, SIZES, Config, Progress, same_round_ratio, summarize
+from _common import (
+    BASELINE,
+    SIZES,
+    Config,
+    Progress,
+    fmt_num,
+    fmt_size,
+    run_standalone,
+    same_round_ratio,
+    summarize,
+    table,
+)
+from _experiment import ratio_item, ratio_line
+
+TITLE = "1. Allocation round trip (allocate, fill with byte 3, free)"
+CHEAPEST = "bytearray_repeat"   # the strict reading of "bytearray with the cheapest fill"
 
 
 @dataclass
@@ -208,7 +224,7 @@ def candidates() -> list[Candidate]:
 
 # -- the experiment -------------------------------------------------------------------------------
 
-def plan_units(cfg: Config) -> float:
+def plan(cfg: Config) -> float:
     """Estimated milliseconds: per size, calibration (~3 measurements) and rounds + 1 warm-up."""
     count = sum(1 for c in candidates() if not c.skipped)
     return len(SIZES) * count * cfg.target_ms * (cfg.rounds + 4)
@@ -283,3 +299,121 @@ def ratio(results: dict, key: str, other: str, n: int) -> dict | None:
     if key not in cells or other not in cells or str(n) not in cells[key] or str(n) not in cells[other]:
         return None
     return same_round_ratio(cells[key][str(n)]["per_round_ns"], cells[other][str(n)]["per_round_ns"])
+
+
+# -- reading the results back (targets, tables, plots; also from a results.json) --------------------
+
+target_line = ratio_line
+
+
+def targets(rt: dict) -> list[dict]:
+    """Issue 6's targets, each checked on ratios measured in this one run."""
+    checks: list[dict] = []
+    labels = rt["candidates"]
+
+    def check(title: str, key: str, n: int, other: str, limit: float) -> None:
+        item = ratio_item(title, key, labels.get(key, {}).get("label", key), n, other,
+                          labels.get(other, {}).get("label", other), limit, ratio(rt, key, other, n))
+        if other == BASELINE:
+            strict = ratio(rt, key, CHEAPEST, n)
+            if strict is not None:
+                item["ratio_vs_cheapest_bytearray"] = strict["median"]
+                item["status_vs_cheapest_bytearray"] = "MET" if strict["median"] <= limit else "MISSED"
+        checks.append(item)
+
+    t1 = "ConfinedArena/Arena zero=False+fill+free"
+    both = ("ConfinedArena_nz", "Arena_nz")
+    for key in both:
+        for n, limit in ((8, 1.0), (512, 1.0), (1024, 1.0), (4096, 0.7), (65536, 0.5), (1 << 20, 0.5)):
+            check(f"{t1} vs bytearray", key, n, BASELINE, limit)
+    for key in both:
+        for n in (8, 512, 1024, 4096):
+            check(f"{t1} vs numpy.empty+fill", key, n, "numpy_empty", 0.4)
+    for key in both:
+        for n in (8, 512, 1024, 4096):
+            check(f"{t1} vs pyarrow jemalloc", key, n, "pa_jemalloc", 0.2)
+    for key in both:
+        check(f"{t1} vs numpy.empty+fill at 1 MiB", key, 1 << 20, "numpy_empty", 1.0)
+    for n in SIZES:
+        check("SlicingArena allocate+fill (reset per batch) vs bytearray", "SlicingArena", n, BASELINE, 0.8)
+    check("per-scope `with ConfinedArena() as a: a.allocate(512, zero=False).fill(3)` vs bytearray",
+          "scope", 512, BASELINE, 2.0)
+    return checks
+
+
+def tables(rt: dict, markdown: bool = False) -> str:
+    """ns/op, ops/ms and the ratios to bytearray, per candidate and size; in markdown, the timed
+    statements first."""
+    sizes = rt["sizes"]
+    keys = [k for k, c in rt["candidates"].items() if not c["skipped"] and k in rt["cells"]]
+    heads = ["candidate", *[fmt_size(n) for n in sizes]]
+    out = []
+    if markdown:
+        out += ["Timed statements (one per op, callables bound as locals):", ""]
+        for c in rt["candidates"].values():
+            if c["skipped"]:
+                out.append(f"- {c['label']}: skipped ({c['skipped']})")
+            else:
+                batch = f" + `{c['batch']}` per batch" if c["batch"] != "pass" else ""
+                note = f" — {c['note']}" if c["note"] else ""
+                out.append(f"- {c['label']}: `{c['op']}`{batch}{note}")
+        out.append("")
+    for title, fn in (
+        ("ns/op (median)", lambda cell: f"{cell['ns_per_op']['median']:.0f}"),
+        ("ops/ms (median)", lambda cell: fmt_num(cell["ops_per_ms"])),
+        ("ratio to bytearray(n)+fill (median of same-round ratios; lower is faster)",
+         lambda cell: f"{cell['ratio_to_baseline']['median']:.2f}"),
+    ):
+        rows = [[rt["candidates"][k]["label"], *[fn(rt["cells"][k][str(n)]) for n in sizes]] for k in keys]
+        out.append(("### " if markdown else "") + f"Round trip: {title}")
+        out.append(table(heads, rows, markdown))
+        out.append("")
+    noise = [rt["cells"][k][str(n)]["ratio_to_baseline"]["rel_iqr"] for k in keys for n in sizes
+             if k != BASELINE]
+    if noise:
+        noise.sort()
+        out.append(f"Noise: relative IQR of the same-round ratios, median {noise[len(noise) // 2]:.1%}, "
+                   f"worst {noise[-1]:.1%}.")
+    return "\n".join(out)
+
+
+def plots(rt: dict, out, plt) -> list[str]:
+    """Time per op and the ratio to bytearray against the size, every candidate a line."""
+    written = []
+    for fname, field, ylabel, title in (
+        ("roundtrip_ns.png", "ns_per_op", "ns per allocate+fill+free (median)",
+         "Allocation round trip: time per op"),
+        ("roundtrip_ratio.png", "ratio_to_baseline", "ratio to bytearray(n)+fill (same round)",
+         "Allocation round trip: ratio to bytearray (lower is faster)"),
+    ):
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        # peers dashed with squares, arenalib solid with circles; each family its own colour cycle
+        palette = plt.get_cmap("tab10").colors
+        seen = {"peer": 0, "arenalib": 0, "reference": 0}
+        for key, c in rt["candidates"].items():
+            if c["skipped"] or key not in rt["cells"] or (key == "loop" and field != "ns_per_op"):
+                continue
+            ys = [rt["cells"][key][str(n)][field]["median"] for n in rt["sizes"]]
+            style = {"arenalib": "-", "peer": "--", "reference": ":"}[c["family"]]
+            marker = "o" if c["family"] == "arenalib" else ("s" if c["family"] == "peer" else ".")
+            color = "gray" if key == "loop" else palette[seen[c["family"]] % len(palette)]
+            seen[c["family"]] += 1
+            ax.plot(rt["sizes"], ys, style, marker=marker, label=c["label"], linewidth=1.4,
+                    markersize=4, color=color)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(rt["sizes"], [fmt_size(n) for n in rt["sizes"]])
+        ax.set_xlabel("size")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=90)
+        plt.close(fig)
+        written.append(fname)
+    return written
+
+
+if __name__ == "__main__":
+    run_standalone(sys.modules[__name__])

@@ -92,8 +92,12 @@ import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import _scopes_per_scope as per_scope
 import roundtrip
-from _common import BASELINE, Config, Progress, fmt_size, same_round_ratio, summarize
+from _common import BASELINE, Config, Progress, fmt_ns, fmt_size, same_round_ratio, summarize, table
+from _experiment import no_plots, ratio_line
+
+TITLE = "5. One arena per scope (issue 14)"
 
 SIZES = (8, 24, 100, 512, 1000, 1500, 3000, 4096, 5000, 6144, 8000, 12000, 16384, 20000, 24000, 32768,
          40000, 50000, 65536, 100_000, 200_000, 500_000, 1 << 20)
@@ -104,8 +108,6 @@ SCOPE_BYTES = 16 << 20     # at most this many bytes per scope ...
 MAX_BLOCKS = 1024          # ... and at most this many blocks
 WARMUP_SCOPES = 3          # untimed scopes per candidate and size before calibrating
 ARENA_KINDS = ("Arena", "ConfinedArena", "SlicingArena")
-PER_SCOPE_SIZE = 512       # the second table: one block per scope
-PER_SCOPE_MIN_ROUNDS = 5
 # rounds and the duration of one measurement, per mode of bench/run.py
 SETTINGS = {"quick": {"rounds": 5, "target_ms": 20.0}, "full": {"rounds": 21, "target_ms": 50.0}}
 PAGE = 4096
@@ -232,28 +234,14 @@ def measure(run_fn: Callable[[int], None], count: int) -> tuple[int, int]:
     return ns, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
-def per_scope_candidates() -> list[roundtrip.Candidate]:
-    """The second table: experiment 1's bytearray and its per-scope ConfinedArena statement."""
-    import arenalib
-
-    return [
-        roundtrip.Candidate(BASELINE, "bytearray(n)+fill", "peer", "ba(n)[:] = pattern",
-                            lambda n: {"ba": bytearray, "pattern": bytearray(b"\x03") * n, "n": n}),
-        roundtrip.Candidate("ConfinedArena", "with ConfinedArena() per op", "arenalib",
-                            "with CA() as a: a.allocate(n, zero=False).fill(3)",
-                            lambda n: {"CA": arenalib.ConfinedArena, "n": n},
-                            note="a fresh arena per operation, closed at the end of the with-block"),
-    ]
-
-
 # -- the experiment -------------------------------------------------------------------------------
 
-def plan_units(cfg: Config) -> float:
+def plan(cfg: Config) -> float:
     """Estimated milliseconds: per size and candidate, warm-up + calibration (~4 measurements) and the
     rounds; then the per-scope table's two candidates."""
     s = settings(cfg)
     count = sum(1 for c in candidates() if not c.skipped)
-    per_scope_rounds = max(PER_SCOPE_MIN_ROUNDS, s["rounds"])
+    per_scope_rounds = max(per_scope.PER_SCOPE_MIN_ROUNDS, s["rounds"])
     return s["target_ms"] * (len(measured_sizes()) * count * (s["rounds"] + 4) + 2 * (per_scope_rounds + 4))
 
 
@@ -313,47 +301,15 @@ def run(cfg: Config, progress: Progress) -> dict:
                 "per_round_faults": [round(x, 1) for x in faults[key]],
                 "scopes_per_measurement": scopes[key],
             }
-    results["per_scope"] = run_per_scope(max(PER_SCOPE_MIN_ROUNDS, rounds), target_ns, progress)
+    results["per_scope"] = per_scope.run(max(per_scope.PER_SCOPE_MIN_ROUNDS, rounds), target_ns, progress,
+                                         WARMUP_SCOPES, measure)
     return results
 
 
-def run_per_scope(rounds: int, target_ns: float, progress: Progress) -> dict:
-    """The second table: ``with ConfinedArena() as a: a.allocate(512, zero=False).fill(3)`` per op
-    against ``bytearray(512)[:] = pattern``, in experiment 1's loop (its inner batch of 256 ops)."""
-    n = PER_SCOPE_SIZE
-    cands = per_scope_candidates()
-    keys = [c.key for c in cands]
-    progress.set_label(f"scopes: per-scope {n} B, warm-up and calibrating")
-    runners = {}
-    for c in cands:
-        runners[c.key] = roundtrip.make_runner(c, n, c.setup(n))
-        runners[c.key](WARMUP_SCOPES)
-    outers = {key: roundtrip.calibrate(runners[key], n, target_ns) for key in keys}
-    progress.step(None, 2 * target_ns / 1e6 * 4)
-    ops = {key: outers[key] * roundtrip.inner_count(n) for key in keys}
-    per_round: dict[str, list[float]] = {key: [] for key in keys}
-    faults: dict[str, list[float]] = {key: [] for key in keys}
-    for rnd in range(rounds):
-        shift = rnd % len(keys)
-        for key in keys[shift:] + keys[:shift]:
-            ns, flt = measure(runners[key], outers[key])
-            per_round[key].append(ns / ops[key])
-            faults[key].append(flt / ops[key])
-        progress.step(f"scopes: per-scope {n} B, round {rnd + 1}/{rounds}", 2 * target_ns / 1e6)
-    return {
-        "size": n, "rounds": rounds,
-        "candidates": {c.key: {"label": c.label, "op": c.op} for c in cands},
-        "cells": {key: {"ns_per_op": summarize(per_round[key]),
-                        "faults_per_op": summarize(faults[key]),
-                        "per_round_ns": [round(x, 2) for x in per_round[key]],
-                        "ops_per_measurement": ops[key]} for key in keys},
-        "ratio_to_baseline": same_round_ratio(per_round["ConfinedArena"], per_round[BASELINE]),
-        "per_round_ratios": [round(a / b, 3) for a, b in
-                             zip(per_round["ConfinedArena"], per_round[BASELINE], strict=True)],
-    }
+# -- reading the results back (targets, tables; also from a results.json) -------------------------
 
+plots = no_plots
 
-# -- reading the results back (run.py's targets and tables; also from a results.json) -------------
 
 def ratio(results: dict, key: str, other: str, n: int) -> dict | None:
     """Median of same-round ratios of ns/block key/other at size n, from the per-round figures."""
@@ -361,14 +317,6 @@ def ratio(results: dict, key: str, other: str, n: int) -> dict | None:
     if key not in cells or other not in cells or str(n) not in cells[key] or str(n) not in cells[other]:
         return None
     return same_round_ratio(cells[key][str(n)]["per_round_ns"], cells[other][str(n)]["per_round_ns"])
-
-
-def per_scope_ratio(results: dict) -> dict | None:
-    """Median of same-round ratios of the per-scope ConfinedArena to bytearray (the second table)."""
-    cells = results.get("per_scope", {}).get("cells", {})
-    if "ConfinedArena" not in cells or BASELINE not in cells:
-        return None
-    return same_round_ratio(cells["ConfinedArena"]["per_round_ns"], cells[BASELINE]["per_round_ns"])
 
 
 # -- targets ----------------------------------------------------------------------------------------
@@ -386,7 +334,8 @@ def ratio_limit(n: int | str) -> float:
 
 
 def targets(sc: dict) -> list[dict]:
-    """Per kind and size: the ratio to bytearray and the faults of a warm scope, each a target."""
+    """Per kind and size: the ratio to bytearray and the faults of a warm scope, each a target; then
+    the per-scope table's."""
     checks = []
     names = sc["candidates"]
     for key in ARENA_KINDS:
@@ -408,11 +357,13 @@ def targets(sc: dict) -> list[dict]:
             checks.append({"target": title, "candidate": key, "label": label, "size": n,
                            "limit": allowed, "ratio": faults, "pages": pages,
                            "status": "n/a" if faults is None else ("MET" if faults <= allowed else "MISSED")})
-    return checks
+    return [*checks, per_scope.target(sc)]
 
 
 def target_line(c: dict) -> str:
-    """One line of run.py's targets for a check of targets()."""
+    """One line of the checklist for a check of targets()."""
+    if not c["target"].startswith("scopes "):  # the per-scope table's: a ratio_item
+        return ratio_line(c)
     size = "mixed sizes" if c["size"] == MIXED else fmt_size(c["size"])
     if c["ratio"] is None:
         return f"{c['status']:6s} {c['label']} at {size}: not measured"
@@ -420,3 +371,58 @@ def target_line(c: dict) -> str:
         return (f"{c['status']:6s} {c['label']} at {size}: {c['ratio']:.0f} faults per scope "
                 f"(limit {c['limit']:.0f} of {c['pages']} pages)")
     return f"{c['status']:6s} {c['label']} at {size}: {c['ratio']:.2f}x (limit {c['limit']:.1f}x)"
+
+
+def tables(sc: dict, markdown: bool = False) -> str:
+    """One arena per scope: per block size, each candidate's ns per block with the ratio to
+    bytearray and the minor page faults per scope next to it; then the per-scope table of the
+    smallest scope.  In markdown, each candidate's scope first."""
+    sizes = sc["sizes"]
+    k = sc["method"]["blocks_per_scope"]
+    keys = [key for key, c in sc["candidates"].items() if not c["skipped"] and key in sc["cells"]]
+    h = "### " if markdown else ""
+
+    def cell(key: str, n) -> str:
+        c = sc["cells"][key][str(n)]
+        ns = fmt_ns(c["ns_per_block"]["median"])
+        faults = c["faults_per_scope"]["median"]
+        shown = f"{faults:.0f}" if faults >= 10 else f"{faults:.1f}"
+        if key == BASELINE:
+            return f"{ns} {shown}"
+        return f"{ns} ({c['ratio_to_baseline']['median']:.2f}) {shown}"
+
+    out = []
+    if markdown:
+        out += ["Timed per scope (bench/scopes.py: every name bound as a local, the same loop for all; "
+                "k blocks per scope):", ""]
+        for c in sc["candidates"].values():
+            if c["skipped"]:
+                out.append(f"- {c['label']}: skipped ({c['skipped']})")
+            else:
+                note = f" — {c['note']}" if c["note"] else ""
+                out.append(f"- {c['label']}: `{c['scope']}`, per block `{c['block']}`{note}")
+        out.append("")
+    short = {BASELINE: "bytearray", "numpy_empty": "numpy", "ConfinedArena": "Confined",
+             "SlicingArena": "Slicing"}
+    heads = ["n", "k", *[short.get(key, key) for key in keys]]
+    rows = [["mixed" if n == "mixed" else fmt_size(n), str(k[str(n)]), *[cell(key, n) for key in keys]]
+            for n in sizes]
+    out += [f"{h}Scopes (k blocks of n bytes per scope; arenalib: a fresh arena per scope): ns per block, "
+            "median (ratio to",
+            "bytearray(n)+fill, median of same-round ratios; lower is faster), then minor page faults per "
+            "scope (ru_minflt)", table(heads, rows, markdown), ""]
+    noise = sorted(sc["cells"][key][str(n)]["ratio_to_baseline"]["rel_iqr"] for key in keys for n in sizes
+                   if key != BASELINE)
+    if noise:
+        out.append(f"Noise: relative IQR of the same-round ratios, median {noise[len(noise) // 2]:.1%}, "
+                   f"worst {noise[-1]:.1%}; {sc['method']['rounds']} rounds.")
+    if sc.get("per_scope"):
+        out += ["", *per_scope.table_lines(sc["per_scope"], markdown)]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from _common import run_standalone
+    run_standalone(sys.modules[__name__])

@@ -66,7 +66,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import roundtrip
-from _common import BASELINE, Config, Progress, same_round_ratio, summarize
+from _common import BASELINE, Config, Progress, fmt_size, same_round_ratio, summarize, table
+from _experiment import no_plots
+
+TITLE = "3. Threads"
 
 SIZES = (512, 65536)
 THREADS = (1, 2)
@@ -265,7 +268,7 @@ def _measure(cand: ThreadCandidate, n: int, threads: int, ops_per_thread: int) -
     return max(done) - t0
 
 
-def plan_units(cfg: Config) -> float:
+def plan(cfg: Config) -> float:
     """Estimated milliseconds: per size, calibration and rounds of 1 + 2 threads per candidate."""
     ms = cfg.thread_seconds * 1000
     count = sum(1 for c in candidates() if not c.skipped)
@@ -352,3 +355,80 @@ def run(cfg: Config, progress: Progress) -> dict:
             results["cells"].setdefault(key, {})[str(n)] = cell
     results["method"]["gil_enabled_at_end"] = gil_enabled()
     return results
+
+
+# -- reading the results back (tables; also from a results.json) ----------------------------------
+
+plots = no_plots
+
+
+def targets(th: dict) -> list[dict]:
+    """Issue 13's scaling targets, as run() decided them in each cell (also the table's last column):
+    n/a on a GIL build, where Python threads cannot scale."""
+    checks = []
+    for key, c in th["candidates"].items():
+        for n in th["method"]["sizes"]:
+            cell = th["cells"].get(key, {}).get(str(n), {})
+            target = cell.get("target")
+            if target is None:
+                continue
+            checks.append({"target": "threads (issue 13): 2-thread scaling at Python level, free-threaded "
+                                     "build with the GIL off",
+                           "candidate": key, "label": c["label"], "size": n, "limit": target["min_scaling"],
+                           "ratio": cell["scaling"]["median"],
+                           "status": target["status"] if target["status"] in ("MET", "MISSED") else "n/a"})
+    return checks
+
+
+def target_line(c: dict) -> str:
+    gil = " (GIL on: Python threads take turns)" if c["status"] == "n/a" else ""
+    return (f"{c['status']:6s} {c['label']} at {fmt_size(c['size'])}: scaling {c['ratio']:.2f} "
+            f"(at least {c['limit']}){gil}")
+
+
+def title(th: dict) -> str:
+    """Which interpreter measured the threads table, and what bounds its scaling."""
+    interp = th["method"].get("interpreter")
+    if interp is None:  # a results.json from before the interpreter was recorded: a GIL build
+        return "a GIL build (interpreter not recorded): Python threads share the GIL, scaling at most ~1.0"
+    where = interp["description"]
+    if interp["gil_enabled"]:
+        return f"{where}: Python threads share the GIL, scaling at most ~1.0 at Python level"
+    if not interp.get("specialising_interpreter", True):
+        where += ", no specialising interpreter"
+    return f"{where}: Python threads run in parallel"
+
+
+def tables(th: dict, markdown: bool = False) -> str:
+    """Ops/s with 1 and 2 threads, the scaling and the single-thread ratios; then the method's note."""
+    rows = []
+    for key, c in th["candidates"].items():
+        if c.get("skipped") or key not in th["cells"]:
+            continue
+        for n in th["method"]["sizes"]:
+            cell = th["cells"][key][str(n)]
+            ratio = (cell.get("ratio_to_baseline") or {}).get("1")
+            ratio_repeat = (cell.get("ratio_to_bytearray_repeat") or {}).get("1")
+            target = cell.get("target")
+            rows.append([c["label"], fmt_size(n),
+                         f"{cell['1']['ops_per_s']['median'] / 1e6:.2f}",
+                         f"{cell['2']['ops_per_s']['median'] / 1e6:.2f}",
+                         f"{cell['scaling']['median']:.2f}",
+                         f"{ratio['median']:.2f}" if ratio else "",
+                         f"{ratio_repeat['median']:.2f}" if ratio_repeat else "",
+                         f">= {target['min_scaling']}: {target['status']}" if target else ""])
+    heading = (("### " if markdown else "") + f"Threads, {title(th)}.  Total Mops/s with 1 and 2 "
+               "threads; scaling = 2 threads / 1 thread; 1T/x = time per op with 1 thread over x's "
+               "(same round)")
+    heads = ["candidate", "size", "1 thread", "2 threads", "scaling", "1T/bytearray", "1T/bytearray*n",
+             "target (issue 13)"]
+    keep = [i for i in range(len(heads)) if i < 5 or any(r[i] for r in rows)]  # older JSON lacks some
+    text = heading + "\n" + table([heads[i] for i in keep], [[r[i] for i in keep] for r in rows], markdown)
+    if markdown:
+        return text + "\n\n" + th["method"].get("note", "")
+    return text + "\n  " + th["method"]["note"]
+
+
+if __name__ == "__main__":
+    from _common import run_standalone
+    run_standalone(sys.modules[__name__])

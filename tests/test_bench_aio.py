@@ -15,13 +15,14 @@ SMALL_RUN = f"""
     import json, sys
     sys.path.insert(0, {str(BENCH)!r})
     import aio
+    import _report
     import run as runner
     from _common import Config, QuietProgress
 
     aio.SETTINGS["quick"] = {{"rounds": 2, "frames": {{1 << 20: 8, 64 << 20: 1}}}}
     res = aio.run(Config.quick(), QuietProgress())
     print(json.dumps({{"res": res, "tables": aio.tables(res),
-                      "targets_text": runner.targets_text(runner.targets({{"aio": res}}))}}))
+                      "targets_text": _report.targets_text(runner.targets({{"aio": res}}))}}))
 """
 
 

@@ -14,6 +14,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 SMALL_RUN = f"""
     import glob, json, sys
     sys.path.insert(0, {str(BENCH)!r})
+    import _report
     import run as runner
     import uring
     from _common import Config, QuietProgress
@@ -26,7 +27,7 @@ SMALL_RUN = f"""
     left = sorted(set(glob.glob(uring.FILE_DIR + "/arenalib-uring-*")) - before)
     checks = uring.targets(res)
     print(json.dumps({{"res": res, "checks": checks, "left": left, "tables": uring.tables(res),
-                      "targets_text": runner.targets_text(runner.targets({{"uring": res}}))}}))
+                      "targets_text": _report.targets_text(runner.targets({{"uring": res}}))}}))
 """
 
 
