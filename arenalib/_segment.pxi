@@ -28,91 +28,17 @@ from arenalib._capi cimport Lifetime, thread_ident
 
 from arenalib._errors import ArenaClosedError, UnsupportedOperation, WrongThreadError
 
-cdef extern from *:
-    """
-    /* Under ThreadSanitizer, a segment's bytes between _pin() and _unpin() are the program's data,
-       written by its threads without synchronisation by design (as a bytearray's are): the checks
-       stay on arenalib's own state, not on those bytes.  Whether a stale handle ever reaches the
-       next owner's bytes is what the tests check by content (the hand-over goes through jemalloc,
-       which is not instrumented, so ThreadSanitizer could not judge it). */
-    #if defined(__SANITIZE_THREAD__)
-    void AnnotateIgnoreReadsBegin(const char *file, int line);
-    void AnnotateIgnoreReadsEnd(const char *file, int line);
-    void AnnotateIgnoreWritesBegin(const char *file, int line);
-    void AnnotateIgnoreWritesEnd(const char *file, int line);
-    #define arenalib_user_bytes_begin() \
-        (AnnotateIgnoreReadsBegin(__FILE__, __LINE__), AnnotateIgnoreWritesBegin(__FILE__, __LINE__))
-    #define arenalib_user_bytes_end() \
-        (AnnotateIgnoreWritesEnd(__FILE__, __LINE__), AnnotateIgnoreReadsEnd(__FILE__, __LINE__))
-    #else
-    #define arenalib_user_bytes_begin() ((void)0)
-    #define arenalib_user_bytes_end() ((void)0)
-    #endif
-    """
+# The live counters, the dealloc hook and the ThreadSanitizer annotations: src/segment.h.
+cdef extern from "src/segment.h":
     void user_bytes_begin "arenalib_user_bytes_begin"() noexcept nogil
     void user_bytes_end "arenalib_user_bytes_end"() noexcept nogil
-
-cdef extern from *:
-    """
-    /* Live Segment objects and exports, for live_objects(): every segment made and dropped counts,
-       so with threads in parallel each thread counts on a cache line of its own (one shared
-       counter was a line both threads wrote on every allocate: BufferPool per thread scaled
-       1.16x at 512 B), and a read sums the lines. */
-    #if ARENALIB_FREE_THREADED
-    #define ARENALIB_SHARDS 64
-    typedef struct { Py_ssize_t value; char padding[64 - sizeof(Py_ssize_t)]; }
-        __attribute__((aligned(64))) arenalib_shard;
-    static arenalib_shard arenalib_live_segments[ARENALIB_SHARDS];
-    static arenalib_shard arenalib_live_exports[ARENALIB_SHARDS];
-    static inline void arenalib_shard_add(arenalib_shard *shards, Py_ssize_t delta) {
-        unsigned long me = (unsigned long)pthread_self();
-        __atomic_add_fetch(&shards[((me >> 12) * 0x9E3779B97F4A7C15UL) >> 58].value, delta,
-                           __ATOMIC_RELAXED);
-    }
-    static inline Py_ssize_t arenalib_shard_sum(arenalib_shard *shards) {
-        Py_ssize_t total = 0;
-        int i;
-        for (i = 0; i < ARENALIB_SHARDS; i++)
-            total += __atomic_load_n(&shards[i].value, __ATOMIC_RELAXED);
-        return total;
-    }
-    #else  /* the GIL serialises one counter */
-    typedef struct { Py_ssize_t value; } arenalib_shard;
-    static arenalib_shard arenalib_live_segments[1];
-    static arenalib_shard arenalib_live_exports[1];
-    #define arenalib_shard_add(shards, delta) ((void)((shards)[0].value += (delta)))
-    #define arenalib_shard_sum(shards) ((shards)[0].value)
-    #endif
-    """
     ctypedef struct Shards "arenalib_shard":
         pass
     Shards* LIVE_SEGMENTS "arenalib_live_segments"
     Shards* LIVE_EXPORTS "arenalib_live_exports"
     void shard_add "arenalib_shard_add"(Shards* shards, Py_ssize_t delta) noexcept nogil
     Py_ssize_t shard_sum "arenalib_shard_sum"(Shards* shards) noexcept nogil
-
-cdef extern from *:
-    """
-    /* A Segment leaving counts itself out in its type's tp_dealloc, wrapped around the one Cython
-       generates: a __dealloc__ would save and restore the error state around it for every segment
-       (~6 ns of a ~320 ns scope).  Installed once by segment_dealloc_init(). */
-    static destructor arenalib_segment_cython_dealloc;
-    static Py_ssize_t arenalib_segment_arena_offset;
-    static void arenalib_segment_dealloc(PyObject *o) {
-        if (*(PyObject **)((char *)o + arenalib_segment_arena_offset) != Py_None)
-            arenalib_shard_add(arenalib_live_segments, -1);
-        arenalib_segment_cython_dealloc(o);
-    }
-    static void arenalib_segment_dealloc_init(PyTypeObject *t, Py_ssize_t arena_offset) {
-        arenalib_segment_arena_offset = arena_offset;
-        arenalib_segment_cython_dealloc = t->tp_dealloc;
-        t->tp_dealloc = arenalib_segment_dealloc;
-    }
-    #define arenalib_segment_arena_field(seg) \
-        ((char *)&((struct __pyx_obj_8arenalib_6_arena_Segment *)(seg))->_arena - (char *)(seg))
-    """
-    void arenalib_segment_dealloc_init(type t, Py_ssize_t arena_offset) noexcept
-    Py_ssize_t segment_arena_field "arenalib_segment_arena_field"(Segment seg) noexcept
+    void arenalib_segment_dealloc_init(type t, Py_ssize_t life_offset) noexcept
 
 cdef extern from "Python.h":
     Py_ssize_t PySlice_AdjustIndices(Py_ssize_t length, Py_ssize_t* start, Py_ssize_t* stop,
@@ -519,8 +445,11 @@ cdef class Segment:
 
 
 cdef int segment_dealloc_init() except -1:
+    """Hook Segment's tp_dealloc (src/segment.h), telling it where a Segment keeps its Lifetime
+    pointer: computed on a probe, as Cython lays the object out (its C struct's name is Cython's,
+    not ours to spell)."""
     cdef Segment probe = Segment.__new__(Segment)
-    arenalib_segment_dealloc_init(Segment, segment_arena_field(probe))
+    arenalib_segment_dealloc_init(Segment, <char*>&probe._life - <char*><void*>probe)
     return 0
 
 
