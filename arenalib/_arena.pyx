@@ -69,7 +69,9 @@ include "_error_table.pxi"
 include "_slots.pxi"
 include "_access.pxi"
 include "_core.pxi"
+include "_convert.pxi"
 include "_segment.pxi"
+include "_segment_ops.pxi"
 
 # Debug mode: arenas record where they were created, for the ResourceWarning of an unclosed arena.
 cdef bint _debug = False
