@@ -328,6 +328,6 @@ cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size):
     cdef Segment seg = Segment.__new__(Segment)
     seg._size = size
     seg._arena = arena
-    seg._life = arena._life
+    seg._life = arena._life  # never NULL (an owner's __cinit__ sets it first): the dealloc hook's mark
     shard_add(LIVE_SEGMENTS, 1)
     return seg
