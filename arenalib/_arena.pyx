@@ -11,6 +11,7 @@ The one extension that links the private jemalloc.  Its parts, in the order they
     _access.pxi       accessing-now records: no free, reset or close under another thread's access
     _dispatch.pxi     every operation's entry point: check once, switch once on the kind
     _segment.pxi      Segment, and SegmentOwner (what segments need of whoever hands them out)
+    _segment_ops.pxi  what Segment's indexing, slice assignment and slice() do
     (this file)       ArenaBase: the lifecycle, stats and Python API every arena kind shares
     _confined.pxi     ConfinedArena: its rule and class (its inline rule: _confined.pxd)
     _shared.pxi       Arena: likewise (_shared.pxd)
@@ -49,6 +50,7 @@ include "_retention.pxi"
 include "_access.pxi"
 include "_dispatch.pxi"
 include "_segment.pxi"
+include "_segment_ops.pxi"
 
 # Debug mode: arenas record where they were created, for the ResourceWarning of an unclosed arena.
 cdef bint _debug = False

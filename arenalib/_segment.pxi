@@ -1,122 +1,40 @@
 # Segment: a view of native memory owned by an arena, with CPython's writable buffer protocol.
 #
 # A segment never owns its memory: its SegmentOwner (an arena, a BufferPool) does, and frees it on
-# free(), reset() or close().  Every
-# access first checks, in O(1), that the memory is still there (the segment's generation equals its
-# arena's, and its root was not freed) and that the calling thread may touch it, so a stale handle
-# raises instead of reading freed memory.  While a buffer export is alive, nothing may free the memory
-# (BufferError, as mmap.close() does).
+# free(), reset() or close().  Every access first checks, in O(1), that the memory is still there
+# (the segment's generation equals its arena's, and its root was not freed) and that the calling
+# thread may touch it, so a stale handle raises instead of reading freed memory.  While a buffer
+# export is alive, nothing may free the memory (BufferError, as mmap.close() does).
 #
 # THE RULE of every method that touches the memory: convert, then check, then touch.  All that can
 # run Python code (argument conversion, __index__, slice.indices, buffer acquisition, object creation,
 # which can start a GC) comes first; then _pin() announces the access and checks liveness; then only
 # C that cannot call back runs until _unpin().  _access.pxi says how this holds with the GIL off.
+#
+# The parts: _convert.pxi converts the arguments; this file is the class, its checks and its buffer
+# protocol; _segment_ops.pxi holds what indexing, slice assignment and slice() do; src/segment.h the
+# C below them (live counters, the dealloc hook, ThreadSanitizer annotations).
 
 cimport cython
-from cpython.buffer cimport (
-    PyBUF_FORMAT, PyBUF_FULL_RO, PyBUF_ND, PyBUF_STRIDES, PyBuffer_IsContiguous, PyBuffer_Release,
-    PyBuffer_ToContiguous, PyObject_CheckBuffer, PyObject_GetBuffer,
-)
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.number cimport PyNumber_Index
-from cpython.pyport cimport PY_SSIZE_T_MAX
-from cpython.slice cimport PySlice_Unpack
-from libc.stdint cimport uint64_t
-from libc.string cimport memcpy, memmove, memset
+from libc.string cimport memcpy, memset
 
 from arenalib._abi cimport Lifetime, thread_ident
 
-from arenalib._errors import ArenaClosedError, UnsupportedOperation, WrongThreadError
+from arenalib._errors import ArenaClosedError, UnsupportedOperation
 
-cdef extern from *:
-    """
-    /* Under ThreadSanitizer, a segment's bytes between _pin() and _unpin() are the program's data,
-       written by its threads without synchronisation by design (as a bytearray's are): the checks
-       stay on arenalib's own state, not on those bytes.  Whether a stale handle ever reaches the
-       next owner's bytes is what the tests check by content (the hand-over goes through jemalloc,
-       which is not instrumented, so ThreadSanitizer could not judge it). */
-    #if defined(__SANITIZE_THREAD__)
-    void AnnotateIgnoreReadsBegin(const char *file, int line);
-    void AnnotateIgnoreReadsEnd(const char *file, int line);
-    void AnnotateIgnoreWritesBegin(const char *file, int line);
-    void AnnotateIgnoreWritesEnd(const char *file, int line);
-    #define arenalib_user_bytes_begin() \
-        (AnnotateIgnoreReadsBegin(__FILE__, __LINE__), AnnotateIgnoreWritesBegin(__FILE__, __LINE__))
-    #define arenalib_user_bytes_end() \
-        (AnnotateIgnoreWritesEnd(__FILE__, __LINE__), AnnotateIgnoreReadsEnd(__FILE__, __LINE__))
-    #else
-    #define arenalib_user_bytes_begin() ((void)0)
-    #define arenalib_user_bytes_end() ((void)0)
-    #endif
-    """
+# The live counters, the dealloc hook and the ThreadSanitizer annotations: src/segment.h.
+cdef extern from "src/segment.h":
     void user_bytes_begin "arenalib_user_bytes_begin"() noexcept nogil
     void user_bytes_end "arenalib_user_bytes_end"() noexcept nogil
-
-cdef extern from *:
-    """
-    /* Live Segment objects and exports, for live_objects(): every segment made and dropped counts,
-       so with threads in parallel each thread counts on a cache line of its own (one shared
-       counter was a line both threads wrote on every allocate: BufferPool per thread scaled
-       1.16x at 512 B), and a read sums the lines. */
-    #if ARENALIB_FREE_THREADED
-    #define ARENALIB_SHARDS 64
-    typedef struct { Py_ssize_t value; char padding[64 - sizeof(Py_ssize_t)]; }
-        __attribute__((aligned(64))) arenalib_shard;
-    static arenalib_shard arenalib_live_segments[ARENALIB_SHARDS];
-    static arenalib_shard arenalib_live_exports[ARENALIB_SHARDS];
-    static inline void arenalib_shard_add(arenalib_shard *shards, Py_ssize_t delta) {
-        unsigned long me = (unsigned long)pthread_self();
-        __atomic_add_fetch(&shards[((me >> 12) * 0x9E3779B97F4A7C15UL) >> 58].value, delta,
-                           __ATOMIC_RELAXED);
-    }
-    static inline Py_ssize_t arenalib_shard_sum(arenalib_shard *shards) {
-        Py_ssize_t total = 0;
-        int i;
-        for (i = 0; i < ARENALIB_SHARDS; i++)
-            total += __atomic_load_n(&shards[i].value, __ATOMIC_RELAXED);
-        return total;
-    }
-    #else  /* the GIL serialises one counter */
-    typedef struct { Py_ssize_t value; } arenalib_shard;
-    static arenalib_shard arenalib_live_segments[1];
-    static arenalib_shard arenalib_live_exports[1];
-    #define arenalib_shard_add(shards, delta) ((void)((shards)[0].value += (delta)))
-    #define arenalib_shard_sum(shards) ((shards)[0].value)
-    #endif
-    """
     ctypedef struct Shards "arenalib_shard":
         pass
     Shards* LIVE_SEGMENTS "arenalib_live_segments"
     Shards* LIVE_EXPORTS "arenalib_live_exports"
     void shard_add "arenalib_shard_add"(Shards* shards, Py_ssize_t delta) noexcept nogil
     Py_ssize_t shard_sum "arenalib_shard_sum"(Shards* shards) noexcept nogil
-
-cdef extern from *:
-    """
-    /* A Segment leaving counts itself out in its type's tp_dealloc, wrapped around the one Cython
-       generates: a __dealloc__ would save and restore the error state around it for every segment
-       (~6 ns of a ~320 ns scope).  Installed once by segment_dealloc_init(). */
-    static destructor arenalib_segment_cython_dealloc;
-    static Py_ssize_t arenalib_segment_arena_offset;
-    static void arenalib_segment_dealloc(PyObject *o) {
-        if (*(PyObject **)((char *)o + arenalib_segment_arena_offset) != Py_None)
-            arenalib_shard_add(arenalib_live_segments, -1);
-        arenalib_segment_cython_dealloc(o);
-    }
-    static void arenalib_segment_dealloc_init(PyTypeObject *t, Py_ssize_t arena_offset) {
-        arenalib_segment_arena_offset = arena_offset;
-        arenalib_segment_cython_dealloc = t->tp_dealloc;
-        t->tp_dealloc = arenalib_segment_dealloc;
-    }
-    #define arenalib_segment_arena_field(seg) \
-        ((char *)&((struct __pyx_obj_8arenalib_6_arena_Segment *)(seg))->_arena - (char *)(seg))
-    """
-    void arenalib_segment_dealloc_init(type t, Py_ssize_t arena_offset) noexcept
-    Py_ssize_t segment_arena_field "arenalib_segment_arena_field"(Segment seg) noexcept
-
-cdef extern from "Python.h":
-    Py_ssize_t PySlice_AdjustIndices(Py_ssize_t length, Py_ssize_t* start, Py_ssize_t* stop,
-                                     Py_ssize_t step) noexcept
+    void arenalib_segment_dealloc_init(type t, Py_ssize_t life_offset) noexcept
 
 cdef Py_ssize_t _ITEMSIZE_ONE = 1
 cdef char* _FORMAT_BYTE = b"B"
@@ -126,65 +44,6 @@ cdef enum:  # what Segment._status() finds
     SEGMENT_NOT_FROM_ARENA
     SEGMENT_DEAD
     SEGMENT_WRONG_THREAD
-
-
-cdef inline Py_ssize_t _as_byte(object value) except -1:
-    """The int ``value`` as a byte, or ValueError/TypeError as bytearray does."""
-    cdef Py_ssize_t byte
-    if type(value) is int:  # the common case, without the cost of a try block
-        byte = _long_as_ssize(value)
-        if 0 <= byte <= 255:
-            return byte
-        PyErr_Clear()  # out of range, or too large: the general path says which
-    try:
-        byte = value
-    except OverflowError:
-        raise ValueError(f"byte must be in range(0, 256), not {value!r}") from None
-    if byte < 0 or byte > 255:
-        raise ValueError(f"byte must be in range(0, 256), not {value!r}")
-    return byte
-
-
-cdef inline Py_ssize_t _slice_length(object key, Py_ssize_t size, Py_ssize_t* start,
-                                     Py_ssize_t* step) except -1:
-    """The bytes a slice of a ``size``-byte segment selects; its first index and step go to
-    ``start`` and ``step``.  May run __index__ of the slice's bounds."""
-    cdef Py_ssize_t stop
-    if PySlice_Unpack(key, start, &stop, step) < 0:
-        return -1
-    return PySlice_AdjustIndices(size, start, &stop, step[0])
-
-
-cdef inline void _gather(char* dst, const char* src, Py_ssize_t n, Py_ssize_t step) noexcept nogil:
-    """dst[i] = src[i * step] for i < n."""
-    cdef Py_ssize_t i
-    if step == 1:
-        memcpy(dst, src, <size_t>n)
-    else:
-        for i in range(n):
-            dst[i] = src[i * step]
-
-
-cdef inline void _scatter(char* dst, const char* src, Py_ssize_t n, Py_ssize_t step) noexcept nogil:
-    """dst[i * step] = src[i] for i < n (step 1: the two may overlap)."""
-    cdef Py_ssize_t i
-    if step == 1:
-        memmove(dst, src, <size_t>n)
-    else:
-        for i in range(n):
-            dst[i * step] = src[i]
-
-
-cdef int _acquire_source(object value, Py_buffer* view) except -1:
-    """The buffer of a value assigned to a slice: any bytes-like object, whatever its shape (a
-    NumPy scalar or 0-d array is refused, as ints are).  The caller releases ``view``."""
-    if not PyObject_CheckBuffer(value):
-        raise TypeError(f"a slice of a segment is assigned a bytes-like object, not {type(value).__name__}")
-    PyObject_GetBuffer(value, view, PyBUF_FULL_RO)
-    if view.ndim == 0:
-        PyBuffer_Release(view)
-        raise TypeError(f"a slice of a segment is assigned a bytes-like object, not {type(value).__name__}")
-    return 0
 
 
 cdef class SegmentOwner:
@@ -380,20 +239,7 @@ cdef class Segment:
 
         The slice shares this segment's memory and lifetime; an export of it counts as an export
         of the parent.  Negative arguments raise ValueError, out-of-bounds ones IndexError."""
-        if self._arena is None:
-            self._check()  # a Segment not made by an arena: TypeError, before anything is counted
-        cdef Py_ssize_t start = _bounded_index(offset, "offset")
-        cdef Py_ssize_t length = _bounded_index(size, "size")
-        cdef Segment child = make_segment(self._arena, length)
-        self._check()  # a dead segment says so before its bounds are judged
-        if start > self._size or length > self._size - start:
-            raise IndexError(
-                f"slice(offset={offset}, size={size}) is out of bounds for a segment of "
-                f"{self._size} bytes")
-        child._ptr = self._ptr + start
-        child._root = self._owner_segment()
-        child._generation = self._generation
-        return child
+        return _segment_slice(self, offset, size)
 
     def free(self, *, bint deferred=False):
         """Give the memory back to the arena now; any later use of this segment raises
@@ -438,63 +284,10 @@ cdef class Segment:
         return 0
 
     def __getitem__(self, key):
-        cdef Py_ssize_t start, step, length, i
-        cdef bytes copy
-        cdef unsigned char byte
-        cdef void* token
-        if isinstance(key, slice):
-            length = _slice_length(key, self._size, &start, &step)
-            copy = PyBytes_FromStringAndSize(NULL, length)
-            self._pin(&token)
-            _gather(PyBytes_AS_STRING(copy), self._ptr + start, length, step)
-            self._unpin(token)
-            return copy
-        i = _position(key, self._size)
-        self._pin(&token)
-        if i < 0:
-            self._unpin(token)
-            raise IndexError("segment index out of range")
-        byte = <unsigned char>self._ptr[i]
-        self._unpin(token)
-        return byte
+        return _segment_getitem(self, key)
 
     def __setitem__(self, key, value):
-        cdef Py_ssize_t start, step, length, i
-        cdef int byte
-        cdef Py_buffer source
-        cdef const char* data
-        cdef bytes copy
-        cdef void* token
-        if not isinstance(key, slice):
-            i = _position(key, self._size)
-            byte = <int>_as_byte(value)
-            self._pin(&token)
-            if i < 0:
-                self._unpin(token)
-                raise IndexError("segment index out of range")
-            self._ptr[i] = <char>byte
-            self._unpin(token)
-            return
-        length = _slice_length(key, self._size, &start, &step)
-        _acquire_source(value, &source)
-        try:
-            data = <const char*>source.buf
-            # A strided source, or one overlapping this segment under a strided copy, goes through
-            # a contiguous copy first (as memoryview assignment does).
-            if source.len == length and (not PyBuffer_IsContiguous(&source, b"C") or (
-                    step != 1 and data < self._ptr + self._size and self._ptr < data + length)):
-                copy = PyBytes_FromStringAndSize(NULL, length)
-                PyBuffer_ToContiguous(PyBytes_AS_STRING(copy), &source, length, b"C")
-                data = PyBytes_AS_STRING(copy)
-            self._pin(&token)
-            if source.len != length:
-                self._unpin(token)
-                raise ValueError(f"segment slice assignment needs {length} bytes, got {source.len}; "
-                                 "the size of a segment cannot change")
-            _scatter(self._ptr + start, data, length, step)
-            self._unpin(token)
-        finally:
-            PyBuffer_Release(&source)
+        _segment_setitem(self, key, value)
 
     def __delitem__(self, key):
         raise TypeError("a segment has a fixed size: its bytes cannot be deleted")
@@ -519,8 +312,11 @@ cdef class Segment:
 
 
 cdef int segment_dealloc_init() except -1:
+    """Hook Segment's tp_dealloc (src/segment.h), telling it where a Segment keeps its Lifetime
+    pointer: computed on a probe, as Cython lays the object out (its C struct's name is Cython's,
+    not ours to spell)."""
     cdef Segment probe = Segment.__new__(Segment)
-    arenalib_segment_dealloc_init(Segment, segment_arena_field(probe))
+    arenalib_segment_dealloc_init(Segment, <char*>&probe._life - <char*><void*>probe)
     return 0
 
 
@@ -532,54 +328,6 @@ cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size):
     cdef Segment seg = Segment.__new__(Segment)
     seg._size = size
     seg._arena = arena
-    seg._life = arena._life
+    seg._life = arena._life  # never NULL (an owner's __cinit__ sets it first): the dealloc hook's mark
     shard_add(LIVE_SEGMENTS, 1)
     return seg
-
-
-cdef Py_ssize_t _bounded_index(object value, str name) except -1:
-    """A non-negative ``value`` as Py_ssize_t; too large for any segment: PY_SSIZE_T_MAX."""
-    cdef object index = PyNumber_Index(value)  # one __index__ call; TypeError for a non-integer
-    cdef Py_ssize_t n
-    try:
-        n = index
-    except OverflowError:
-        if index < 0:
-            raise ValueError(f"{name} must be >= 0, not {index!r}") from None
-        return PY_SSIZE_T_MAX
-    if n < 0:
-        raise ValueError(f"{name} must be >= 0, not {value!r}")
-    return n
-
-
-cdef Py_ssize_t _position(object index, Py_ssize_t size) except -2:
-    """``index`` (negative from the end, as for bytes) as a position in ``size`` bytes; -1 when it
-    is out of range (the caller raises IndexError once the segment is known to be alive)."""
-    cdef Py_ssize_t i
-    try:
-        i = index
-    except OverflowError:
-        return -1
-    if i < 0:
-        i += size
-    return i if 0 <= i < size else -1
-
-
-cdef object _dead_segment_error(Segment seg):
-    cdef SegmentOwner arena = seg._arena
-    cdef void* token = access_enter(seg._life)  # no close half done meanwhile
-    cdef bint arena_open = arena._is_open()
-    access_exit(token)
-    if not arena_open:
-        why = f"its {type(arena).__name__} is closed"
-    elif seg._dead_root():
-        why = "it was freed or released"
-    else:
-        why = f"its {type(arena).__name__} was reset"
-    return ArenaClosedError(f"segment of {seg._size} bytes is no longer usable: {why}")
-
-
-cdef object _wrong_thread_error(SegmentOwner arena):
-    return WrongThreadError(
-        f"{type(arena).__name__} belongs to thread {arena._life.owner}; "
-        f"thread {thread_ident()} may not use it or its segments")

@@ -1,0 +1,137 @@
+# What Segment's indexing, slice assignment and slice() do, and the errors of a segment that may not
+# be touched: module-level cdef functions, so that the class in _segment.pxi stays its interface
+# (Cython keeps methods in the class body and refuses an include there).  Each method calls its
+# function directly, a static C function of this module that the compiler may inline.
+#
+# Every function here keeps THE RULE of _segment.pxi: the conversions of _convert.pxi and any
+# object creation first, then seg._pin(), then C that cannot call back, then seg._unpin().
+
+from cpython.buffer cimport PyBuffer_IsContiguous, PyBuffer_Release, PyBuffer_ToContiguous
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.string cimport memcpy, memmove
+
+from arenalib._capi cimport thread_ident
+
+from arenalib._errors import ArenaClosedError, WrongThreadError
+
+
+cdef inline void _gather(char* dst, const char* src, Py_ssize_t n, Py_ssize_t step) noexcept nogil:
+    """dst[i] = src[i * step] for i < n."""
+    cdef Py_ssize_t i
+    if step == 1:
+        memcpy(dst, src, <size_t>n)
+    else:
+        for i in range(n):
+            dst[i] = src[i * step]
+
+
+cdef inline void _scatter(char* dst, const char* src, Py_ssize_t n, Py_ssize_t step) noexcept nogil:
+    """dst[i * step] = src[i] for i < n (step 1: the two may overlap)."""
+    cdef Py_ssize_t i
+    if step == 1:
+        memmove(dst, src, <size_t>n)
+    else:
+        for i in range(n):
+            dst[i * step] = src[i]
+
+
+cdef object _segment_getitem(Segment seg, object key):
+    """seg[key]: a byte as an int, or a slice as bytes."""
+    cdef Py_ssize_t start, step, length, i
+    cdef bytes copy
+    cdef unsigned char byte
+    cdef void* token
+    if isinstance(key, slice):
+        length = _slice_length(key, seg._size, &start, &step)
+        copy = PyBytes_FromStringAndSize(NULL, length)
+        seg._pin(&token)
+        _gather(PyBytes_AS_STRING(copy), seg._ptr + start, length, step)
+        seg._unpin(token)
+        return copy
+    i = _position(key, seg._size)
+    seg._pin(&token)
+    if i < 0:
+        seg._unpin(token)
+        raise IndexError("segment index out of range")
+    byte = <unsigned char>seg._ptr[i]
+    seg._unpin(token)
+    return byte
+
+
+cdef int _segment_setitem(Segment seg, object key, object value) except -1:
+    """seg[key] = value: a byte from an int, or a slice from a bytes-like object of its length."""
+    cdef Py_ssize_t start, step, length, i
+    cdef int byte
+    cdef Py_buffer source
+    cdef const char* data
+    cdef bytes copy
+    cdef void* token
+    if not isinstance(key, slice):
+        i = _position(key, seg._size)
+        byte = <int>_as_byte(value)
+        seg._pin(&token)
+        if i < 0:
+            seg._unpin(token)
+            raise IndexError("segment index out of range")
+        seg._ptr[i] = <char>byte
+        seg._unpin(token)
+        return 0
+    length = _slice_length(key, seg._size, &start, &step)
+    _acquire_source(value, &source)
+    try:
+        data = <const char*>source.buf
+        # A strided source, or one overlapping this segment under a strided copy, goes through
+        # a contiguous copy first (as memoryview assignment does).
+        if source.len == length and (not PyBuffer_IsContiguous(&source, b"C") or (
+                step != 1 and data < seg._ptr + seg._size and seg._ptr < data + length)):
+            copy = PyBytes_FromStringAndSize(NULL, length)
+            PyBuffer_ToContiguous(PyBytes_AS_STRING(copy), &source, length, b"C")
+            data = PyBytes_AS_STRING(copy)
+        seg._pin(&token)
+        if source.len != length:
+            seg._unpin(token)
+            raise ValueError(f"segment slice assignment needs {length} bytes, got {source.len}; "
+                             "the size of a segment cannot change")
+        _scatter(seg._ptr + start, data, length, step)
+        seg._unpin(token)
+    finally:
+        PyBuffer_Release(&source)
+    return 0
+
+
+cdef Segment _segment_slice(Segment seg, object offset, object size):
+    """seg.slice(offset, size): a segment of the same memory and lifetime, without copying."""
+    if seg._arena is None:
+        seg._check()  # a Segment not made by an arena: TypeError, before anything is counted
+    cdef Py_ssize_t start = _bounded_index(offset, "offset")
+    cdef Py_ssize_t length = _bounded_index(size, "size")
+    cdef Segment child = make_segment(seg._arena, length)
+    seg._check()  # a dead segment says so before its bounds are judged
+    if start > seg._size or length > seg._size - start:
+        raise IndexError(
+            f"slice(offset={offset}, size={size}) is out of bounds for a segment of "
+            f"{seg._size} bytes")
+    child._ptr = seg._ptr + start
+    child._root = seg._owner_segment()
+    child._generation = seg._generation
+    return child
+
+
+cdef object _dead_segment_error(Segment seg):
+    cdef SegmentOwner arena = seg._arena
+    cdef void* token = access_enter(seg._life)  # no close half done meanwhile
+    cdef bint arena_open = arena._is_open()
+    access_exit(token)
+    if not arena_open:
+        why = f"its {type(arena).__name__} is closed"
+    elif seg._dead_root():
+        why = "it was freed or released"
+    else:
+        why = f"its {type(arena).__name__} was reset"
+    return ArenaClosedError(f"segment of {seg._size} bytes is no longer usable: {why}")
+
+
+cdef object _wrong_thread_error(SegmentOwner arena):
+    return WrongThreadError(
+        f"{type(arena).__name__} belongs to thread {arena._life.owner}; "
+        f"thread {thread_ident()} may not use it or its segments")
