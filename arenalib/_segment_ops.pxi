@@ -10,7 +10,7 @@ from cpython.buffer cimport PyBuffer_IsContiguous, PyBuffer_Release, PyBuffer_To
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.string cimport memcpy, memmove
 
-from arenalib._capi cimport thread_ident
+from arenalib._abi cimport thread_ident
 
 from arenalib._errors import ArenaClosedError, WrongThreadError
 
