@@ -58,6 +58,12 @@ from arenalib._table cimport (
 )
 from arenalib._table cimport OpaqueCore as ArenaCore
 
+cdef extern from "Python.h":
+    # Declared here rather than cimported from cpython.object, which imports the type objects.
+    ctypedef struct PyObject
+    void PyErr_SetString(PyObject* exception, const char* message)
+    PyObject* PyExc_ImportError
+
 cdef extern from *:
     """
     /* This module's pointer to arenalib's function table (set by the first call, with the GIL). */
@@ -73,10 +79,11 @@ cdef inline ArenaTable* _table() except NULL:
         return <ArenaTable*>arenalib_table_ptr
     cdef ArenaTable* table = <ArenaTable*>PyCapsule_Import(b"arenalib._arena._C_TABLE", 0)
     if table.fingerprint != TABLE_FINGERPRINT or table.core_size > sizeof(ArenaCore):
-        raise ImportError(
-            f"a Cython extension was compiled against another arenalib C API table (fingerprint "
-            f"{TABLE_FINGERPRINT:#018x}; this arenalib has {table.fingerprint:#018x}): rebuild "
-            "the extension against the arenalib it runs with")
+        # Set through the C API, not raised: every line of C here is compiled into each consumer.
+        PyErr_SetString(PyExc_ImportError,
+                        b"a Cython extension was compiled against another arenalib C API table: "
+                        b"rebuild the extension against the arenalib it runs with")
+        return NULL
     arenalib_table_ptr = table
     return table
 

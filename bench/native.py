@@ -41,7 +41,8 @@ SIZES = [8, 512, 1024, 4096, 65536]
 
 def build_kernels(name: str = "arenalib_bench_kernels"):
     """Build (once) and import a Cython kernel module of bench/native/: ``arenalib_bench_kernels``,
-    or ``arenalib_bench_uring`` (bench/uring.py's liburing loops)."""
+    ``arenalib_bench_table`` (its arena loops through the function table), or
+    ``arenalib_bench_uring`` (bench/uring.py's liburing loops)."""
     # One build per interpreter and venv: a free-threaded 3.13t cannot load what 3.13 built (the
     # ABI differs: "init function ... returned uninitialized object"), nor should an ASan venv share.
     version = f"py{sys.version_info[0]}.{sys.version_info[1]}{sys.abiflags}"
@@ -103,8 +104,9 @@ def roundtrip(quick: bool, progress=None) -> dict:
     }
 
 
-def roundtrip_samples(kernels, quick: bool) -> dict:
-    """One process's share of roundtrip(): every round's ns/op and ratio to malloc, per size."""
+def roundtrip_samples(kernels, table, quick: bool) -> dict:
+    """One process's share of roundtrip(): every round's ns/op and ratio to malloc, per size.
+    ``table``: the same arena loops built against the table-only C API (cimport arenalib)."""
     rounds = 3 if quick else 5
     confined = arenalib.ConfinedArena()
     shared = arenalib.Arena()
@@ -127,6 +129,11 @@ def roundtrip_samples(kernels, quick: bool) -> dict:
                 "malloc+free (no fill)": partial(kernels.malloc_free, n, size),
                 "scope open+alloc+close (no fill)": partial(
                     kernels.scope_open_allocate_close, n, size, False),
+                # A pair with nothing between, inline and through the function table (issue 24:
+                # the table's call may cost at most 2x the inline pair).
+                "ConfinedArena pair (no fill)": _pair_ns(kernels, confined, n, size),
+                "ConfinedArena pair via table (no fill)": _pair_ns(table, confined, n, size),
+                "ConfinedArena via table zero=False": partial(table.arena_fill_free, confined, n, size, False),
             }
             row = {name: {"samples": [], "ratios": []} for name in candidates}
             for fn in candidates.values():  # warm-up
@@ -143,6 +150,11 @@ def roundtrip_samples(kernels, quick: bool) -> dict:
         shared.close()
         slicing.close()
     return results
+
+
+def _pair_ns(kernels, arena, n: int, size: int):
+    """ns per allocate/free pair of ``arena`` through ``kernels``' arena_alloc_free_pairs."""
+    return lambda: kernels.arena_alloc_free_pairs(arena, n, size)[0]
 
 
 def threads(kernels, quick: bool, progress=None) -> dict:
@@ -236,6 +248,10 @@ def c_targets(roundtrip_results: dict, thread_results: dict) -> list[dict]:
                            row["SlicingArena (reset/100)"]["ratio_to_malloc"], 1.0, floor))
         checks.append(("scope open+alloc+fill+close <= 1.0x malloc+fill+free", size,
                        row["scope open+alloc+fill+close"]["ratio_to_malloc"], 1.0, floor))
+        if "ConfinedArena pair via table (no fill)" in row:
+            checks.append(("pair via the table <= 2.0x the inline pair", size,
+                           row["ConfinedArena pair via table (no fill)"]["ns_per_op"]
+                           / row["ConfinedArena pair (no fill)"]["ns_per_op"], 2.0, None))
         if "scope open+alloc+close (no fill)" in row:
             checks.append(("scope open+alloc+close <= 1.0x malloc+free", size,
                            row["scope open+alloc+close (no fill)"]["ratio_to_malloc"], 1.0, None))
@@ -327,7 +343,8 @@ if __name__ == "__main__":
                         help="(internal) one process's rounds of the roundtrip, as JSON")
     args = parser.parse_args()
     if args.roundtrip_process:
-        print(json.dumps(roundtrip_samples(build_kernels(), quick=not args.full)))
+        print(json.dumps(roundtrip_samples(build_kernels(), build_kernels("arenalib_bench_table"),
+                                           quick=not args.full)))
     else:
         result = measure(not args.full, lambda m: print(m, file=sys.stderr))
         print(tables(result))

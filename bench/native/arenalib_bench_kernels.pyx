@@ -8,41 +8,13 @@ deleting the malloc/free pair."""
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
-from arenalib cimport (
+from arenalib.fast cimport (
     ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, arena_allocate, arena_close, arena_core,
     arena_core_init, arena_free, arena_open, arena_raise, arena_reset,
 )
 
-cdef extern from *:
-    """
-    #include <time.h>
-    static inline void arenalib_bench_escape(void *p) { __asm__ volatile("" : : "g"(p) : "memory"); }
-    static inline long long arenalib_bench_now(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-    }
-    /* A start line for timed threads: each arrives, then spins until all have, so that none is
-       timed while another is still being woken up (a sleeping vCPU takes up to milliseconds). */
-    static int arenalib_bench_arrived, arenalib_bench_expected = 1;
-    static inline void arenalib_bench_start_line(void) {
-        __atomic_add_fetch(&arenalib_bench_arrived, 1, __ATOMIC_ACQ_REL);
-        while (__atomic_load_n(&arenalib_bench_arrived, __ATOMIC_ACQUIRE) < arenalib_bench_expected)
-            __builtin_ia32_pause();
-    }
-    """
-    void escape "arenalib_bench_escape"(void* p) noexcept nogil
-    long long now_ns "arenalib_bench_now"() noexcept nogil
-    int arrived "arenalib_bench_arrived"
-    int expected "arenalib_bench_expected"
-    void start_line "arenalib_bench_start_line"() noexcept nogil
-
-
-def set_start_line(int threads):
-    """The pair loops below start timing once ``threads`` of them have reached the start line."""
-    global arrived, expected
-    arrived = 0
-    expected = threads
+include "_timing.pxi"
+include "_arena_loops.pxi"
 
 
 def malloc_fill_free(Py_ssize_t n, size_t size):
@@ -80,27 +52,6 @@ def calloc_fill_free(Py_ssize_t n, size_t size):
             escape(p)
             free(p)
         t0 = now_ns() - t0
-    return t0 / <double>n
-
-
-def arena_fill_free(arena, Py_ssize_t n, size_t size, bint zero):
-    """arena_allocate + memset(3) + arena_free on an Arena or ConfinedArena, ns per op."""
-    cdef ArenaCore* core = arena_core(arena)
-    cdef Py_ssize_t _i
-    cdef void* p
-    cdef int err = ARENA_OK
-    cdef long long t0
-    with nogil:
-        t0 = now_ns()
-        for _i in range(n):
-            err = arena_allocate(core, size, 0, zero, &p)
-            if err != ARENA_OK:
-                break
-            memset(p, 3, size)
-            escape(p)
-            arena_free(core, p, size)
-        t0 = now_ns() - t0
-    arena_raise(err)
     return t0 / <double>n
 
 
@@ -156,30 +107,6 @@ def scope_open_allocate_close(Py_ssize_t n, size_t size, bint fill=True):
     t0 = now_ns() - t0
     arena_raise(err)
     return t0 / <double>n
-
-
-def arena_alloc_free_pairs(arena, Py_ssize_t n, size_t size):
-    """The LWJGL loop: arena_allocate + arena_free with nothing between (GIL released).
-
-    Returns (ns per op, start, end) with start and end on CLOCK_MONOTONIC, so that runs on several
-    threads give the interval in which they really overlapped."""
-    cdef ArenaCore* core = arena_core(arena)
-    cdef Py_ssize_t _i
-    cdef void* p
-    cdef int err = ARENA_OK
-    cdef long long t0, t1
-    with nogil:
-        start_line()
-        t0 = now_ns()
-        for _i in range(n):
-            err = arena_allocate(core, size, 0, False, &p)
-            if err != ARENA_OK:
-                break
-            escape(p)
-            arena_free(core, p, size)
-        t1 = now_ns()
-    arena_raise(err)
-    return (t1 - t0) / <double>n, t0, t1
 
 
 def malloc_free_pairs(Py_ssize_t n, size_t size):
