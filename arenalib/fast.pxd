@@ -18,6 +18,9 @@
 
 from libc.string cimport memset
 
+from arenalib._arena cimport (  # noqa: F401  (the classes, for modules that type their arguments)
+    Arena, ArenaBase, ConfinedArena, Segment, SlicingArena,
+)
 from arenalib._abi cimport (
     CACHE_MAX_SIZE, INLINE_PARKING, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, InlineState,
     ThreadCache, abi_check, allocate_fn, arenalib_allocate_slow_fn, arenalib_clear_carving,

@@ -6,7 +6,8 @@ so that rewording a comment changes nothing):
 - TABLE_FINGERPRINT: what a table-only module (``cimport arenalib``) compiles in: arenalib/_table.pxd
   and arenalib/__init__.pxd.  It changes when a code, a kind, the table's layout or a signature does.
 - ABI_FINGERPRINT: what a module of the inline fast paths (``cimport arenalib.fast``) compiles in: the
-  table's files, every .pxd fast.pxd reaches, and the C header they include.  Any change to a struct,
+  table's files, every .pxd fast.pxd reaches (the classes' _arena.pxd too), and the C header
+  they include.  Any change to a struct,
   a constant, a size-class rule or an inline function changes it.
 
 arenalib/_fingerprints.pxd holds both, written by this script; tests/test_capi.py fails while it is
@@ -29,7 +30,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "arenalib"
 TABLE_FILES = ("_table.pxd", "__init__.pxd")
 FAST_FILES = (*TABLE_FILES, "_abi.pxd", "_blocks.pxd", "_confined.pxd", "_shared.pxd", "_slicing.pxd",
-              "_dispatch.pxd", "fast.pxd", "include/arenalib/platform.h")
+              "_dispatch.pxd", "_arena.pxd", "fast.pxd", "include/arenalib/platform.h")
 OUTPUT = "_fingerprints.pxd"
 
 TEMPLATE = '''\
