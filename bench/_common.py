@@ -337,3 +337,18 @@ def run_standalone(module) -> None:
     print(module.tables(results))
     for check in module.targets(results):
         print(module.target_line(check))
+
+
+def run_memory_child(workload, doc: str) -> int:
+    """A memory workload's child process (``--child NAME --bytes N [--seed S]``): run
+    ``workload(name, nbytes, seed)`` for one candidate and print its figures as JSON."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--child", required=True, metavar="NAME", help="the candidate")
+    parser.add_argument("--bytes", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=6)
+    args = parser.parse_args()
+    print(json.dumps(workload(args.child, args.bytes, args.seed)), flush=True)
+    return 0

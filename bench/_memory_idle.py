@@ -8,14 +8,13 @@ baseline RSS.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
 import time
 from array import array
 
-from _common import peak_rss_bytes, reset_peak_rss, rss_bytes
+from _common import peak_rss_bytes, reset_peak_rss, rss_bytes, run_memory_child
 from _memory_fragment import malloc_trim
 
 IDLE_SIZES = (64, 65536)
@@ -219,17 +218,5 @@ def idle_child(name: str, total_bytes: int, seed: int) -> dict:
     return result
 
 
-def main() -> int:
-    """A child process of memory.py: run the workload for one candidate, print its figures as JSON."""
-    import argparse
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", required=True, metavar="NAME", help="the candidate")
-    parser.add_argument("--bytes", type=int, required=True)
-    parser.add_argument("--seed", type=int, default=6)
-    args = parser.parse_args()
-    print(json.dumps(idle_child(args.child, args.bytes, args.seed)), flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_memory_child(idle_child, __doc__))

@@ -133,7 +133,8 @@ def roundtrip_samples(kernels, table, quick: bool) -> dict:
                 # the table's call may cost at most 2x the inline pair).
                 "ConfinedArena pair (no fill)": _pair_ns(kernels, confined, n, size),
                 "ConfinedArena pair via table (no fill)": _pair_ns(table, confined, n, size),
-                "ConfinedArena via table zero=False": partial(table.arena_fill_free, confined, n, size, False),
+                "ConfinedArena via table zero=False": partial(
+                    table.arena_fill_free, confined, n, size, False),
             }
             row = {name: {"samples": [], "ratios": []} for name in candidates}
             for fn in candidates.values():  # warm-up

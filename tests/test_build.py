@@ -201,6 +201,12 @@ def test_sdist_builds_without_network_or_package_cache(tmp_path):
         files = zf.namelist()
     assert any(f.startswith("arenalib/_arena.") and f.endswith(".so") for f in files)
     assert "arenalib/__init__.pxd" in files
+    # Both cimport surfaces, what they cimport, and the one header the inline paths include; the
+    # extensions' own headers (arenalib/src) stay out.
+    for name in ("fast.pxd", "_table.pxd", "_fingerprints.pxd", "_abi.pxd", "_blocks.pxd", "_confined.pxd",
+                 "_shared.pxd", "_slicing.pxd", "_dispatch.pxd", "_arena.pxd", "include/arenalib/platform.h"):
+        assert f"arenalib/{name}" in files, name
+    assert not [f for f in files if f.startswith("arenalib/src/")]
     # nothing of jemalloc or liburing is installed: no headers, no archive, no library
     assert not [f for f in files if "jemalloc" in f.lower() and not f.endswith((".pxd", ".c"))]
     assert not [f for f in files if "uring" in f.lower()]

@@ -469,7 +469,7 @@ def test_one_arena_per_thread_scopes_in_parallel():
     assert all(run_threads(worker))
 
 
-ACCESS_RECORDS = 1024  # _access.pxi: threads beyond it access under the overflow lock
+ACCESS_RECORDS = 1024  # src/access.h: threads beyond it access under the overflow lock
 
 
 def test_stale_writes_of_threads_without_a_record_never_reach_the_next_owner():
