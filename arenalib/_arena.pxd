@@ -60,7 +60,8 @@ cdef class Segment:
     cdef:
         char* _ptr
         Py_ssize_t _size
-        SegmentOwner _arena     # owns the memory (an arena or a BufferPool)
+        SegmentOwner _arena     # owns the memory (an arena or a BufferPool); borrowed: see _keeper
+        object _keeper          # keeps _arena alive: _arena, a thread's anchor of it, or None (a slice)
         Lifetime* _life         # _arena's Lifetime, kept here: one load less per check
         Segment _root           # the segment that owns the memory; None when this one does
         uint64_t _generation    # the owner's generation when allocated: stale after a reset/close
@@ -110,7 +111,7 @@ cdef class SlicingArena(ArenaBase):
 
 # -- for arenalib's other modules ----------------------------------------------------------------
 
-cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size)
+cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size, bint keep=*)
 cdef Py_ssize_t parse_size(object size, str name) except -1
 cdef size_t parse_align(object align) except 0
 cdef void* region_allocate(size_t size, size_t align, bint zero) noexcept nogil

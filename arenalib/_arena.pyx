@@ -118,8 +118,12 @@ cdef class ArenaBase(SegmentOwner):
         # Untracking address 0 tells whether tracemalloc is tracing (-2 when it is not).
         if self._traced is None and PyTraceMalloc_Untrack(TRACE_DOMAIN, 0) == 0:
             self._start_tracing()
-        cdef Segment seg = make_segment(self, size)
+        # A thread that does not own this object keeps it through an anchor where the kind has
+        # one (see _shared.pxi), chosen below: no reference taken on it meanwhile.
+        cdef bint owned = owned_here(self)
+        cdef Segment seg = make_segment(self, size, owned)
         cdef void* ptr
+        cdef void* anchor = NULL
         # Another thread's reset or close waits until the segment is bound to this generation.
         cdef void* token = access_enter(&self._core.life)
         cdef int err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
@@ -131,10 +135,14 @@ cdef class ArenaBase(SegmentOwner):
         if err:
             access_exit(token)
             self._raise(err, f"cannot allocate {size} bytes (align={align})")
-        note_peak(&self._core)
+        cdef bint anchored = note_allocation(&self._core, &anchor)
+        if not owned:
+            seg._keeper = <object>anchor if anchor != NULL else self  # a reference, no call back
         seg._ptr = <char*>ptr
         seg._generation = self._core.life.generation
         access_exit(token)
+        if anchored and anchor == NULL and not owned:
+            shared_make_anchor(self)  # for this thread's next segments
         if self._traced is not None:
             self._trace(<size_t>ptr, <size_t>size, True)
         return seg

@@ -7,7 +7,7 @@
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport uint64_t
 
-from arenalib._abi cimport ArenaCore, ArenaSlot, Books, core_init, thread_ident
+from arenalib._abi cimport FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, thread_ident
 from arenalib._confined cimport close_small_scope, confined_init
 from arenalib._slicing cimport slicing_books
 from arenalib._table cimport (
@@ -64,11 +64,16 @@ cdef int arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint ze
     return slicing_allocate(core, size, align, zero, out)
 
 
-cdef inline void note_peak(ArenaCore* core) noexcept nogil:
+cdef inline bint note_allocation(ArenaCore* core, void** anchor) noexcept nogil:
     """After a Python-level allocate: bring the arena's peak_bytes up to date (confined arenas do
-    so as they count, SlicingArenas when they settle; a shared one sums its threads)."""
+    so as they count, SlicingArenas when they settle; a shared one sums its threads), and say
+    whether the new segment may hold the calling thread's anchor in the arena's place: True for a
+    shared Arena on a free-threaded build, with anchor[0] the thread's anchor (NULL: none yet)."""
     if core.kind == ARENA_KIND_SHARED:
         shared_update_peak(core)
+        anchor[0] = arenalib_tls_anchor(core.serial)
+        return FREE_THREADED
+    return False
 
 
 cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil:

@@ -16,6 +16,7 @@
 # C below them (live counters, the dealloc hook, ThreadSanitizer annotations).
 
 cimport cython
+from cpython.object cimport PyObject
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.string cimport memcpy, memset
@@ -34,7 +35,8 @@ cdef extern from "src/segment.h":
     Shards* LIVE_EXPORTS "arenalib_live_exports"
     void shard_add "arenalib_shard_add"(Shards* shards, Py_ssize_t delta) noexcept nogil
     Py_ssize_t shard_sum "arenalib_shard_sum"(Shards* shards) noexcept nogil
-    void arenalib_segment_dealloc_init(type t, Py_ssize_t life_offset) noexcept
+    void arenalib_segment_dealloc_init(type t, Py_ssize_t life_offset, Py_ssize_t owner_offset) noexcept
+    void segment_set_owner "arenalib_segment_set_owner"(object seg, object owner) noexcept
 
 cdef Py_ssize_t _ITEMSIZE_ONE = 1
 cdef char* _FORMAT_BYTE = b"B"
@@ -313,21 +315,35 @@ cdef class Segment:
 
 cdef int segment_dealloc_init() except -1:
     """Hook Segment's tp_dealloc (src/segment.h), telling it where a Segment keeps its Lifetime
-    pointer: computed on a probe, as Cython lays the object out (its C struct's name is Cython's,
-    not ours to spell)."""
+    and owner pointers: computed on a probe, as Cython lays the object out (its C struct's name is
+    Cython's, not ours to spell)."""
     cdef Segment probe = Segment.__new__(Segment)
-    arenalib_segment_dealloc_init(Segment, <char*>&probe._life - <char*><void*>probe)
+    cdef char* base = <char*><void*>probe
+    # Cython takes no address of an object field: _arena is the field after _size, and _keeper the
+    # one after it (arenalib/_arena.pxd), which the probe confirms.
+    cdef Py_ssize_t owner_offset = <char*>&probe._size + sizeof(Py_ssize_t) - base
+    probe._keeper = probe
+    cdef PyObject** fields = <PyObject**>(base + owner_offset)
+    if fields[0] != <PyObject*>None or fields[1] != <PyObject*>probe:
+        probe._keeper = None
+        raise ImportError("arenalib: Segment's fields are not laid out as arenalib/_arena.pxd says")
+    probe._keeper = None
+    arenalib_segment_dealloc_init(Segment, <char*>&probe._life - base, owner_offset)
     return 0
 
 
-cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size):
+cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size, bint keep=True):
     """A new root segment of ``arena``, dead until its caller sets ``_ptr`` and ``_generation``.
 
-    Made before the memory is taken: creating the object may start a GC, and with it any Python
-    code, which must not run between taking the memory and handing it out."""
+    keep=False leaves ``_keeper`` to the caller (None meanwhile): the caller keeps the arena
+    alive until it sets one, or the segment's _root keeps it.  Made before the memory is taken:
+    creating the object may start a GC, and with it any Python code, which must not run between
+    taking the memory and handing it out."""
     cdef Segment seg = Segment.__new__(Segment)
     seg._size = size
-    seg._arena = arena
+    segment_set_owner(seg, arena)  # borrowed (src/segment.h): _keeper holds the reference
+    if keep:
+        seg._keeper = arena
     seg._life = arena._life  # never NULL (an owner's __cinit__ sets it first): the dealloc hook's mark
     shard_add(LIVE_SEGMENTS, 1)
     return seg

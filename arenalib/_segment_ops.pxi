@@ -105,7 +105,7 @@ cdef Segment _segment_slice(Segment seg, object offset, object size):
         seg._check()  # a Segment not made by an arena: TypeError, before anything is counted
     cdef Py_ssize_t start = _bounded_index(offset, "offset")
     cdef Py_ssize_t length = _bounded_index(size, "size")
-    cdef Segment child = make_segment(seg._arena, length)
+    cdef Segment child = make_segment(seg._arena, length, False)  # kept by its _root (below)
     seg._check()  # a dead segment says so before its bounds are judged
     if start > seg._size or length > seg._size - start:
         raise IndexError(

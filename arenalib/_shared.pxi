@@ -3,10 +3,13 @@
 # thread-local table, so two threads never share a lock or a cache line on the common path.  Its
 # fields: the ThreadCaches of the slot plus SharedState (the bytes reserved against max_bytes, the
 # one counter all threads touch, and only when there is a limit).  The arena's figures are the sum
-# over its threads; peak_bytes is brought up to date by the Python path (allocate()).
+# over its threads; peak_bytes is brought up to date by the Python path (allocate()).  On a
+# free-threaded build a thread's segments hold its anchor of the arena, not the arena (below).
 
 cimport cython
 from cpython.mem cimport PyMem_RawCalloc
+from cpython.object cimport PyObject
+from cpython.pystate cimport PyThreadState_GetDict
 from cpython.pythread cimport (
     PyThread_acquire_lock, PyThread_release_lock, PyThread_type_lock, WAIT_LOCK,
 )
@@ -32,6 +35,10 @@ cdef extern from "src/shared.h":
     ThreadCache* arenalib_follow(ThreadCache** link) noexcept nogil
     void arenalib_raise_peak(Py_ssize_t* peak, Py_ssize_t value) noexcept nogil
     bint arenalib_reserve(Py_ssize_t* counter, size_t size, Py_ssize_t limit) noexcept nogil
+    void* arenalib_tls_anchor(uint64_t serial) noexcept nogil
+    bint arenalib_tls_set_anchor(uint64_t serial, void* anchor) noexcept nogil
+    void arenalib_tls_forget_anchor(void* anchor) noexcept nogil
+    bint owned_here "arenalib_owned_here"(object o) noexcept nogil
 
 cdef int MAX_THREAD_CACHES = 8         # per slot, kept warm across shared arenas
 
@@ -238,6 +245,78 @@ cdef void shared_close(ArenaCore* core, size_t* stale, size_t* churn) noexcept:
     if core.slot.thread_count > MAX_THREAD_CACHES:
         # Threads come and go: do not let a slot collect caches of threads long gone.
         stale[0] += slot_flush_threads(core.slot, FLUSH_AND_GIVE_BACK)
+
+
+# -- anchors: what a thread's segments hold in the arena's place (free-threaded builds) ----------
+# Every segment keeps its arena alive.  Holding the arena itself, a segment made on a thread that
+# does not own the arena object takes and drops a reference with an atomic add on the arena's
+# header, a line every such thread writes on every allocate and free: it held a shared Arena at
+# 0.73x of bytearray's 2-thread scaling.  Such a thread's segments hold its anchor instead, an
+# object the thread made, whose reference count the thread changes without atomics; the anchor
+# holds the arena.  The thread's anchor holder (in its thread-state dict) keeps the thread's
+# anchors; the thread's cache table (src/shared.h) finds them.  An anchor goes when its arena is
+# closed (pruned by the thread's next new anchor) or when its thread ends; an arena dropped unclosed
+# after other threads used it is therefore closed, with its ResourceWarning, once the last of
+# those threads has ended (a thread that owns it, usually the one that made it, holds no anchor).
+
+cdef str _ANCHOR_HOLDER_KEY = "arenalib._anchors"
+
+
+@cython.final
+@cython.no_gc  # an arena holds no anchor: no cycle
+cdef class _Anchor:
+    """One thread's stand-in for an Arena in that thread's segments."""
+    cdef ArenaBase arena
+
+
+@cython.final
+@cython.no_gc
+cdef class _AnchorHolder:
+    """The anchors of one thread (the value of its thread-state dict's _ANCHOR_HOLDER_KEY)."""
+    cdef list anchors
+    cdef unsigned long thread
+
+    def __dealloc__(self):
+        # Its thread's cache table must not name an anchor this holder no longer keeps (a
+        # thread state cleared on another thread, at finalisation, names none of that table's).
+        if self.thread == thread_ident() and self.anchors is not None:
+            for anchor in self.anchors:
+                arenalib_tls_forget_anchor(<void*>anchor)
+
+
+cdef int shared_make_anchor(ArenaBase arena) except -1:
+    """Give the calling thread an anchor of ``arena`` (a shared Arena it allocated from without
+    one), for its next segments; the anchors of closed arenas go meanwhile."""
+    cdef PyObject* state_dict = PyThreadState_GetDict()
+    if state_dict == NULL:
+        return 0  # no thread state to keep anchors in: its segments hold the arena, as before
+    cdef dict state = <dict>state_dict
+    cdef _AnchorHolder holder = state.get(_ANCHOR_HOLDER_KEY)
+    if holder is None:
+        holder = _AnchorHolder.__new__(_AnchorHolder)
+        holder.anchors = []
+        holder.thread = thread_ident()
+        state[_ANCHOR_HOLDER_KEY] = holder
+    cdef list kept = []
+    cdef _Anchor found = None
+    cdef _Anchor anchor
+    for anchor in holder.anchors:
+        if not anchor.arena._core.open:
+            arenalib_tls_forget_anchor(<void*>anchor)
+        else:
+            kept.append(anchor)
+            if anchor.arena is arena:
+                found = anchor  # left the cache table for another arena's entry meanwhile
+    if found is None:
+        found = _Anchor.__new__(_Anchor)
+        found.arena = arena
+        kept.append(found)
+    # The closed arenas' anchors go here, and with them maybe arenas (whose dealloc runs code):
+    # the new anchor is named in the table only after that, and only while its arena is open.
+    holder.anchors = kept
+    if arena._core.open:
+        arenalib_tls_set_anchor(arena._core.serial, <void*>found)
+    return 0
 
 
 @cython.final

@@ -547,3 +547,192 @@ def test_stale_writes_of_threads_without_a_record_never_reach_the_next_owner():
         if errors:
             raise errors[0]
     assert attackers.refused > 0
+
+
+# -- what a thread's segments hold: the arena, or on a free-threaded build the thread's anchor ------
+
+
+class Worker:
+    """A thread that runs the calls given to it, one at a time, until closed: a thread that stays
+    alive between the test's steps."""
+
+    def __init__(self):
+        import queue
+
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve)
+        self._thread.start()
+
+    def _serve(self):
+        while (call := self._calls.get()) is not None:
+            try:
+                self._results.put((True, call()))
+            except BaseException as exc:
+                self._results.put((False, exc))
+
+    def run(self, call):
+        self._calls.put(call)
+        ok, value = self._results.get(timeout=60)
+        if not ok:
+            raise value
+        return value
+
+    def close(self):
+        self._calls.put(None)
+        self._thread.join()
+
+
+def test_segments_made_by_another_thread_keep_a_dropped_arena_alive():
+    """The main thread drops its Arena while segments made (and filled) by a thread that has ended
+    since are alive: they stay usable and keep their bytes; the last one's end closes the arena
+    with a ResourceWarning and gives its slot back."""
+    import gc
+    import weakref
+
+    from support import slots_in_use
+
+    arena = Arena()
+    ref = weakref.ref(arena)
+    in_use = slots_in_use()
+    segments = run_threads(lambda i, arena=arena: [arena.allocate(100).fill(i + 1) for _ in range(5)], 2)
+    del arena
+    gc.collect()
+    assert ref() is not None
+    for i, made in enumerate(segments):
+        for seg in made:
+            assert_own(seg, i + 1)
+    segments[0][0].free()  # a segment made elsewhere is freed here
+    with pytest.warns(ResourceWarning, match="unclosed <arenalib.Arena 9 segments, 900 bytes>"):
+        del made, seg, segments
+        gc.collect()
+    assert ref() is None
+    assert slots_in_use() == in_use - 1
+
+
+def test_an_arena_dropped_unclosed_after_another_thread_used_it_closes_by_that_threads_end():
+    """A thread allocated from an Arena (made elsewhere) and dropped its segments; the Arena is
+    dropped unclosed while the thread lives on.  It is closed, with its ResourceWarning, by the
+    time that thread has ended (at once with the GIL: nothing of the thread holds it)."""
+    import gc
+    import weakref
+
+    worker = Worker()
+    arena = Arena()
+    ref = weakref.ref(arena)
+    worker.run(lambda arena=arena: [arena.allocate(10).fill(1) for _ in range(4)] and None)
+    with pytest.warns(ResourceWarning, match="unclosed <arenalib.Arena 4 segments, 40 bytes>"):
+        del arena
+        gc.collect()
+        worker.close()
+        gc.collect()
+    assert ref() is None
+
+
+def test_a_thread_keeps_no_closed_arena_once_it_allocates_from_another():
+    """A long-lived thread allocates from one Arena after another, each closed and dropped in
+    turn by the thread that made it: at most the latest one lingers (a thread lets go of a closed
+    arena's anchor when it makes its next one)."""
+    import gc
+    import weakref
+
+    worker = Worker()
+    refs = []
+    try:
+        for round_ in range(12):
+            arena = Arena()
+            refs.append(weakref.ref(arena))
+            made = worker.run(lambda arena=arena: [arena.allocate(64).fill(7) for _ in range(3)])
+            for seg in made:
+                assert_own(seg, 7)
+            worker.run(lambda made=made: [seg.free() for seg in made] and None)
+            del made, seg
+            arena.close()
+            del arena
+            gc.collect()
+            assert sum(r() is not None for r in refs) <= 1, f"round {round_}"
+    finally:
+        worker.close()
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_segments_of_a_thread_that_does_not_own_the_arena_hold_its_anchor():
+    """On a free-threaded build, segments a thread makes of an Arena another thread made hold that
+    thread's anchor, not the arena (no reference counted on the arena per segment); with the GIL,
+    each holds the arena."""
+    arena = Arena()
+    before = sys.getrefcount(arena)
+    worker = Worker()
+    try:
+        made = worker.run(lambda: [arena.allocate(16) for _ in range(100)])
+        extra = sys.getrefcount(arena) - before
+        assert extra <= 2 if FREE_THREADED else extra == 100  # the anchor and the first segment
+        assert all(seg.alive and seg.arena is arena for seg in made)
+        del made
+    finally:
+        worker.close()
+    arena.close()
+
+
+def test_anchors_under_collections_at_every_allocation_and_many_arenas():
+    """Four threads allocate from more Arenas than a thread's cache table has entries, hand
+    segments to each other, free them, and close and replace arenas, with a collection at every
+    allocation: every segment keeps its bytes while alive and refuses use once its arena closed."""
+    import gc
+    import random
+
+    arenas = [Arena() for _ in range(12)]
+    lock = threading.Lock()
+    handed: list = []
+    deadline = time.monotonic() + (3.0 if FREE_THREADED else 1.5)
+    old = gc.get_threshold()
+    gc.set_threshold(1)
+
+    def run(index):
+        rng = random.Random(index)
+        mine: list = []
+        while time.monotonic() < deadline:
+            slot = rng.randrange(len(arenas))
+            arena = arenas[slot]
+            op = rng.random()
+            if op < 0.5:
+                try:
+                    mine.append((arena.allocate(rng.choice((16, 600, 5000))).fill(index + 1), index + 1))
+                except ArenaClosedError:
+                    pass
+            elif op < 0.7 and mine:
+                with lock:
+                    handed.append(mine.pop())
+            elif op < 0.8:
+                with lock:
+                    if handed:
+                        mine.append(handed.pop())
+            elif op < 0.95 and mine:
+                seg, _ = mine.pop(rng.randrange(len(mine)))
+                try:
+                    seg.free()
+                except ArenaClosedError:
+                    pass
+            elif op >= 0.99:
+                with lock:  # one replacement per arena, however many threads pick it
+                    if arenas[slot] is arena:
+                        arenas[slot] = Arena()
+                        arena.close()
+            for seg, byte in mine[-3:]:
+                try:
+                    data = seg.tobytes()
+                except ArenaClosedError:
+                    assert not seg.alive
+                else:
+                    assert data == bytes([byte]) * len(data)
+        return len(mine)
+
+    try:
+        run_threads(run, 4)
+    finally:
+        gc.set_threshold(*old)
+        for arena in arenas:
+            arena.close()
+    handed.clear()
+    gc.collect()

@@ -67,19 +67,39 @@ static arenalib_shard arenalib_live_exports[1];
 /* A Segment leaving counts itself out in its type's tp_dealloc, wrapped around the one Cython
    generates: a __dealloc__ would save and restore the error state around it for every segment
    (~6 ns of a ~320 ns scope).  A segment counts when make_segment() made it, which is when its
-   Lifetime pointer is set (a Segment.__new__ from Python has none, and never counted in); where
-   Segment keeps that pointer, segment_dealloc_init() computes in Cython and hands over once. */
+   Lifetime pointer is set (a Segment.__new__ from Python has none, and never counted in).
+
+   Such a segment's owner pointer (Segment._arena) is borrowed: what keeps the owner alive is
+   Segment._keeper, the owner itself or, on a free-threaded build, a per-thread anchor of a shared
+   Arena (a reference taken on an object another thread owns is an atomic add on a line every
+   thread writes).  So make_segment() sets the pointer here, without a reference, and the hook
+   clears it before Cython's dealloc would drop a reference it never took.  Where Segment keeps
+   the two fields, segment_dealloc_init() computes in Cython and hands over once. */
 static destructor arenalib_segment_cython_dealloc;
 static Py_ssize_t arenalib_segment_life_offset;
+static Py_ssize_t arenalib_segment_owner_offset;
 
 static void arenalib_segment_dealloc(PyObject *o) {
-    if (*(void **)((char *)o + arenalib_segment_life_offset) != NULL)
+    if (*(void **)((char *)o + arenalib_segment_life_offset) != NULL) {
         arenalib_shard_add(arenalib_live_segments, -1);
+        *(PyObject **)((char *)o + arenalib_segment_owner_offset) = NULL;
+    }
     arenalib_segment_cython_dealloc(o);
 }
 
-static void arenalib_segment_dealloc_init(PyTypeObject *t, Py_ssize_t life_offset) {
+/* Point a new segment at its owner without a reference (the None Cython's tp_new put there
+   goes). */
+static inline void arenalib_segment_set_owner(PyObject *seg, PyObject *owner) {
+    PyObject **field = (PyObject **)((char *)seg + arenalib_segment_owner_offset);
+    PyObject *was = *field;
+    *field = owner;
+    Py_XDECREF(was);
+}
+
+static void arenalib_segment_dealloc_init(PyTypeObject *t, Py_ssize_t life_offset,
+                                          Py_ssize_t owner_offset) {
     arenalib_segment_life_offset = life_offset;
+    arenalib_segment_owner_offset = owner_offset;
     arenalib_segment_cython_dealloc = t->tp_dealloc;
     t->tp_dealloc = arenalib_segment_dealloc;
 }

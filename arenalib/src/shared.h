@@ -8,8 +8,11 @@
 
 #include "arenalib/platform.h"
 
-/* A direct-mapped cache: arena serial -> this thread's ThreadCache of that (shared) arena. */
-typedef struct { uint64_t serial; void *cache; } arenalib_tls_entry;
+/* A direct-mapped cache: arena serial -> this thread's ThreadCache of that (shared) arena, and
+   the anchor this thread's segments of it hold in the arena's place (see _shared.pxi; NULL: none
+   yet).  Only its own thread reads or writes an entry, so the anchor needs no atomics: an anchor
+   here is one the thread's anchor holder keeps alive, and the holder clears it before letting go. */
+typedef struct { uint64_t serial; void *cache; void *anchor; } arenalib_tls_entry;
 static __thread arenalib_tls_entry arenalib_tls_cache[8];
 static inline void *arenalib_tls_get(uint64_t serial) {
     arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
@@ -21,7 +24,33 @@ static inline void arenalib_tls_set(uint64_t serial, void *cache) {
     arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
     e->serial = serial;
     e->cache = cache;
+    e->anchor = NULL;
 }
+static inline void *arenalib_tls_anchor(uint64_t serial) {
+    arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
+    return e->serial == serial ? e->anchor : NULL;
+}
+/* 1 when the anchor was set: the thread has a cache of the arena ``serial`` in the table. */
+static inline int arenalib_tls_set_anchor(uint64_t serial, void *anchor) {
+    arenalib_tls_entry *e = &arenalib_tls_cache[serial & 7];
+    if (e->serial != serial)
+        return 0;
+    e->anchor = anchor;
+    return 1;
+}
+static inline void arenalib_tls_forget_anchor(void *anchor) {
+    int i;
+    for (i = 0; i < 8; i++)
+        if (arenalib_tls_cache[i].anchor == anchor)
+            arenalib_tls_cache[i].anchor = NULL;
+}
+/* The calling thread owns ``o`` (its reference count is the thread's to change without an
+   atomic): always, where the GIL serialises reference counts. */
+#if ARENALIB_FREE_THREADED
+#define arenalib_owned_here(o) _Py_IsOwnedByCurrentThread(o)
+#else
+#define arenalib_owned_here(o) 1
+#endif
 #define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
 /* The thread list is walked without its lock by shared_update_peak(): a node is published
    whole (release) and read so (acquire). */
