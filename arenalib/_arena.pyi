@@ -131,5 +131,6 @@ class LiveObjects(TypedDict):
     open_pools: int
     segments: int
     exports: int
+    anchors: int
 
 def live_objects() -> LiveObjects: ...

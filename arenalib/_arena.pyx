@@ -232,6 +232,8 @@ cdef class ArenaBase(SegmentOwner):
         if err:
             self._raise(err, f"cannot close {type(self).__name__}")
         self._untrack_all()
+        if FREE_THREADED:
+            shared_drop_anchor(self)
         return 0
 
     cdef int _check_usable(self) except -1:
@@ -255,10 +257,7 @@ cdef class ArenaBase(SegmentOwner):
     @property
     def closed(self):
         """True once close() was called (or the with-block ended)."""
-        cdef void* token = access_enter(&self._core.life)
-        cdef bint closed = not self._core.open
-        access_exit(token)
-        return closed
+        return not open_now(self)
 
     @property
     def max_bytes(self):
@@ -325,6 +324,14 @@ cdef class ArenaBase(SegmentOwner):
         self._untrack_all()
         if warnings is not None:  # None while the interpreter is tearing modules down
             warnings.warn(message, ResourceWarning, stacklevel=2)
+
+cdef bint open_now(ArenaBase arena) noexcept:
+    """Whether ``arena`` is open, read against another thread's close."""
+    cdef void* token = access_enter(&arena._core.life)  # no close half done meanwhile
+    cdef bint is_open = arena._core.open
+    access_exit(token)
+    return is_open
+
 
 include "_confined.pxi"
 include "_shared.pxi"

@@ -33,6 +33,7 @@ cdef extern from "src/segment.h":
         pass
     Shards* LIVE_SEGMENTS "arenalib_live_segments"
     Shards* LIVE_EXPORTS "arenalib_live_exports"
+    Shards* LIVE_ANCHORS "arenalib_live_anchors"
     void shard_add "arenalib_shard_add"(Shards* shards, Py_ssize_t delta) noexcept nogil
     Py_ssize_t shard_sum "arenalib_shard_sum"(Shards* shards) noexcept nogil
     void arenalib_segment_dealloc_init(type t, Py_ssize_t life_offset, Py_ssize_t owner_offset) noexcept

@@ -10,6 +10,8 @@ cimport cython
 from cpython.mem cimport PyMem_RawCalloc
 from cpython.object cimport PyObject
 from cpython.pystate cimport PyThreadState_GetDict
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from posix.unistd cimport getpid
 from cpython.pythread cimport (
     PyThread_acquire_lock, PyThread_release_lock, PyThread_type_lock, WAIT_LOCK,
 )
@@ -39,6 +41,8 @@ cdef extern from "src/shared.h":
     bint arenalib_tls_set_anchor(uint64_t serial, void* anchor) noexcept nogil
     void arenalib_tls_forget_anchor(void* anchor) noexcept nogil
     bint owned_here "arenalib_owned_here"(object o) noexcept nogil
+    bint arenalib_thread_state_ending() noexcept nogil
+    Py_ssize_t refcount "Py_REFCNT"(PyObject* o) noexcept nogil
 
 cdef int MAX_THREAD_CACHES = 8         # per slot, kept warm across shared arenas
 
@@ -254,12 +258,18 @@ cdef void shared_close(ArenaCore* core, size_t* stale, size_t* churn) noexcept:
 # 0.73x of bytearray's 2-thread scaling.  Such a thread's segments hold its anchor instead, an
 # object the thread made, whose reference count the thread changes without atomics; the anchor
 # holds the arena.  The thread's anchor holder (in its thread-state dict) keeps the thread's
-# anchors; the thread's cache table (src/shared.h) finds them.  An anchor goes when its arena is
-# closed (pruned by the thread's next new anchor) or when its thread ends; an arena dropped unclosed
-# after other threads used it is therefore closed, with its ResourceWarning, once the last of
-# those threads has ended (a thread that owns it, usually the one that made it, holds no anchor).
+# anchors, in C where no Python code can reach them; the thread's cache table (src/shared.h)
+# names them.  An anchor goes when its thread ends or closes its arena, or when the thread makes a
+# new one and finds its arena closed or held by nothing but the anchor; so an Arena dropped
+# unclosed after another thread allocated from it is closed, with its ResourceWarning, when that
+# thread ends or next anchors another arena (a thread owning the arena object holds no anchor).
 
 cdef str _ANCHOR_HOLDER_KEY = "arenalib._anchors"
+
+cdef enum:
+    # The most anchors a thread keeps: past them (a thread allocating from that many open shared
+    # Arenas it did not make), its segments hold the arena, as without anchors.
+    MAX_ANCHORS = 64
 
 
 @cython.final
@@ -268,54 +278,128 @@ cdef class _Anchor:
     """One thread's stand-in for an Arena in that thread's segments."""
     cdef ArenaBase arena
 
+    def __cinit__(self):
+        shard_add(LIVE_ANCHORS, 1)
+
+    def __dealloc__(self):
+        shard_add(LIVE_ANCHORS, -1)
+
 
 @cython.final
 @cython.no_gc
 cdef class _AnchorHolder:
     """The anchors of one thread (the value of its thread-state dict's _ANCHOR_HOLDER_KEY)."""
-    cdef list anchors
+    cdef PyObject* anchors[MAX_ANCHORS]  # owned references
+    cdef Py_ssize_t count
     cdef unsigned long thread
+    cdef long pid
 
     def __dealloc__(self):
-        # Its thread's cache table must not name an anchor this holder no longer keeps (a
-        # thread state cleared on another thread, at finalisation, names none of that table's).
-        if self.thread == thread_ident() and self.anchors is not None:
-            for anchor in self.anchors:
-                arenalib_tls_forget_anchor(<void*>anchor)
+        # The thread's cache table names only anchors this holder keeps.  A thread state is
+        # cleared on its own thread, or in a fork child (whose other threads, and their tables,
+        # are gone); cleared from anywhere else (Python code reaching into another thread's
+        # state), the anchors stay: a leak rather than a table naming freed objects.
+        cdef bint mine = self.thread == thread_ident() and self.pid == getpid()
+        if not mine and self.pid == getpid():
+            return
+        cdef Py_ssize_t i
+        for i in range(self.count):
+            if mine:
+                arenalib_tls_forget_anchor(self.anchors[i])
+            Py_XDECREF(self.anchors[i])
+        self.count = 0
+
+    cdef _Anchor find(self, ArenaBase arena):
+        cdef Py_ssize_t i
+        for i in range(self.count):
+            if (<_Anchor>self.anchors[i]).arena is arena:
+                return <_Anchor>self.anchors[i]
+        return None
+
+    cdef void drop(self, PyObject* anchor) noexcept:
+        """Let go of ``anchor`` (one of this thread's, or nothing happens)."""
+        cdef Py_ssize_t i
+        for i in range(self.count):
+            if self.anchors[i] == anchor:
+                arenalib_tls_forget_anchor(anchor)
+                self.count -= 1
+                self.anchors[i] = self.anchors[self.count]
+                Py_XDECREF(anchor)  # the holder is whole again first: its arena's dealloc runs code
+                return
+
+    cdef void prune(self) noexcept:
+        """Let go of the anchors of closed arenas and of arenas nothing but their anchor holds
+        (nothing else can reach such an arena: dropping it is its collection)."""
+        cdef PyObject* gone[MAX_ANCHORS]
+        cdef Py_ssize_t i, kept = 0, dropped = 0
+        cdef bint held_elsewhere
+        cdef _Anchor anchor
+        for i in range(self.count):
+            anchor = <_Anchor>self.anchors[i]
+            held_elsewhere = refcount(<PyObject*>anchor.arena) > 1 or refcount(self.anchors[i]) > 1
+            if not held_elsewhere or not open_now(anchor.arena):
+                arenalib_tls_forget_anchor(self.anchors[i])
+                gone[dropped] = self.anchors[i]
+                dropped += 1
+            else:
+                self.anchors[kept] = self.anchors[i]
+                kept += 1
+        anchor = None
+        self.count = kept
+        # Only now, the holder whole: a dropped arena's dealloc runs Python code (its warning).
+        for i in range(dropped):
+            Py_XDECREF(gone[i])
+
+
+cdef _AnchorHolder _thread_holder(bint make):
+    """The calling thread's anchor holder (None: none, and make is False or it cannot have one)."""
+    if arenalib_thread_state_ending():
+        return None  # its dict is cleared or going: a holder made now would never go
+    cdef PyObject* state_dict = PyThreadState_GetDict()
+    if state_dict == NULL:
+        return None  # no thread state to keep anchors in: its segments hold the arena
+    cdef dict state = <dict>state_dict
+    cdef _AnchorHolder holder = state.get(_ANCHOR_HOLDER_KEY)
+    if holder is None and make:
+        holder = _AnchorHolder.__new__(_AnchorHolder)
+        holder.thread = thread_ident()
+        holder.pid = getpid()
+        state[_ANCHOR_HOLDER_KEY] = holder
+    return holder
+
+
+cdef int shared_drop_anchor(ArenaBase arena) except -1:
+    """The calling thread closed ``arena``: its own anchor of it goes now (another thread's goes
+    when that thread ends or makes its next anchor)."""
+    cdef void* anchor = arenalib_tls_anchor(arena._core.serial)
+    if anchor == NULL:
+        return 0
+    cdef _AnchorHolder holder = _thread_holder(False)
+    if holder is not None:
+        holder.drop(<PyObject*>anchor)
+    return 0
 
 
 cdef int shared_make_anchor(ArenaBase arena) except -1:
     """Give the calling thread an anchor of ``arena`` (a shared Arena it allocated from without
-    one), for its next segments; the anchors of closed arenas go meanwhile."""
-    cdef PyObject* state_dict = PyThreadState_GetDict()
-    if state_dict == NULL:
-        return 0  # no thread state to keep anchors in: its segments hold the arena, as before
-    cdef dict state = <dict>state_dict
-    cdef _AnchorHolder holder = state.get(_ANCHOR_HOLDER_KEY)
+    one) for its next segments, or name its anchor again where its cache table forgot it."""
+    cdef _AnchorHolder holder = _thread_holder(True)
     if holder is None:
-        holder = _AnchorHolder.__new__(_AnchorHolder)
-        holder.anchors = []
-        holder.thread = thread_ident()
-        state[_ANCHOR_HOLDER_KEY] = holder
-    cdef list kept = []
-    cdef _Anchor found = None
-    cdef _Anchor anchor
-    for anchor in holder.anchors:
-        if not anchor.arena._core.open:
-            arenalib_tls_forget_anchor(<void*>anchor)
-        else:
-            kept.append(anchor)
-            if anchor.arena is arena:
-                found = anchor  # left the cache table for another arena's entry meanwhile
-    if found is None:
-        found = _Anchor.__new__(_Anchor)
-        found.arena = arena
-        kept.append(found)
-    # The closed arenas' anchors go here, and with them maybe arenas (whose dealloc runs code):
-    # the new anchor is named in the table only after that, and only while its arena is open.
-    holder.anchors = kept
-    if arena._core.open:
-        arenalib_tls_set_anchor(arena._core.serial, <void*>found)
+        return 0
+    cdef _Anchor anchor = holder.find(arena)
+    if anchor is None:
+        holder.prune()
+        anchor = holder.find(arena)  # (the prune's deallocs may have run this function)
+    if anchor is None:
+        if holder.count == MAX_ANCHORS:
+            return 0
+        anchor = _Anchor.__new__(_Anchor)  # not tracked by the GC: no collection starts here
+        anchor.arena = arena
+        Py_INCREF(anchor)
+        holder.anchors[holder.count] = <PyObject*>anchor
+        holder.count += 1
+    if open_now(arena):  # (a close from now on leaves the entry harmless: the holder keeps it)
+        arenalib_tls_set_anchor(arena._core.serial, <void*>anchor)
     return 0
 
 

@@ -736,3 +736,91 @@ def test_anchors_under_collections_at_every_allocation_and_many_arenas():
             arena.close()
     handed.clear()
     gc.collect()
+
+
+def test_a_finalizer_allocating_while_its_thread_ends_keeps_no_arena():
+    """A thread's context holds an object whose finalizer allocates from an Arena made elsewhere:
+    it runs while the thread state is cleared, after its dict went.  The Arena, dropped by its
+    maker, is closed all the same (no anchor made then outlives the thread)."""
+    import contextvars
+    import gc
+    import weakref
+
+    from support import slots_in_use
+
+    var: contextvars.ContextVar = contextvars.ContextVar("arena_user")
+    ran: list[bool] = []
+
+    class AllocatesWhenCollected:
+        def __init__(self, arena):
+            self.arena = arena
+
+        def __del__(self):
+            self.arena.allocate(8)
+            self.arena.allocate(8)
+            ran.append(True)
+
+    def worker(box):
+        var.set(AllocatesWhenCollected(box.pop()))
+
+    in_use = slots_in_use()
+    refs = []
+    with pytest.warns(ResourceWarning):
+        for _ in range(5):
+            arena = Arena()
+            refs.append(weakref.ref(arena))
+            thread = threading.Thread(target=worker, args=([arena],))
+            del arena
+            thread.start()
+            thread.join()
+            gc.collect()
+    assert len(ran) == 5
+    assert [r() for r in refs] == [None] * 5
+    assert slots_in_use() == in_use
+
+
+def test_no_python_code_reaches_a_threads_anchors():
+    """The anchors a thread keeps are in no object the garbage collector lists (clearing such a
+    list from Python freed anchors the thread's table still named: a crash at the next
+    allocate)."""
+    import gc
+
+    arena = Arena()
+    worker = Worker()
+    try:
+        made = worker.run(lambda: [arena.allocate(16).fill(5) for _ in range(3)])
+        held = [o for o in gc.get_objects()
+                if any(type(r).__name__ == "_Anchor" for r in gc.get_referents(o))]
+        assert held == []
+        assert worker.run(lambda: arena.allocate(16).fill(6).tobytes()) == b"\x06" * 16
+        for seg in made:
+            assert_own(seg, 5)
+        del made, seg
+    finally:
+        worker.close()
+        arena.close()
+
+
+def test_a_thread_using_many_arenas_keeps_a_bounded_number_of_anchors():
+    """A thread allocating from more open Arenas (made elsewhere) than it keeps anchors for: every
+    segment is right, the anchors stay bounded, and they go with the arenas' closes."""
+    arenas = [Arena() for _ in range(100)]
+    worker = Worker()
+    try:
+        before = arenalib.live_objects()["anchors"]
+        for round_ in range(3):
+            made = worker.run(lambda byte=round_ + 1: [a.allocate(32).fill(byte) for a in arenas])
+            for seg in made:
+                assert_own(seg, round_ + 1)
+            assert all(seg.arena is a for seg, a in zip(made, arenas, strict=True))
+            del made, seg
+        kept = arenalib.live_objects()["anchors"] - before
+        assert (0 < kept <= 64) if FREE_THREADED else kept == 0
+        for a in arenas:
+            a.close()
+        other = Arena()
+        worker.run(lambda: [other.allocate(8) for _ in range(2)] and None)
+        assert arenalib.live_objects()["anchors"] - before <= 1
+        other.close()
+    finally:
+        worker.close()

@@ -44,6 +44,7 @@ typedef struct { Py_ssize_t value; char padding[64 - sizeof(Py_ssize_t)]; }
     __attribute__((aligned(64))) arenalib_shard;
 static arenalib_shard arenalib_live_segments[ARENALIB_SHARDS];
 static arenalib_shard arenalib_live_exports[ARENALIB_SHARDS];
+static arenalib_shard arenalib_live_anchors[ARENALIB_SHARDS];
 static inline void arenalib_shard_add(arenalib_shard *shards, Py_ssize_t delta) {
     unsigned long me = (unsigned long)pthread_self();
     __atomic_add_fetch(&shards[((me >> 12) * 0x9E3779B97F4A7C15UL) >> 58].value, delta,
@@ -60,6 +61,7 @@ static inline Py_ssize_t arenalib_shard_sum(arenalib_shard *shards) {
 typedef struct { Py_ssize_t value; } arenalib_shard;
 static arenalib_shard arenalib_live_segments[1];
 static arenalib_shard arenalib_live_exports[1];
+static arenalib_shard arenalib_live_anchors[1];
 #define arenalib_shard_add(shards, delta) ((void)((shards)[0].value += (delta)))
 #define arenalib_shard_sum(shards) ((shards)[0].value)
 #endif

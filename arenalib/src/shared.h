@@ -46,10 +46,17 @@ static inline void arenalib_tls_forget_anchor(void *anchor) {
 }
 /* The calling thread owns ``o`` (its reference count is the thread's to change without an
    atomic): always, where the GIL serialises reference counts. */
+/* The calling thread's state is being cleared (PyThreadState_Clear marks it first, then clears
+   its dict, then what the thread's context and locals hold, whose finalizers may allocate). */
 #if ARENALIB_FREE_THREADED
 #define arenalib_owned_here(o) _Py_IsOwnedByCurrentThread(o)
+static inline int arenalib_thread_state_ending(void) {
+    PyThreadState *state = PyThreadState_GetUnchecked();
+    return state == NULL || state->_status.finalizing;
+}
 #else
 #define arenalib_owned_here(o) 1
+#define arenalib_thread_state_ending() 0
 #endif
 #define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
 /* The thread list is walked without its lock by shared_update_peak(): a node is published
