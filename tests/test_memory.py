@@ -83,6 +83,27 @@ def test_reset_and_purge_return_memory_of_an_open_arena(kind):
         a.allocate(1000).fill(1)
 
 
+def test_purge_returns_freed_memory_with_many_arenas_made(freeable_kind):
+    # Past 64 jemalloc arenas purge() no longer reads jemalloc's statistics (a refresh visits every
+    # arena) to see whether the background thread, purging the same arena, made it skip pages.
+    arenas = [freeable_kind() for _ in range(80)]
+    for a in arenas:
+        a.allocate(100)
+        a.close()
+    assert arenalib.pool_stats()["slots_created"] > 64
+    for _ in range(10):
+        arenalib.trim()
+        before = settled_rss()
+        with freeable_kind() as a:
+            segs = fill_big(a, 96 * MiB)
+            growth = rss() - before
+            for seg in segs:
+                seg.free()
+            del segs
+            a.purge()
+            assert_given_back(before, growth)
+
+
 def test_many_medium_arenas_stay_bounded(kind):
     # Arenas too small to be purged on close leave warm pages in the pool: at most a few slots' worth.
     arenalib.trim()
