@@ -53,7 +53,10 @@ from arenalib._table cimport (
     ARENA_KIND_CONFINED,
     ARENA_KIND_SHARED,
     ARENA_KIND_SLICING,
+    ARENA_EORDER,
+    ARENA_ESTALEMARK,
     ARENA_OK,
+    ArenaMark,
     ArenaTable,
 )
 from arenalib._table cimport OpaqueCore as ArenaCore
@@ -122,6 +125,25 @@ cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
     if arenalib_table_ptr == NULL:
         return ARENA_ECLOSED
     return (<ArenaTable*>arenalib_table_ptr).reset(core)
+
+
+cdef inline int arena_mark(ArenaCore* core, ArenaMark* out) noexcept nogil:
+    """Mark a SlicingArena's carve position in ``out`` (storage the caller keeps) for
+    arena_rewind().  Marks nest, one stack per arena.  ARENA_EUNSUPPORTED for the other kinds."""
+    if arenalib_table_ptr == NULL:
+        return ARENA_ECLOSED
+    return (<ArenaTable*>arenalib_table_ptr).mark(core, out)
+
+
+cdef inline int arena_rewind(ArenaCore* core, const ArenaMark* mark) noexcept nogil:
+    """Rewind a SlicingArena to ``mark``: what was carved since is dead (its Segments raise) and is
+    carved again; the mark and later ones are used up.  ARENA_ESTALEMARK for a mark of another
+    arena or used up (by a rewind to it or to an earlier mark, a reset, a close); ARENA_EEXPORTED
+    while a buffer export of a segment it would kill is alive; ARENA_EORDER while a frame entered
+    after the mark is open.  No other thread may use what it kills meanwhile."""
+    if arenalib_table_ptr == NULL:
+        return ARENA_ECLOSED
+    return (<ArenaTable*>arenalib_table_ptr).rewind(core, mark)
 
 
 cdef inline void arena_core_init(ArenaCore* core) noexcept nogil:

@@ -13,6 +13,7 @@ from cpython.pycapsule cimport PyCapsule_Import
 from libc.stdint cimport uint64_t
 
 from arenalib._fingerprints cimport ABI_FINGERPRINT
+from arenalib._table cimport ArenaMark
 
 
 cdef enum:
@@ -30,6 +31,12 @@ cdef enum:
     # they go back to the slot's free-block cache instead of waiting for a bulk reset.
     RECENT_MAX = 4
     CARVER_RECORDS = 256
+    # A SlicingArena's stack of marks (FrameStack) grows by blocks of FRAME_BLOCK_LEVELS levels,
+    # never moved once made (segments read them without a lock): FRAME_MAX_DEPTH marks at most.
+    FRAME_BLOCK_LEVELS = 256
+    FRAME_BLOCKS = 64
+    FRAME_MAX_DEPTH = FRAME_BLOCK_LEVELS * FRAME_BLOCKS
+    FRAME_DEPTH_BITS = 16         # a frame stamp: (serial << FRAME_DEPTH_BITS) | depth
 
 
 # -- what segments check ---------------------------------------------------------------------------
@@ -41,6 +48,33 @@ cdef struct Lifetime:
     Py_ssize_t exports        # live buffer exports and pins of the segments: reset/close refuse
     unsigned long owner       # the one thread allowed (a ConfinedArena's); 0: any thread
     int busy                  # free-threaded builds: a reset or close is at work (_access.pxi)
+    # A SlicingArena's marks (NULL until its first): a segment carved under a mark is alive also
+    # only while the mark's level still has the stamp the segment was given.
+    FrameStack* frames
+
+
+cdef struct FrameLevel:
+    # One level of the stack of marks: where carving stood when its mark was made, and the stamp
+    # of the segments carved in it since (renewed when a rewind kills them).
+    uint64_t stamp            # (serial << FRAME_DEPTH_BITS) | depth, read by segments (relaxed)
+    uint64_t mark             # the serial of the mark that pushed it
+    Py_ssize_t chunk          # the chunk being carved at the mark (-1: none yet)
+    size_t cursor
+    Py_ssize_t live_bytes     # the books at the mark
+    Py_ssize_t live_segments
+    Py_ssize_t exports        # buffer exports and pins of this level's segments
+    Py_ssize_t outer_frame    # a frame's level: the depth of the frame it was entered in; -1: not a frame
+    bint abandoned            # a frame whose exit was refused: a rewind below it pops it
+
+
+cdef struct FrameStack:
+    # A SlicingArena's marks and frames, innermost last (see arenalib/_frames.pxd).
+    Py_ssize_t depth          # levels pushed (0: none)
+    Py_ssize_t top_frame      # the depth of the innermost open frame (0: none)
+    uint64_t serial           # the last serial given to a mark or a stamp
+    uint64_t version          # bumped by every mark and rewind (read by other threads: relaxed)
+    Py_ssize_t rewinds        # rewinds so far (tracemalloc's books follow them)
+    FrameLevel* blocks[FRAME_BLOCKS]
 
 
 cdef struct Books:
@@ -175,6 +209,8 @@ ctypedef int (*reset_fn)(ArenaCore* core) noexcept nogil
 ctypedef int (*raise_fn)(int code) except -1
 ctypedef ArenaCore* (*core_of_fn)(object arena) except NULL
 ctypedef void (*slot_free_fn)(ArenaSlot* slot, void* ptr) noexcept nogil
+ctypedef int (*mark_fn)(ArenaCore* core, ArenaMark* out) noexcept nogil
+ctypedef int (*rewind_fn)(ArenaCore* core, const ArenaMark* mark) noexcept nogil
 
 
 cdef struct ArenaFunctions:
@@ -187,6 +223,8 @@ cdef struct ArenaFunctions:
     raise_fn raise_error
     core_of_fn core_of
     slot_free_fn slot_free
+    mark_fn mark_slow
+    rewind_fn rewind_slow
 
 
 cdef struct InlineState:
@@ -206,8 +244,7 @@ cdef struct InlineState:
     bint parked_idle
     size_t parked_headroom    # the churn the parked slot may reach idle, within the retain limit
     Py_ssize_t arenas_opened
-    Py_ssize_t arenas_closed
-    char padding[16]          # the records start on a cache line of their own (offset 128)
+    Py_ssize_t arenas_closed  # (the fields above end at offset 128: the records start on a line of their own)
     CarverRecord carvers[CARVER_RECORDS]
 
 
@@ -234,6 +271,10 @@ cdef extern from "arenalib/platform.h":
     void store_size "arenalib_store_relaxed"(size_t* counter, size_t value) noexcept nogil
     Py_ssize_t load_ssize "arenalib_load_relaxed"(Py_ssize_t* counter) noexcept nogil
     size_t load_size "arenalib_load_relaxed"(size_t* counter) noexcept nogil
+    void store_u64 "arenalib_store_relaxed"(uint64_t* counter, uint64_t value) noexcept nogil
+    uint64_t load_u64 "arenalib_load_relaxed"(uint64_t* counter) noexcept nogil
+    FrameStack* load_frames "arenalib_load_acquire"(FrameStack** p) noexcept nogil
+    void store_frames "arenalib_store_release"(FrameStack** p, FrameStack* frames) noexcept nogil
     bint INLINE_PARKING "ARENALIB_INLINE_PARKING"
 
 

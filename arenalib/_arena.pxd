@@ -6,6 +6,7 @@
 from libc.stdint cimport uint64_t
 
 from arenalib._abi cimport ArenaCore, Books, Lifetime
+from arenalib._table cimport ArenaMark
 
 cdef extern from *:
     """
@@ -69,10 +70,12 @@ cdef class Segment:
         int _freed              # SEG_ALIVE, SEG_FREED, or SEG_FREEING while a free is under way
         void* _accessor         # whose access record names it: see _access.pxi (root only)
         int _free_pending       # free once the last export is released (root only)
+        uint64_t _frame_stamp   # carved under a mark of a SlicingArena: its level's stamp (0: none)
 
     cdef int _check(self) except -1
     cdef int _status(self) noexcept
     cdef bint _dead_root(self) noexcept
+    cdef bint _current(self) noexcept
     cdef int _raise_status(self, int status) except -1
     cdef int _pin(self, void** token) except -1
     cdef void _unpin(self, void* token) noexcept
@@ -85,16 +88,21 @@ cdef class ArenaBase(SegmentOwner):
     cdef:
         ArenaCore _core
         object _created_at      # creation stack in debug mode, else None
-        set _traced             # addresses reported to tracemalloc and not yet untracked
+        dict _traced            # addresses of the blocks reported to tracemalloc (-> 0) ...
+        dict _traced_framed     # ... and those carved under a mark (-> their frame stamp)
+        Py_ssize_t _traced_rewinds  # the arena's rewinds when _traced_framed was last swept
 
     cdef int _open(self, int kind, object max_bytes, size_t chunk_size=*) except -1
-    cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align)
+    cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align,
+                           const ArenaMark* frame=*)
     cdef int _raise(self, int code, str context) except -1
     cdef int _close(self) except -1
     cdef int _check_usable(self) except -1
     cdef void _untrack_all(self) noexcept
     cdef void _start_tracing(self) noexcept
-    cdef int _trace(self, size_t address, size_t size, bint track) except -1
+    cdef int _trace(self, size_t address, size_t size, bint track, uint64_t stamp=*) except -1
+    cdef int _sync_traced(self) except -1
+    cdef int _sync_traced_locked(self) except -1
 
 
 cdef class Arena(ArenaBase):

@@ -16,6 +16,7 @@ The one extension that links the private jemalloc.  Its parts, in the order they
     _confined.pxi     ConfinedArena: its rule and class (its inline rule: _confined.pxd)
     _shared.pxi       Arena: likewise (_shared.pxd)
     _slicing.pxi      SlicingArena: likewise (_slicing.pxd)
+    _frames.pxi       a SlicingArena's marks and frames, and each thread's frame arena (_frames.pxd)
     _with.pxi         `with arena:` without a garbage-collected method object per call
     _stats.pxi        live_objects(), slot_stats(), jemalloc's figures for stats()
     _c_api.pxi        the C API's function tables and capsules
@@ -34,7 +35,8 @@ import warnings
 
 from arenalib._abi cimport FREE_THREADED, ArenaCore, ArenaSlot, Books, InlineState, Lifetime
 from arenalib._jemalloc cimport JEMALLOC_VERSION, je_dallocx
-from arenalib._table cimport ARENA_EBUSY, ARENA_EEXPORTED, ARENA_OK
+from arenalib._frames cimport frame_stamp_alive, frame_stamp_now, frames_version
+from arenalib._table cimport ARENA_EBUSY, ARENA_EEXPORTED, ARENA_EORDER, ARENA_OK, ArenaMark
 from arenalib.fast cimport arena_allocate, arena_free, arena_open
 
 cdef extern from "Python.h":
@@ -112,7 +114,8 @@ cdef class ArenaBase(SegmentOwner):
         return self._allocate(_parse_size(size, "size"), zero,
                               1 if align is None else parse_align(align))
 
-    cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align):
+    cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align,
+                           const ArenaMark* frame=NULL):
         # Objects first (each may start a GC, whose finalizers may reset or close this arena),
         # then the memory, then the segment bound to it with nothing in between that calls back.
         # Untracking address 0 tells whether tracemalloc is tracing (-2 when it is not).
@@ -125,26 +128,42 @@ cdef class ArenaBase(SegmentOwner):
         cdef void* ptr
         cdef void* anchor = NULL
         # Another thread's reset or close waits until the segment is bound to this generation.
-        cdef void* token = access_enter(&self._core.life)
-        cdef int err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
-        while err == ARENA_EBUSY and FREE_THREADED:
-            # Another thread is carving from this SlicingArena: with the GIL off, Python threads
-            # meet here; wait for the carve (microseconds) rather than raise.
-            arenalib_yield()
+        cdef Lifetime* life = &self._core.life
+        cdef void* token = access_enter(life)
+        cdef uint64_t version
+        cdef int err = ARENA_OK
+        while True:
+            if frame != NULL and not frame_is_innermost(life, frame):
+                err = ARENA_EORDER  # Frame.allocate() of a frame that is not the innermost
+                break
+            # The level of marks the carve lands in: read before it, and true if no mark or rewind
+            # (another thread's, or the C API's without the GIL) ran meanwhile (_frames.pxd).
+            seg._frame_stamp = frame_stamp_now(life, &version)
             err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
+            if err == ARENA_EBUSY and FREE_THREADED:
+                # Another thread is carving from this SlicingArena: with the GIL off, Python
+                # threads meet here; wait for the carve (microseconds) rather than raise.
+                arenalib_yield()
+                continue
+            if err or frames_version(life) == version:
+                break
+            # Carved at a level now unknown: the block stays carved, dead, until a rewind or reset.
         if err:
             access_exit(token)
+            if err == ARENA_EORDER:
+                raise ValueError("allocate() of a frame that is not the innermost one open "
+                                 "(or that was left)")
             self._raise(err, f"cannot allocate {size} bytes (align={align})")
         cdef bint anchored = note_allocation(&self._core, &anchor)
         if not owned:
             seg._keeper = <object>anchor if anchor != NULL else self  # a reference, no call back
         seg._ptr = <char*>ptr
-        seg._generation = self._core.life.generation
+        seg._generation = life.generation
         access_exit(token)
         if anchored and anchor == NULL and not owned:
             shared_make_anchor(self)  # for this thread's next segments
         if self._traced is not None:
-            self._trace(<size_t>ptr, <size_t>size, True)
+            self._trace(<size_t>ptr, <size_t>size, True, seg._frame_stamp)
         return seg
 
     cdef int _free_segment(self, Segment seg) except -1:
@@ -177,19 +196,51 @@ cdef class ArenaBase(SegmentOwner):
     cdef void _start_tracing(self) noexcept:
         with cython.critical_section(self):  # several threads may allocate at once
             if self._traced is None:
-                self._traced = set()
+                self._traced = {}
+                self._traced_framed = {}
+                self._traced_rewinds = -1
 
-    cdef int _trace(self, size_t address, size_t size, bint track) except -1:
-        """Report a block to tracemalloc (track) or its end (not track), and remember which."""
-        with cython.critical_section(self):  # _untrack_all() of another thread may drop the set
+    cdef int _trace(self, size_t address, size_t size, bint track, uint64_t stamp=0) except -1:
+        """Report a block to tracemalloc (track) or its end (not track), and remember which; a
+        block carved under a mark is remembered with its stamp, for _sync_traced()."""
+        with cython.critical_section(self):  # _untrack_all() of another thread may drop the dicts
             if self._traced is None:
                 return 0
             if track:
+                self._sync_traced_locked()  # a rewind through the C API is told here
                 if PyTraceMalloc_Track(TRACE_DOMAIN, address, size) == 0:
-                    self._traced.add(address)
+                    (self._traced_framed if stamp else self._traced)[address] = stamp
             else:
                 PyTraceMalloc_Untrack(TRACE_DOMAIN, address)
-                self._traced.discard(address)
+                self._traced.pop(address, None)
+        return 0
+
+    cdef int _sync_traced(self) except -1:
+        """Untrack the blocks rewinds killed (after a Python-level rewind)."""
+        with cython.critical_section(self):
+            self._sync_traced_locked()
+        return 0
+
+    cdef int _sync_traced_locked(self) except -1:
+        cdef dict framed = self._traced_framed
+        if not framed:
+            return 0
+        cdef Lifetime* life = &self._core.life
+        cdef void* token = access_enter(life)  # no close frees the stack meanwhile
+        cdef Py_ssize_t rewinds = life.frames.rewinds if life.frames != NULL else -1
+        access_exit(token)
+        if rewinds == self._traced_rewinds:
+            return 0
+        self._traced_rewinds = rewinds
+        dead = []
+        token = access_enter(life)
+        for address, stamp in framed.items():
+            if not frame_stamp_alive(life, stamp):
+                dead.append(address)
+        access_exit(token)
+        for address in dead:
+            del framed[address]
+            PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>address)
         return 0
 
     cdef int _raise(self, int code, str context) except -1:
@@ -252,7 +303,10 @@ cdef class ArenaBase(SegmentOwner):
             if self._traced is not None:
                 for address in self._traced:
                     PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>address)
+                for address in self._traced_framed:
+                    PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>address)
                 self._traced = None
+                self._traced_framed = None
 
     @property
     def closed(self):
@@ -336,6 +390,7 @@ cdef bint open_now(ArenaBase arena) noexcept:
 include "_confined.pxi"
 include "_shared.pxi"
 include "_slicing.pxi"
+include "_frames.pxi"
 include "_with.pxi"
 include "_stats.pxi"
 include "_c_api.pxi"
@@ -355,6 +410,7 @@ cdef int _module_init() except -1:
     for kind in (Arena, ConfinedArena, SlicingArena):
         arenalib_arena_freelist_for(kind)
     fast_with_init(ArenaBase)
+    fast_with_init(Frame)
     slots_init()       # the shared state and the jemalloc control names (every arena needs them)
     slicing_init()     # biased carving, if membarrier() is there
     _figures_init()    # stats() names

@@ -7,8 +7,10 @@ from cpython.pycapsule cimport PyCapsule_New
 
 from arenalib._abi cimport ArenaCore, ArenaSlot, InlineState, abi_fingerprint, adopt_inline_state
 from arenalib._fingerprints cimport TABLE_FINGERPRINT
-from arenalib._table cimport ARENA_ECLOSED, ARENA_OK, ArenaTable, OpaqueCore
-from arenalib.fast cimport arena_allocate, arena_close, arena_free, arena_open, arena_reset
+from arenalib._table cimport ARENA_ECLOSED, ARENA_OK, ArenaMark, ArenaTable, OpaqueCore
+from arenalib.fast cimport (
+    arena_allocate, arena_close, arena_free, arena_mark, arena_open, arena_reset, arena_rewind,
+)
 
 
 cdef ArenaCore* arena_core_of(object arena) except NULL:
@@ -56,6 +58,14 @@ cdef int _table_reset(OpaqueCore* core) noexcept nogil:
     return arena_reset(<ArenaCore*>core)
 
 
+cdef int _table_mark(OpaqueCore* core, ArenaMark* out) noexcept nogil:
+    return arena_mark(<ArenaCore*>core, out)
+
+
+cdef int _table_rewind(OpaqueCore* core, const ArenaMark* mark) noexcept nogil:
+    return arena_rewind(<ArenaCore*>core, mark)
+
+
 cdef OpaqueCore* _table_core_of(object arena) except NULL:
     return <OpaqueCore*>arena_core_of(arena)
 
@@ -79,6 +89,8 @@ cdef int _capi_init() except -1:
     state.functions.raise_error = arena_raise
     state.functions.core_of = arena_core_of
     state.functions.slot_free = arena_slot_free
+    state.functions.mark_slow = arena_mark_slow
+    state.functions.rewind_slow = arena_rewind_slow
     if <size_t>&state.carvers % 64:
         raise ImportError("arenalib: its carver records are not on cache lines of their own")
     adopt_inline_state(state)
@@ -95,5 +107,7 @@ cdef int _capi_init() except -1:
     _c_table.raise_error = arena_raise
     _c_table.core_of = _table_core_of
     _c_table.core_init = _table_core_init
+    _c_table.mark = _table_mark
+    _c_table.rewind = _table_rewind
     globals()["_C_TABLE"] = PyCapsule_New(&_c_table, b"arenalib._arena._C_TABLE", NULL)
     return 0

@@ -10,6 +10,7 @@ from libc.stdint cimport uint64_t
 from arenalib._abi cimport FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, thread_ident
 from arenalib._confined cimport close_small_scope, confined_init
 from arenalib._slicing cimport slicing_books
+from arenalib._table cimport ArenaMark
 from arenalib._table cimport (
     ARENA_ECLOSED, ARENA_EEXPORTED, ARENA_EINVAL, ARENA_ENOMEM, ARENA_EUNSUPPORTED, ARENA_EWRONGTHREAD,
     ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_KIND_SLICING, ARENA_OK,
@@ -112,6 +113,40 @@ cdef int _reset(ArenaCore* core) noexcept nogil:
     else:
         confined_reset(core)
     return ARENA_OK
+
+
+# -- marks -------------------------------------------------------------------------------------------
+
+cdef int arena_mark_checked(ArenaCore* core, bint frame, ArenaMark* out) noexcept nogil:
+    """Push a mark (``frame``: a frame's): a SlicingArena's only."""
+    cdef int err = _usable(core)
+    if err:
+        return err
+    if core.kind != ARENA_KIND_SLICING:
+        return ARENA_EUNSUPPORTED
+    return slicing_mark(core, frame, out)
+
+
+cdef int arena_rewind_checked(ArenaCore* core, const ArenaMark* mark, bint exit_frame) noexcept nogil:
+    """Rewind to ``mark`` (``exit_frame``: and pop the frame it is), once no other thread's
+    Python-level access of the arena's memory is under way (see _access.pxi)."""
+    exclusive_begin(&core.life)
+    cdef int err = _usable(core)
+    if not err:
+        err = (slicing_rewind(core, mark, exit_frame) if core.kind == ARENA_KIND_SLICING
+               else ARENA_EUNSUPPORTED)
+    exclusive_end(&core.life)
+    return err
+
+
+cdef int arena_mark_slow(ArenaCore* core, ArenaMark* out) noexcept nogil:
+    """arena_mark() of the C API (the inline fast path calls it)."""
+    return arena_mark_checked(core, False, out)
+
+
+cdef int arena_rewind_slow(ArenaCore* core, const ArenaMark* mark) noexcept nogil:
+    """arena_rewind() of the C API (the inline fast path calls it)."""
+    return arena_rewind_checked(core, mark, False)
 
 
 # -- open and close ----------------------------------------------------------------------------------

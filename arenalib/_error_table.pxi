@@ -20,7 +20,11 @@ cdef tuple _ERROR_TABLE = (
     (BufferError, "buffer exports of the arena's segments are alive"),       # ARENA_EEXPORTED
     (ArenaError, "the SlicingArena is in use by another thread"),            # ARENA_EBUSY
     (UnsupportedOperation,                                                   # ARENA_EUNSUPPORTED
-     "SlicingArena allocations cannot be freed one by one; use reset() or close()"),
+     "not supported by this kind of arena (SlicingArena segments cannot be freed one by one; "
+     "marks are SlicingArena's)"),
+    (ValueError, "the mark is of another arena, or used up (by a rewind to it or to an earlier "
+                 "mark, a reset, a close)"),                                 # ARENA_ESTALEMARK
+    (ValueError, "a frame entered after the mark is still open"),            # ARENA_EORDER
 )
 assert len(_ERROR_TABLE) == ARENA_ERROR_CODES
 

@@ -22,6 +22,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.string cimport memcpy, memset
 
 from arenalib._abi cimport Lifetime, thread_ident
+from arenalib._frames cimport frame_level_of, frame_stamp_alive
 
 from arenalib._errors import ArenaClosedError, UnsupportedOperation
 
@@ -99,8 +100,7 @@ cdef class Segment:
             access_exit(token[0])
             return self._raise_status(status)
         if not _any_thread(life):
-            count_add(&owner._exports, 1)
-            count_add(&life.exports, 1)
+            _count_export(owner, life, 1)
         user_bytes_begin()
         return 0
 
@@ -108,8 +108,7 @@ cdef class Segment:
         user_bytes_end()
         cdef Segment owner = self._owner_segment()
         if not _any_thread(self._life):
-            count_add(&owner._exports, -1)
-            count_add(&self._life.exports, -1)
+            _count_export(owner, self._life, -1)
         access_exit(token)
 
     cdef int _status(self) noexcept:
@@ -118,11 +117,17 @@ cdef class Segment:
         if life == NULL:
             return SEGMENT_NOT_FROM_ARENA
         # A free under way (SEG_FREEING) may still be refused: alive until it is done.
-        if life.generation != self._generation or self._dead_root():
+        if not self._current() or self._dead_root():
             return SEGMENT_DEAD
         if life.owner and life.owner != thread_ident():
             return SEGMENT_WRONG_THREAD
         return SEGMENT_USABLE
+
+    cdef bint _current(self) noexcept:
+        """The memory was not reset, closed or rewound away: the owner's generation is the
+        segment's, and so is the stamp of the level of marks it was carved in (see _frames.pxd)."""
+        cdef Lifetime* life = self._life
+        return life.generation == self._generation and frame_stamp_alive(life, self._frame_stamp)
 
     cdef bint _dead_root(self) noexcept:
         """The memory was freed or released (read while another thread may be freeing it)."""
@@ -163,16 +168,13 @@ cdef class Segment:
         view.suboffsets = NULL
         view.internal = NULL
         view.obj = self
-        cdef Segment owner = self._owner_segment()
-        count_add(&owner._exports, 1)
-        count_add(&self._life.exports, 1)
+        _count_export(self._owner_segment(), self._life, 1)
         shard_add(LIVE_EXPORTS, 1)
         self._unpin(token)
 
     def __releasebuffer__(self, Py_buffer* view):
         cdef Segment owner = self._owner_segment()
-        count_add(&owner._exports, -1)
-        count_add(&self._life.exports, -1)
+        _count_export(owner, self._life, -1)
         shard_add(LIVE_EXPORTS, -1)
         # The count first, then the flag (free(deferred=True) sets the flag, then reads the count):
         # of a last release and a deferred free at once, one sees the other, and one claims it.
@@ -205,7 +207,7 @@ cdef class Segment:
         if self._life == NULL:
             return False
         cdef void* token = access_enter(self._life)
-        cdef bint alive = self._life.generation == self._generation and not self._dead_root()
+        cdef bint alive = self._current() and not self._dead_root()
         access_exit(token)
         return alive
 
@@ -275,7 +277,7 @@ cdef class Segment:
         cdef Lifetime* life = self._life
         if life.owner and life.owner != thread_ident():
             return 0  # a ConfinedArena's, released elsewhere: its reset or close takes it
-        if life.generation == self._generation and not self._dead_root():
+        if self._current() and not self._dead_root():
             try:
                 self._arena._free_segment(self)
             except BufferError:
@@ -333,6 +335,15 @@ cdef int segment_dealloc_init() except -1:
     return 0
 
 
+cdef inline void _count_export(Segment root, Lifetime* life, Py_ssize_t delta) noexcept:
+    """An export or pin of ``root``'s memory begins (1) or ends (-1): counted on the root, its
+    owner and, for a segment carved under a mark, that mark's level (which a rewind may not kill)."""
+    count_add(&root._exports, delta)
+    count_add(&life.exports, delta)
+    if root._frame_stamp:
+        count_add(&frame_level_of(life, root._frame_stamp).exports, delta)
+
+
 cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size, bint keep=True):
     """A new root segment of ``arena``, dead until its caller sets ``_ptr`` and ``_generation``.
 
@@ -346,5 +357,6 @@ cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size, bint keep=True):
     if keep:
         seg._keeper = arena
     seg._life = arena._life  # never NULL (an owner's __cinit__ sets it first): the dealloc hook's mark
+    seg._frame_stamp = 0
     shard_add(LIVE_SEGMENTS, 1)
     return seg

@@ -114,6 +114,7 @@ cdef Segment _segment_slice(Segment seg, object offset, object size):
     child._ptr = seg._ptr + start
     child._root = seg._owner_segment()
     child._generation = seg._generation
+    child._frame_stamp = seg._frame_stamp
     return child
 
 
@@ -126,6 +127,8 @@ cdef object _dead_segment_error(Segment seg):
         why = f"its {type(arena).__name__} is closed"
     elif seg._dead_root():
         why = "it was freed or released"
+    elif seg._generation == seg._life.generation:
+        why = f"its {type(arena).__name__} was rewound to a mark made before it"
     else:
         why = f"its {type(arena).__name__} was reset"
     return ArenaClosedError(f"segment of {seg._size} bytes is no longer usable: {why}")

@@ -269,6 +269,7 @@ cdef int slicing_reset(ArenaCore* core) noexcept nogil:
     cdef int err = slicing_lock(core)
     if err:
         return err
+    frames_forget(core)  # (its carve position is overwritten below)
     _free_own_chunks(core)
     if core.slicing.nchunks:
         _use_chunk(&core.slicing, 0)
@@ -285,6 +286,7 @@ cdef void slicing_close(ArenaCore* core, size_t* stale, size_t* churn) noexcept:
     bytes allocated in all."""
     cdef SlicingState* slicing = &core.slicing
     _drop_bias(core)
+    frames_free(&core.life)
     slicing_settle(core)
     churn[0] = slicing.chunk_bytes
     if slicing.nchunks <= RECENT_MAX:
@@ -343,8 +345,9 @@ cdef class SlicingArena(ArenaBase):
             err = slicing_lock(&self._core)
         if not err:
             # Every chunk past the current one holds no live segment; with no live segment at
-            # all (after a reset), none does.
-            if self._core.slicing.nchunks and self._core.books.live_segments:
+            # all (after a reset), none does, but open marks still name the current one.
+            if self._core.slicing.nchunks and (self._core.books.live_segments
+                                               or frames_open(&self._core.life)):
                 slicing_free_chunks(&self._core, self._core.slicing.current + 1)
             else:
                 slicing_free_chunks(&self._core, 0)
@@ -359,8 +362,29 @@ cdef class SlicingArena(ArenaBase):
             slot_purge_settle(slot)
 
     def stats(self):
-        """As ArenaBase.stats(), plus the chunks held."""
+        """As ArenaBase.stats(), plus the chunks held and the marks open (frames included)."""
         result = ArenaBase.stats(self)
         result["chunks"] = self._core.slicing.nchunks
         result["chunk_bytes"] = self._core.slicing.chunk_bytes
+        result["marks"] = frames_depth(&self._core.life)
         return result
+
+    # -- marks and frames (arenalib/_frames.pxi) ---------------------------------------------------
+
+    def mark(self):
+        """The carve position, as a Mark for rewind(): what is carved after it dies at the rewind.
+
+        Marks nest, on one stack per arena (whichever thread makes them)."""
+        return arena_mark_object(self)
+
+    def rewind(self, mark):
+        """Kill every segment carved since ``mark`` (using one raises ArenaClosedError) and carve
+        that memory again; segments carved before it stay, the chunks stay warm.  The mark is used
+        up, and so is every mark made after it.  Raises ValueError, changing nothing, for a used-up
+        mark or one of another arena, or while a frame entered after it is open; BufferError while
+        an export of a segment it would kill is alive."""
+        arena_rewind_object(self, mark)
+
+    def frame(self):
+        """A Frame: ``with arena.frame() as f:`` marks on entry and rewinds on exit."""
+        return arena_frame_object(self)

@@ -21,7 +21,9 @@ cdef enum:
     ARENA_EEXPORTED = 6       # BufferError: buffer exports of segments are alive
     ARENA_EBUSY = 7           # ArenaError: a SlicingArena used by two threads at once
     ARENA_EUNSUPPORTED = 8    # UnsupportedOperation: per-segment free of a SlicingArena
-    ARENA_ERROR_CODES = 9
+    ARENA_ESTALEMARK = 9      # ValueError: a mark of another arena, or invalidated since
+    ARENA_EORDER = 10         # ValueError: a frame entered after this mark or frame is still open
+    ARENA_ERROR_CODES = 11
 
 cdef enum:
     ARENA_KIND_SHARED = 0     # Arena
@@ -33,6 +35,15 @@ cdef enum:
     # stack or in a struct.  The table says how much arenalib needs, and a module whose room is
     # too small is refused.
     OPAQUE_CORE_WORDS = 64
+
+
+cdef struct ArenaMark:
+    # A SlicingArena's carve position, from arena_mark() for arena_rewind(): storage the caller
+    # keeps, never read by it.
+    uint64_t arena            # the open arena's serial number
+    uint64_t generation       # the arena's generation: a reset or close makes the mark stale
+    uint64_t serial           # the mark's own number
+    Py_ssize_t depth          # its place in the arena's stack of marks
 
 
 cdef struct OpaqueCore:
@@ -47,6 +58,8 @@ ctypedef int (*table_allocate_fn)(OpaqueCore* core, size_t size, size_t align, b
                                   void** out) noexcept nogil
 ctypedef int (*table_free_fn)(OpaqueCore* core, void* ptr, size_t size) noexcept nogil
 ctypedef int (*table_reset_fn)(OpaqueCore* core) noexcept nogil
+ctypedef int (*table_mark_fn)(OpaqueCore* core, ArenaMark* out) noexcept nogil
+ctypedef int (*table_rewind_fn)(OpaqueCore* core, const ArenaMark* mark) noexcept nogil
 ctypedef int (*table_raise_fn)(int code) except -1
 ctypedef OpaqueCore* (*table_core_of_fn)(object arena) except NULL
 ctypedef void (*table_core_init_fn)(OpaqueCore* core) noexcept nogil
@@ -65,3 +78,5 @@ cdef struct ArenaTable:
     table_raise_fn raise_error
     table_core_of_fn core_of
     table_core_init_fn core_init
+    table_mark_fn mark
+    table_rewind_fn rewind

@@ -36,7 +36,8 @@ import arenalib
 
 HERE = Path(__file__).resolve().parent
 TITLE = "4b. The C level through `cimport arenalib` (issue 5)"
-SIZES = [8, 512, 1024, 4096, 65536]
+SIZES = [8, 64, 512, 1024, 4096, 65536]
+FRAME_SIZE = 64  # issue 26's C-level frame: mark + carve 64 B + rewind
 
 
 def build_kernels(name: str = "arenalib_bench_kernels"):
@@ -135,6 +136,11 @@ def roundtrip_samples(kernels, table, quick: bool) -> dict:
                 "ConfinedArena pair via table (no fill)": _pair_ns(table, confined, n, size),
                 "ConfinedArena via table zero=False": partial(
                     table.arena_fill_free, confined, n, size, False),
+                # A frame per op (issue 26): mark, carve, rewind, inline and through the table.
+                "SlicingArena mark+carve+rewind (no fill)": partial(
+                    kernels.mark_carve_rewind, slicing, n, size),
+                "SlicingArena mark+carve+rewind via table (no fill)": partial(
+                    table.mark_carve_rewind, slicing, n, size),
             }
             row = {name: {"samples": [], "ratios": []} for name in candidates}
             for fn in candidates.values():  # warm-up
@@ -253,6 +259,12 @@ def c_targets(roundtrip_results: dict, thread_results: dict) -> list[dict]:
             checks.append(("pair via the table <= 2.0x the inline pair", size,
                            row["ConfinedArena pair via table (no fill)"]["ns_per_op"]
                            / row["ConfinedArena pair (no fill)"]["ns_per_op"], 2.0, None))
+        if size == FRAME_SIZE and "SlicingArena mark+carve+rewind (no fill)" in row:
+            frame = row["SlicingArena mark+carve+rewind (no fill)"]
+            checks.append(("frame mark+carve+rewind <= 0.6x malloc+free (issue 26)", size,
+                           frame["ratio_to_malloc"], 0.6, None))
+            checks.append(("frame mark+carve+rewind <= 3 ns (issue 26; ns, not a ratio)", size,
+                           frame["ns_per_op"], 3.0, None))
         if "scope open+alloc+close (no fill)" in row:
             checks.append(("scope open+alloc+close <= 1.0x malloc+free", size,
                            row["scope open+alloc+close (no fill)"]["ratio_to_malloc"], 1.0, None))

@@ -63,10 +63,10 @@ from _experiment import Experiment, load  # noqa: E402
 from _report import report  # noqa: E402
 
 # The report's order (the experiments' numbers in results.md) ...
-EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes", "uring", "aio")
+EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes", "uring", "aio", "frames")
 # ... and the run's: the memory experiment after the Python-level timings, so the kernel's reclaiming
 # of its 1.5 GB children does not disturb them (scopes counts page faults); the I/O of uring and aio last.
-RUN_ORDER = ("roundtrip", "threads", "scopes", "memory", "pool", "native", "uring", "aio")
+RUN_ORDER = ("roundtrip", "threads", "scopes", "frames", "memory", "pool", "native", "uring", "aio")
 
 
 def experiments(res: dict) -> list[tuple[str, Experiment]]:

@@ -332,6 +332,8 @@ ERROR_CODES = {  # code: (exception class, words of the table's message)
     6: (BufferError, "buffer exports"),
     7: (arenalib.ArenaError, "in use by another thread"),
     8: (arenalib.UnsupportedOperation, "cannot be freed one by one"),
+    9: (ValueError, "the mark is of another arena, or used up"),
+    10: (ValueError, "a frame entered after the mark is still open"),
 }
 
 
@@ -345,7 +347,7 @@ def test_c_api_errors_come_from_the_one_table(cython_consumers, code):
         safety_consumer.raise_code(code)
     assert type(caught.value) is exc_type
     safety_consumer.raise_code(0)
-    for unknown in (-1, 9, 1000):
+    for unknown in (-1, len(ERROR_CODES) + 1, 1000):
         with pytest.raises(arenalib.ArenaError, match=f"unknown arenalib error code {unknown}"):
             safety_consumer.raise_code(unknown)
 

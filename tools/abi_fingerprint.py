@@ -30,7 +30,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "arenalib"
 TABLE_FILES = ("_table.pxd", "__init__.pxd")
 FAST_FILES = (*TABLE_FILES, "_abi.pxd", "_blocks.pxd", "_confined.pxd", "_shared.pxd", "_slicing.pxd",
-              "_dispatch.pxd", "_arena.pxd", "fast.pxd", "include/arenalib/platform.h")
+              "_frames.pxd", "_dispatch.pxd", "_arena.pxd", "fast.pxd", "include/arenalib/platform.h")
 OUTPUT = "_fingerprints.pxd"
 
 TEMPLATE = '''\

@@ -45,3 +45,29 @@ def arena_alloc_free_pairs(arena, Py_ssize_t n, size_t size):
         t1 = now_ns()
     arena_raise(err)
     return (t1 - t0) / <double>n, t0, t1
+
+
+def mark_carve_rewind(arena, Py_ssize_t n, size_t size):
+    """arena_mark + arena_allocate + arena_rewind on a SlicingArena (a frame per op), ns per op."""
+    cdef ArenaCore* core = arena_core(arena)
+    cdef ArenaMark mark
+    cdef Py_ssize_t _i
+    cdef void* p
+    cdef int err = ARENA_OK
+    cdef long long t0
+    with nogil:
+        t0 = now_ns()
+        for _i in range(n):
+            err = arena_mark(core, &mark)
+            if err != ARENA_OK:
+                break
+            err = arena_allocate(core, size, 0, False, &p)
+            if err != ARENA_OK:
+                break
+            escape(p)
+            err = arena_rewind(core, &mark)
+            if err != ARENA_OK:
+                break
+        t0 = now_ns() - t0
+    arena_raise(err)
+    return t0 / <double>n

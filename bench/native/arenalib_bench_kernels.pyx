@@ -9,8 +9,8 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
 from arenalib.fast cimport (
-    ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, arena_allocate, arena_close, arena_core,
-    arena_core_init, arena_free, arena_open, arena_raise, arena_reset,
+    ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, ArenaMark, arena_allocate, arena_close, arena_core,
+    arena_core_init, arena_free, arena_mark, arena_open, arena_raise, arena_reset, arena_rewind,
 )
 
 include "_timing.pxi"

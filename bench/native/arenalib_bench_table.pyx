@@ -4,7 +4,10 @@ every allocate and free is a call through arenalib's function table."""
 
 from libc.string cimport memset
 
-from arenalib cimport ARENA_OK, ArenaCore, arena_allocate, arena_core, arena_free, arena_raise
+from arenalib cimport (
+    ARENA_OK, ArenaCore, ArenaMark, arena_allocate, arena_core, arena_free, arena_mark, arena_raise,
+    arena_rewind,
+)
 
 include "_timing.pxi"
 include "_arena_loops.pxi"

@@ -4,11 +4,11 @@ through the function table (``cimport arenalib``: nothing of arenalib compiled i
 
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from arenalib cimport (
-    ARENA_EBUSY, ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, arena_allocate, arena_close, arena_core,
-    arena_core_init, arena_free, arena_open, arena_raise,
+    ARENA_EBUSY, ARENA_KIND_CONFINED, ARENA_OK, ArenaCore, ArenaMark, arena_allocate, arena_close,
+    arena_core, arena_core_init, arena_free, arena_mark, arena_open, arena_raise, arena_rewind,
 )
 
 include "consumer_body.pxi"

@@ -135,3 +135,61 @@ def scoped_loop(Py_ssize_t iterations, size_t size):
         arena_close(&core)
         arena_raise(err)
     return iterations
+
+
+def frame_loop(arena, Py_ssize_t iterations, size_t size, unsigned char pattern):
+    """Without the GIL, ``iterations`` times on a SlicingArena: mark, carve ``size`` bytes, fill
+    and check them, rewind.  Returns the distinct addresses carved (one: the rewind reuses it)."""
+    cdef ArenaCore* core = arena_core(arena)
+    cdef ArenaMark mark
+    cdef void* ptr = NULL
+    cdef void* first = NULL
+    cdef Py_ssize_t _i, distinct = 0
+    cdef int err = ARENA_OK
+    with nogil:
+        for _i in range(iterations):
+            err = arena_mark(core, &mark)
+            if err != ARENA_OK:
+                break
+            err = arena_allocate(core, size, 0, False, &ptr)
+            if err != ARENA_OK:
+                break
+            memset(ptr, pattern, size)
+            err = _check(<unsigned char*>ptr, size, pattern)
+            if err != ARENA_OK:
+                break
+            if ptr != first:
+                first = ptr
+                distinct += 1
+            err = arena_rewind(core, &mark)
+            if err != ARENA_OK:
+                break
+    if err == CONTENT_MISMATCH:
+        raise AssertionError("memory did not hold what was written")
+    arena_raise(err)
+    return distinct
+
+
+def mark(arena):
+    """arena_mark() of a SlicingArena: the mark as bytes (for rewind()), or the error code (int)."""
+    cdef ArenaMark out
+    cdef int err
+    cdef ArenaCore* core = arena_core(arena)
+    with nogil:
+        err = arena_mark(core, &out)
+    if err != ARENA_OK:
+        return err
+    return (<char*>&out)[:sizeof(ArenaMark)]
+
+
+def rewind(arena, bytes mark):
+    """arena_rewind() to a mark from mark(): the error code (ARENA_OK, ARENA_ESTALEMARK ...)."""
+    if len(mark) != sizeof(ArenaMark):
+        raise ValueError("not a mark")
+    cdef ArenaMark m
+    memcpy(&m, <const char*>mark, sizeof(ArenaMark))
+    cdef int err
+    cdef ArenaCore* core = arena_core(arena)
+    with nogil:
+        err = arena_rewind(core, &m)
+    return err

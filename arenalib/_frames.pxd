@@ -1,0 +1,207 @@
+# cython: language_level=3
+# A SlicingArena's marks and frames, their inline rule: push a mark, rewind to one, and the O(1)
+# liveness test of a segment carved under a mark.  The rest (the stack's blocks, the locks around
+# these, the Python Mark and Frame, arenalib.frame()) is arenalib/_frames.pxi.
+#
+# The stack: a mark pushes level d (1 = outermost), which records where carving stood, the books
+# then, and the stamp that segments carved in it get, (serial << FRAME_DEPTH_BITS) | d; a segment
+# carved with no mark open gets stamp 0.  A rewind to the mark of level d renews the stamps of
+# levels d and above (their segments die: an O(1) test each, no list of segments anywhere), pops
+# them and puts the cursor back: the mark is used up, and so is every mark made after it.  A frame
+# (`with arena.frame():`) is a mark that only the innermost open frame may rewind to, at its exit;
+# a frame whose exit is refused is abandoned, and goes with the next rewind below it (or, once
+# nothing above it is open and none of its segments is exported, with the next mark).  A segment's
+# stamp is read before its carve and the stack's version after it: a mark or rewind in between (of
+# another thread, or through the C API without the GIL) makes the carve's level unknown, and the
+# caller carves again.
+
+from libc.stdint cimport uint64_t
+
+from arenalib._abi cimport (
+    FRAME_BLOCK_LEVELS, FRAME_DEPTH_BITS, FRAME_MAX_DEPTH, ArenaCore, FrameLevel, FrameStack,
+    Lifetime, SlicingState, load_frames, load_ssize, load_u64, store_u64,
+)
+from arenalib._table cimport (
+    ARENA_EEXPORTED, ARENA_ELIMIT, ARENA_EORDER, ARENA_ESTALEMARK, ARENA_OK, ArenaMark,
+)
+
+cdef extern from "arenalib/platform.h":
+    # The depth is read by other threads (a carve's stamp): published with release, read with
+    # acquire (a level's block is made before the depth reaches it).
+    Py_ssize_t load_depth "arenalib_load_acquire"(Py_ssize_t* depth) noexcept nogil
+    void store_depth "arenalib_store_release"(Py_ssize_t* depth, Py_ssize_t value) noexcept nogil
+
+cdef enum:
+    FRAME_NEEDS_BLOCK = -1    # frames_push(): the level's block is not made yet (the slow path makes it)
+
+
+cdef inline FrameLevel* frame_level(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
+    """Level ``depth`` (from 1) of the stack; its block must exist."""
+    return &stack.blocks[(depth - 1) // FRAME_BLOCK_LEVELS][(depth - 1) % FRAME_BLOCK_LEVELS]
+
+
+cdef inline uint64_t frame_stamp_now(Lifetime* life, uint64_t* version) noexcept nogil:
+    """The stamp of a segment carved now (the innermost level's, 0 with no mark open), and in
+    ``version`` the stack's version, to compare with frames_version() after the carve."""
+    cdef FrameStack* stack = load_frames(&life.frames)
+    if stack == NULL:
+        version[0] = 0
+        return 0
+    version[0] = load_u64(&stack.version)
+    cdef Py_ssize_t depth = load_depth(&stack.depth)
+    return load_u64(&frame_level(stack, depth).stamp) if depth else 0
+
+
+cdef inline uint64_t frames_version(Lifetime* life) noexcept nogil:
+    """Bumped by every mark and rewind: unchanged across a carve, the stamp read before it holds."""
+    cdef FrameStack* stack = load_frames(&life.frames)
+    return load_u64(&stack.version) if stack != NULL else 0
+
+
+cdef inline bint frame_stamp_alive(Lifetime* life, uint64_t stamp) noexcept nogil:
+    """Whether a segment of ``stamp`` (whose arena's generation is still its own) is alive."""
+    if stamp == 0:
+        return True
+    cdef FrameStack* stack = load_frames(&life.frames)
+    cdef Py_ssize_t depth = <Py_ssize_t>(stamp & ((1 << FRAME_DEPTH_BITS) - 1))
+    return stack != NULL and load_u64(&frame_level(stack, depth).stamp) == stamp
+
+
+cdef inline FrameLevel* frame_level_of(Lifetime* life, uint64_t stamp) noexcept nogil:
+    """The level a live segment of ``stamp`` was carved in (NULL for stamp 0): where its exports count."""
+    if stamp == 0:
+        return NULL
+    return frame_level(life.frames, <Py_ssize_t>(stamp & ((1 << FRAME_DEPTH_BITS) - 1)))
+
+
+cdef inline uint64_t _new_stamp(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
+    stack.serial += 1
+    return (stack.serial << FRAME_DEPTH_BITS) | <uint64_t>depth
+
+
+cdef inline void _carve_from(SlicingState* slicing, Py_ssize_t chunk, size_t cursor) noexcept nogil:
+    """Put the carve position back where a mark found it (chunk -1: before any chunk, so the
+    first one, made after the mark, from its start)."""
+    if chunk < 0:
+        chunk = 0
+        cursor = <size_t>slicing.chunks[0] if slicing.nchunks else 0
+    slicing.current = chunk
+    slicing.cursor = cursor
+    slicing.cursor_end = (<size_t>slicing.chunks[chunk] + slicing.chunk_sizes[chunk]
+                          if slicing.nchunks else 0)
+
+
+cdef inline void frames_pop_to(ArenaCore* core, FrameStack* stack, Py_ssize_t depth) noexcept nogil:
+    """Pop levels ``depth`` and above (their segments die), carving again from level ``depth``'s
+    mark; what was carved since folds into the books' totals (see slicing_settle)."""
+    cdef FrameLevel* level = frame_level(stack, depth)
+    cdef Py_ssize_t d
+    for d in range(depth, stack.depth + 1):
+        store_u64(&frame_level(stack, d).stamp, _new_stamp(stack, d))
+    if core.books.live_bytes > core.books.peak_bytes:
+        core.books.peak_bytes = core.books.live_bytes
+    core.books.allocated_total += <size_t>(core.books.live_bytes - level.live_bytes)
+    core.books.live_bytes = level.live_bytes
+    core.books.live_segments = level.live_segments
+    _carve_from(&core.slicing, level.chunk, level.cursor)
+    while stack.top_frame >= depth:  # the frames popped (its own, abandoned ones above it)
+        stack.top_frame = frame_level(stack, stack.top_frame).outer_frame
+    stack.rewinds += 1
+    store_u64(&stack.version, stack.version + 1)
+    store_depth(&stack.depth, depth - 1)
+
+
+cdef inline bint _exported_from(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
+    """Whether a segment of level ``depth`` or above is exported (a release may run meanwhile)."""
+    cdef Py_ssize_t d
+    for d in range(depth, stack.depth + 1):
+        if load_ssize(&frame_level(stack, d).exports):
+            return True
+    return False
+
+
+cdef inline void _pop_abandoned(ArenaCore* core, FrameStack* stack) noexcept nogil:
+    """Let go of abandoned frames that nothing open lies above and no export holds."""
+    cdef FrameLevel* level
+    while stack.depth and stack.top_frame == stack.depth:
+        level = frame_level(stack, stack.depth)
+        if not level.abandoned or load_ssize(&level.exports):
+            return
+        frames_pop_to(core, stack, stack.depth)
+
+
+cdef inline int frames_push(ArenaCore* core, FrameStack* stack, bint frame,
+                            ArenaMark* out) noexcept nogil:
+    """Mark the carve position in ``out`` (``frame``: a frame's mark).  The caller holds the
+    arena's busy lock or bias."""
+    _pop_abandoned(core, stack)
+    cdef Py_ssize_t depth = stack.depth
+    if depth == FRAME_MAX_DEPTH:
+        return ARENA_ELIMIT
+    if stack.blocks[depth // FRAME_BLOCK_LEVELS] == NULL:
+        return FRAME_NEEDS_BLOCK
+    depth += 1
+    cdef FrameLevel* level = frame_level(stack, depth)
+    store_u64(&level.stamp, _new_stamp(stack, depth))
+    stack.serial += 1
+    level.mark = stack.serial
+    level.chunk = core.slicing.current if core.slicing.cursor else -1
+    level.cursor = core.slicing.cursor
+    level.live_bytes = core.books.live_bytes
+    level.live_segments = core.books.live_segments
+    level.exports = 0
+    level.abandoned = False
+    if frame:
+        level.outer_frame = stack.top_frame
+        stack.top_frame = depth
+    else:
+        level.outer_frame = -1
+    store_u64(&stack.version, stack.version + 1)
+    store_depth(&stack.depth, depth)
+    out.arena = core.serial
+    out.generation = core.life.generation
+    out.serial = level.mark
+    out.depth = depth
+    return ARENA_OK
+
+
+cdef inline int frames_check_mark(ArenaCore* core, FrameStack* stack,
+                                  const ArenaMark* mark) noexcept nogil:
+    """ARENA_OK when ``mark`` is one of this open arena's that no reset, close or rewind (to it or
+    to an earlier mark) has used up."""
+    if (stack == NULL or mark.arena != core.serial or mark.generation != core.life.generation
+            or mark.depth < 1 or mark.depth > stack.depth
+            or frame_level(stack, mark.depth).mark != mark.serial):
+        return ARENA_ESTALEMARK
+    return ARENA_OK
+
+
+cdef inline Py_ssize_t _open_frame_above(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
+    """The depth of the innermost frame above ``depth`` that is open and not abandoned (0: none)."""
+    cdef Py_ssize_t top = stack.top_frame
+    while top > depth:
+        if not frame_level(stack, top).abandoned:
+            return top
+        top = frame_level(stack, top).outer_frame
+    return 0
+
+
+cdef inline int frames_rewind(ArenaCore* core, FrameStack* stack, const ArenaMark* mark,
+                              bint exit_frame) noexcept nogil:
+    """Kill every segment carved since ``mark`` and carve from there again; the mark and those
+    after it are used up.  ``exit_frame``: the mark must be a frame's.  Changes nothing when it
+    refuses: a stale mark, a frame entered after the mark still open (ARENA_EORDER), a live export
+    of a segment it would kill.  The caller holds the arena's busy lock or bias and (with the GIL
+    off) keeps other threads' accesses out."""
+    cdef int err = frames_check_mark(core, stack, mark)
+    if err:
+        return err
+    cdef FrameLevel* level = frame_level(stack, mark.depth)
+    if exit_frame and level.outer_frame < 0:
+        return ARENA_ESTALEMARK  # not a frame's mark
+    if _open_frame_above(stack, mark.depth):
+        return ARENA_EORDER
+    if _exported_from(stack, mark.depth):
+        return ARENA_EEXPORTED
+    frames_pop_to(core, stack, mark.depth)
+    return ARENA_OK

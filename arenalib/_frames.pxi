@@ -1,0 +1,339 @@
+# Marks and frames of a SlicingArena: the stack's blocks, mark() and rewind() under the arena's
+# lock, the Python Mark and Frame, and each thread's own frame arena (arenalib.frame()).  The rule
+# itself (what a mark records, what a rewind kills, a segment's O(1) test) is arenalib/_frames.pxd.
+
+from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
+
+from arenalib._abi cimport (
+    FRAME_BLOCK_LEVELS, FRAME_BLOCKS, FRAME_MAX_DEPTH, FrameLevel, FrameStack, store_frames,
+)
+from arenalib._frames cimport (
+    FRAME_NEEDS_BLOCK, frames_pop_to, frame_level, frames_check_mark, frames_push, frames_rewind,
+    load_depth,
+)
+from arenalib._table cimport ARENA_EORDER, ARENA_ESTALEMARK, ArenaMark
+
+
+# -- the stack ---------------------------------------------------------------------------------------
+
+cdef extern from "arenalib/platform.h":
+    void store_frames_block "arenalib_store_release"(FrameLevel** p, FrameLevel* levels) noexcept nogil
+
+
+cdef FrameStack* _stack_of(ArenaCore* core) noexcept nogil:
+    """The core's stack of marks, made on its first mark (NULL without memory).  The caller holds
+    the busy lock; a stack, once published, stays until close."""
+    cdef FrameStack* stack = core.life.frames
+    if stack == NULL:
+        stack = <FrameStack*>PyMem_RawCalloc(1, sizeof(FrameStack))
+        if stack != NULL:
+            store_frames(&core.life.frames, stack)
+    return stack
+
+
+cdef bint _grow_stack(FrameStack* stack) noexcept nogil:
+    """Make the block of the next level (never moved: segments read levels without a lock)."""
+    cdef Py_ssize_t block = stack.depth // FRAME_BLOCK_LEVELS
+    cdef FrameLevel* levels = <FrameLevel*>PyMem_RawCalloc(FRAME_BLOCK_LEVELS, sizeof(FrameLevel))
+    if levels == NULL:
+        return False
+    store_frames_block(&stack.blocks[block], levels)
+    return True
+
+
+cdef void frames_forget(ArenaCore* core) noexcept nogil:
+    """At reset (the new generation made every mark and segment stale): no mark is open, and the
+    levels' stamps are new (tracemalloc's books see their segments dead)."""
+    cdef FrameStack* stack = core.life.frames
+    if stack != NULL and stack.depth:
+        frames_pop_to(core, stack, 1)
+
+
+cdef void frames_free(Lifetime* life) noexcept nogil:
+    """At close (after the generation moved on, so no segment reads the stack again)."""
+    cdef FrameStack* stack = life.frames
+    if stack == NULL:
+        return
+    store_frames(&life.frames, NULL)
+    cdef int i
+    for i in range(FRAME_BLOCKS):
+        PyMem_RawFree(stack.blocks[i])
+    PyMem_RawFree(stack)
+
+
+cdef bint frames_open(Lifetime* life) noexcept nogil:
+    """Whether a mark is open (its chunks must stay where the marks say).  The caller keeps a
+    close out (the stack goes with it)."""
+    return life.frames != NULL and life.frames.depth != 0
+
+
+cdef Py_ssize_t frames_depth(Lifetime* life) noexcept nogil:
+    """The marks open (stats()), read inside an access: no close frees the stack meanwhile."""
+    cdef void* token = access_enter(life)
+    cdef FrameStack* stack = life.frames
+    cdef Py_ssize_t depth = load_depth(&stack.depth) if stack != NULL else 0
+    access_exit(token)
+    return depth
+
+
+# -- mark and rewind under the lock (every caller: the C API's slow path and the Python methods) ---
+
+cdef int slicing_mark(ArenaCore* core, bint frame, ArenaMark* out) noexcept nogil:
+    """Push a mark (``frame``: a frame's level) in ``out``: ARENA_OK or an error code."""
+    cdef int err = slicing_lock(core)
+    if err:
+        return err
+    cdef FrameStack* stack = _stack_of(core)
+    err = ARENA_ENOMEM if stack == NULL else frames_push(core, stack, frame, out)
+    if err == FRAME_NEEDS_BLOCK:
+        err = frames_push(core, stack, frame, out) if _grow_stack(stack) else ARENA_ENOMEM
+    slicing_unlock(core)
+    return err
+
+
+cdef int slicing_rewind(ArenaCore* core, const ArenaMark* mark, bint exit_frame) noexcept nogil:
+    """Rewind to ``mark`` (see frames_rewind); a frame whose exit the rule refuses is abandoned.
+    The caller keeps other threads' accesses out (exclusive_begin)."""
+    cdef int err = slicing_lock(core)
+    if err:
+        return err
+    cdef FrameStack* stack = core.life.frames
+    err = frames_rewind(core, stack, mark, exit_frame)
+    if (exit_frame and (err == ARENA_EORDER or err == ARENA_EEXPORTED)):
+        frame_level(stack, mark.depth).abandoned = True
+    slicing_unlock(core)
+    return err
+
+
+# -- Python ------------------------------------------------------------------------------------------
+
+cdef str _MARK_PROBLEMS = (
+    "it is of another arena, or used up by a rewind to it or to an earlier mark, a reset or a close")
+
+
+cdef int _raise_mark_error(SlicingArena arena, int err, str doing) except -1:
+    if err == ARENA_ESTALEMARK:
+        raise ValueError(f"cannot {doing}: {_MARK_PROBLEMS}")
+    if err == ARENA_EORDER:
+        raise ValueError(
+            f"cannot {doing}: a frame entered after it is still open (frames must be left in the "
+            "reverse order they were entered, which interleaved tasks on one thread break)")
+    if err == ARENA_ELIMIT:
+        raise MemoryError(f"cannot {doing}: {FRAME_MAX_DEPTH} marks are open, the most a "
+                          "SlicingArena keeps")
+    if err == ARENA_EEXPORTED:
+        raise BufferError(
+            f"cannot {doing}: a buffer export (memoryview, NumPy array ...) of a segment it would "
+            "kill is alive; release it first")
+    return arena._raise(err, f"cannot {doing}")
+
+
+cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
+    cdef int err = arena_mark_checked(&arena._core, frame, out)
+    while err == ARENA_EBUSY and FREE_THREADED:
+        arenalib_yield()  # another thread is carving: microseconds (as _allocate waits)
+        err = arena_mark_checked(&arena._core, frame, out)
+    return err
+
+
+cdef int _rewind_checked(SlicingArena arena, const ArenaMark* mark, bint exit_frame) noexcept:
+    """A rewind with no other thread's access of the arena's memory under way: its error code."""
+    cdef int err = arena_rewind_checked(&arena._core, mark, exit_frame)
+    while err == ARENA_EBUSY and FREE_THREADED:
+        arenalib_yield()
+        err = arena_rewind_checked(&arena._core, mark, exit_frame)
+    return err
+
+
+@cython.final
+@cython.no_gc  # holds its arena only
+cdef class Mark:
+    """A carve position of a SlicingArena, from ``arena.mark()``, for ``arena.rewind(mark)``.
+
+    Used up by the rewind to it, a rewind to an earlier mark, a reset or a close of its arena."""
+    cdef ArenaMark _mark
+    cdef SlicingArena _arena
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("Mark cannot be constructed directly; use SlicingArena.mark()")
+
+    @property
+    def arena(self):
+        """The SlicingArena this mark belongs to."""
+        return self._arena
+
+    @property
+    def valid(self):
+        """True while ``arena.rewind(self)`` would be accepted as far as the mark goes."""
+        cdef ArenaCore* core = &self._arena._core
+        cdef void* token = access_enter(&core.life)
+        cdef bint valid = core.open and frames_check_mark(core, core.life.frames, &self._mark) == ARENA_OK
+        access_exit(token)
+        return valid
+
+    def __repr__(self):
+        state = "valid" if self.valid else "used up"
+        return (f"<arenalib.Mark {self._mark.serial} at depth {self._mark.depth} of SlicingArena "
+                f"{id(self._arena):#x}, {state}>")
+
+    def __reduce__(self):
+        raise TypeError("a Mark names a position in native memory and cannot be pickled")
+
+
+cdef Mark arena_mark_object(SlicingArena arena):
+    """SlicingArena.mark()."""
+    cdef Mark mark = Mark.__new__(Mark)
+    mark._arena = arena
+    cdef int err = _mark_checked(arena, False, &mark._mark)
+    if err:
+        _raise_mark_error(arena, err, "mark")
+    return mark
+
+
+cdef int arena_rewind_object(SlicingArena arena, object mark) except -1:
+    """SlicingArena.rewind(mark)."""
+    if not isinstance(mark, Mark):
+        raise TypeError(f"rewind() takes a Mark from SlicingArena.mark(), not {type(mark).__name__}")
+    cdef Mark m = <Mark>mark
+    if m._arena is not arena:
+        raise ValueError(f"cannot rewind: {_MARK_PROBLEMS}")
+    cdef int err = _rewind_checked(arena, &m._mark, False)
+    if err:
+        _raise_mark_error(arena, err, "rewind")
+    arena._sync_traced()
+    return 0
+
+
+cdef enum:
+    FRAME_NEW = 0
+    FRAME_ENTERED = 1
+    FRAME_LEFT = 2
+
+
+@cython.final
+@cython.no_gc  # holds its arena only
+cdef class Frame:
+    """``with arena.frame() as f:`` marks on entry and rewinds on exit: every segment carved in the
+    frame dies (its use raises ArenaClosedError), the memory is carved again.  Frames nest; only the
+    innermost may be left.  ``f.allocate()`` allocates in the frame."""
+    cdef ArenaMark _mark
+    cdef SlicingArena _arena
+    cdef int _state   # FRAME_NEW, FRAME_ENTERED, FRAME_LEFT
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("Frame cannot be constructed directly; use SlicingArena.frame()")
+
+    @property
+    def arena(self):
+        """The SlicingArena the frame carves from."""
+        return self._arena
+
+    def __enter__(self):
+        if self._state != FRAME_NEW:
+            raise ValueError("a frame is entered once; make a new one with arena.frame()")
+        cdef int err = _mark_checked(self._arena, True, &self._mark)
+        if err:
+            _raise_mark_error(self._arena, err, "enter a frame")
+        self._state = FRAME_ENTERED
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._state != FRAME_ENTERED:
+            raise ValueError("this frame is not open")
+        cdef ArenaCore* core = &self._arena._core
+        cdef int err = ARENA_OK
+        # A reset or close since made everything in it dead already: nothing to rewind.
+        if core.open and self._mark.generation == core.life.generation:
+            err = _rewind_checked(self._arena, &self._mark, True)
+        # Left unless the call could not judge it (another thread's confined arena, ...): a frame
+        # the rule refused is abandoned, and goes with the next rewind below it.
+        if err == ARENA_OK or err == ARENA_EORDER or err == ARENA_EEXPORTED or err == ARENA_ESTALEMARK:
+            self._state = FRAME_LEFT
+        if err:
+            _raise_mark_error(self._arena, err, "leave the frame")
+        self._arena._sync_traced()
+        return False
+
+    def allocate(self, size, *, bint zero=True, align=None):
+        """A new Segment in this frame (as SlicingArena.allocate()); the frame must be the
+        innermost one open."""
+        if self._state != FRAME_ENTERED:
+            raise ValueError("allocate() of a frame that is not open")
+        return self._arena._allocate(_parse_size(size, "size"), zero,
+                                     1 if align is None else parse_align(align), &self._mark)
+
+    def __reduce__(self):
+        raise TypeError("a Frame cannot be pickled")
+
+
+cdef bint frame_is_innermost(Lifetime* life, const ArenaMark* frame) noexcept nogil:
+    """Whether ``frame``'s level is the innermost open frame (Frame.allocate() carves there)."""
+    cdef FrameStack* stack = life.frames
+    return (stack != NULL and frame.generation == life.generation and stack.top_frame == frame.depth
+            and frame.depth <= stack.depth and frame_level(stack, frame.depth).mark == frame.serial)
+
+
+cdef Frame arena_frame_object(SlicingArena arena):
+    """SlicingArena.frame(): a frame, entered by its with-statement."""
+    cdef Frame frame = Frame.__new__(Frame)
+    frame._arena = arena
+    return frame
+
+
+# -- each thread's frame arena -----------------------------------------------------------------------
+
+cdef str _FRAMES_KEY = "arenalib._frames"
+cdef size_t FRAME_CHUNK_SIZE = 64 * 1024
+
+
+@cython.final
+@cython.no_gc
+cdef class _ThreadFrames:
+    """The value of a thread-state dict's _FRAMES_KEY: the thread's frame arena, closed with it."""
+    cdef SlicingArena arena
+
+    def __dealloc__(self):
+        cdef SlicingArena arena = self.arena
+        # The thread is ending (or its state is cleared): its arena goes now, unless an export of
+        # one of its segments is alive (the arena then closes when the last segment goes).
+        if arena is not None and arena._core.open and count_read(&arena._core.life.exports) == 0:
+            core_close(&arena._core)
+            arena._untrack_all()
+
+
+cdef SlicingArena _thread_frame_arena(object chunk_size):
+    """The calling thread's frame arena, made on first use (or after its close)."""
+    cdef PyObject* state_dict = PyThreadState_GetDict()
+    if state_dict == NULL or arenalib_thread_state_ending():
+        raise RuntimeError("this thread has no thread state to keep a frame arena in")
+    cdef dict state = <dict>state_dict
+    cdef _ThreadFrames frames = state.get(_FRAMES_KEY)
+    cdef SlicingArena arena
+    if frames is not None and frames.arena._core.open:
+        arena = frames.arena
+        if (chunk_size is not None
+                and _parse_size(chunk_size, "chunk_size") != <Py_ssize_t>arena._core.slicing.chunk_size):
+            raise ValueError(
+                f"this thread's frame arena has chunk_size={arena._core.slicing.chunk_size} already "
+                "(it is chosen once, by the thread's first call)")
+        return arena
+    arena = SlicingArena(chunk_size=FRAME_CHUNK_SIZE if chunk_size is None else chunk_size)
+    arena._core.life.owner = thread_ident()  # confined: only this thread uses it or its segments
+    if frames is None:
+        frames = _ThreadFrames.__new__(_ThreadFrames)
+        state[_FRAMES_KEY] = frames
+    frames.arena = arena
+    return arena
+
+
+def frame_arena(*, chunk_size=None):
+    """The calling thread's frame arena: a SlicingArena confined to the thread, made on first use
+    with ``chunk_size`` (default 64 KiB, settable by the thread's first call only), closed when the
+    thread ends.  arenalib.frame() pushes frames on it."""
+    return _thread_frame_arena(chunk_size)
+
+
+def frame():
+    """A frame of the calling thread's frame arena: ``with arenalib.frame() as f:
+    buf = f.allocate(64, zero=False)``; every segment of it dies at the with-block's end."""
+    return arena_frame_object(_thread_frame_arena(None))

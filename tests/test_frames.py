@@ -1,0 +1,806 @@
+"""Checked frames (issue 26): SlicingArena.mark()/rewind(), `with arena.frame():`, the calling
+thread's own frame arena (arenalib.frame()), and arena_mark()/arena_rewind() of the C API.
+
+After a rewind, a segment carved after the mark raises ArenaClosedError on any use (as after a
+reset) while those carved before it stay alive with their bytes; what a rewind refuses (a stale
+mark, a frame left out of order, a live export it would kill) changes nothing."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import threading
+import tracemalloc
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from support import build_example_consumer
+
+import arenalib
+from arenalib import ArenaClosedError, Frame, Mark, SlicingArena, WrongThreadError
+
+
+@pytest.fixture
+def arena():
+    with SlicingArena(chunk_size=1 << 16) as a:
+        yield a
+
+
+@pytest.fixture
+def main_frame_arena_closed():
+    """Close the main thread's frame arena after the test (the leak check counts its slot)."""
+    yield
+    arenalib.frame_arena().close()
+
+
+def carve(a, n, byte, size=64):
+    return [a.allocate(size, zero=False).fill(byte) for _ in range(n)]
+
+
+def assert_dead(seg):
+    assert not seg.alive
+    with pytest.raises(ArenaClosedError):
+        seg.tobytes()
+    with pytest.raises(ArenaClosedError):
+        memoryview(seg)
+
+
+# -- mark and rewind ---------------------------------------------------------------------------------
+
+def test_rewind_kills_what_was_carved_after_the_mark_and_keeps_the_rest(arena):
+    before = carve(arena, 3, 1)
+    mark = arena.mark()
+    after = carve(arena, 5, 2)
+    first_after = after[0].address
+    arena.rewind(mark)
+    for seg in before:
+        assert seg.alive and seg.tobytes() == bytes([1]) * 64
+    for seg in after:
+        assert_dead(seg)
+    # The memory is carved again, from where the mark stood.
+    again = arena.allocate(64, zero=False)
+    assert again.address == first_after
+    assert again.fill(7).tobytes() == bytes([7]) * 64
+    for seg in before:
+        assert seg.tobytes() == bytes([1]) * 64
+
+
+def test_a_mark_is_used_up_by_its_rewind(arena):
+    mark = arena.mark()
+    arena.rewind(mark)
+    assert not mark.valid
+    with pytest.raises(ValueError, match="used up"):
+        arena.rewind(mark)
+    for round_ in range(100):
+        mark = arena.mark()
+        segs = carve(arena, 3, round_ % 256)
+        arena.rewind(mark)
+        assert all(not s.alive for s in segs)
+    assert arena.stats()["marks"] == 0
+
+
+def test_at_most_16384_marks_are_open(arena):
+    first = arena.mark()
+    for _ in range(16383):
+        arena.mark()
+    with pytest.raises(MemoryError, match="16384 marks"):
+        arena.mark()
+    with pytest.raises(MemoryError):
+        arena.frame().__enter__()
+    arena.rewind(first)
+    assert arena.stats()["marks"] == 0
+    with arena.frame():
+        assert arena.stats()["marks"] == 1
+
+
+def test_a_rewind_to_an_earlier_mark_uses_up_later_marks(arena):
+    outer = arena.mark()
+    inner = arena.mark()
+    carve(arena, 2, 1)
+    innermost = arena.mark()
+    arena.rewind(outer)
+    assert not outer.valid and not inner.valid and not innermost.valid
+    for stale in (outer, inner, innermost):
+        with pytest.raises(ValueError, match="used up"):
+            arena.rewind(stale)
+    fresh = arena.mark()
+    assert fresh.valid and not inner.valid  # a new mark at the same place revives nothing
+
+
+def test_reset_and_close_make_marks_stale(arena):
+    mark = arena.mark()
+    seg = arena.allocate(10)
+    arena.reset()
+    assert_dead(seg)
+    with pytest.raises(ValueError, match="used up"):
+        arena.rewind(mark)
+    assert arena.stats()["marks"] == 0
+    other = SlicingArena()
+    late = other.mark()
+    other.close()
+    with pytest.raises(ArenaClosedError):
+        other.rewind(late)
+    assert not late.valid
+
+
+def test_marks_of_another_arena_and_other_objects_are_refused(arena):
+    with SlicingArena() as other:
+        foreign = other.mark()
+        carve(arena, 2, 1)
+        with pytest.raises(ValueError, match="another arena"):
+            arena.rewind(foreign)
+        assert other.stats()["marks"] == 1
+    with pytest.raises(TypeError):
+        arena.rewind(object())
+    with pytest.raises(TypeError):
+        Mark()
+    with pytest.raises(TypeError):
+        Frame()
+
+
+def test_only_a_slicing_arena_has_marks():
+    with arenalib.Arena() as a:
+        assert not hasattr(a, "mark")
+
+
+def test_a_live_export_of_a_segment_the_rewind_would_kill_refuses_it_changing_nothing(arena):
+    keep = arena.allocate(32).fill(5)
+    kept_view = memoryview(keep)  # carved before the mark: does not stand in the way
+    mark = arena.mark()
+    doomed = arena.allocate(32).fill(6)
+    view = memoryview(doomed)
+    with pytest.raises(BufferError):
+        arena.rewind(mark)
+    assert doomed.alive and bytes(view) == bytes([6]) * 32
+    assert arena.stats()["live_segments"] == 2
+    view.release()
+    arena.rewind(mark)
+    assert_dead(doomed)
+    assert bytes(kept_view) == bytes([5]) * 32
+    kept_view.release()
+
+
+def test_an_export_of_a_slice_counts_for_its_root(arena):
+    mark = arena.mark()
+    root = arena.allocate(100).fill(1)
+    view = memoryview(root.slice(10, 20))
+    with pytest.raises(BufferError):
+        arena.rewind(mark)
+    view.release()
+    arena.rewind(mark)
+    assert_dead(root)
+
+
+def test_stats_and_max_bytes_follow_a_rewind():
+    with SlicingArena(max_bytes=1000) as a:
+        a.allocate(300)
+        mark = a.mark()
+        a.allocate(700)
+        with pytest.raises(MemoryError):
+            a.allocate(1)
+        stats = a.stats()
+        assert (stats["live_bytes"], stats["live_segments"], stats["marks"]) == (1000, 2, 1)
+        a.rewind(mark)
+        stats = a.stats()
+        assert (stats["live_bytes"], stats["live_segments"]) == (300, 1)
+        assert stats["peak_bytes"] == 1000
+        assert stats["allocated_total"] == 1000
+        a.allocate(700)  # max_bytes counts what is live
+        assert a.stats()["allocated_total"] == 1700
+
+
+def test_purge_keeps_the_chunks_open_marks_name(arena):
+    arena.allocate(100)
+    outer = arena.mark()
+    mark = arena.mark()
+    big = [arena.allocate(60_000) for _ in range(5)]
+    arena.rewind(mark)
+    arena.purge()
+    seg = arena.allocate(64).fill(3)
+    arena.rewind(outer)
+    assert_dead(seg)
+    assert all(not s.alive for s in big)
+    assert arena.allocate(64).fill(4).tobytes() == bytes([4]) * 64
+
+
+def test_frames_reuse_their_chunks_whatever_the_sizes(arena):
+    # Small carves and requests larger than a chunk (a chunk of their own) in every frame: the
+    # chunks carved after the mark are reused by the next frames, never added to for good.
+    for i in range(300):
+        with arena.frame() as f:
+            for size in (100, 70_000, 3000, 200_000 if i % 7 == 0 else 10, 50_000):
+                f.allocate(size, zero=False).fill(i % 256)
+        if i == 20:
+            held = arena.stats()["chunk_bytes"]
+    assert arena.stats()["chunk_bytes"] <= held
+
+
+def test_tracemalloc_sees_rewound_blocks_freed(arena):
+    tracemalloc.start()
+    try:
+        arena.allocate(1000)  # before the mark: stays traced
+        mark = arena.mark()
+        segs = carve(arena, 10, 1, size=5000)
+        domain = tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN)
+
+        def traced():
+            snapshot = tracemalloc.take_snapshot().filter_traces([domain])
+            return sum(s.size for s in snapshot.statistics("filename"))
+
+        assert traced() == 1000 + 10 * 5000
+        arena.rewind(mark)
+        assert traced() == 1000
+        del segs
+        with arena.frame() as f:
+            f.allocate(777)
+            assert traced() == 1777
+        assert traced() == 1000
+    finally:
+        tracemalloc.stop()
+
+
+# -- frames ------------------------------------------------------------------------------------------
+
+def test_a_frame_kills_its_segments_at_exit(arena):
+    outside = arena.allocate(16).fill(9)
+    with arena.frame() as f:
+        assert f.arena is arena
+        inner = f.allocate(100, zero=False).fill(1)
+        also = arena.allocate(50).fill(2)  # the arena's allocate carves in its innermost frame too
+        assert arena.stats()["marks"] == 1
+    assert_dead(inner)
+    assert_dead(also)
+    assert outside.tobytes() == bytes([9]) * 16
+    assert arena.stats()["marks"] == 0
+    assert arena.stats()["live_segments"] == 1
+
+
+def test_frames_nest_and_a_thousand_push_and_pop(arena):
+    frames = []
+    segs = []
+    for depth in range(1000):
+        frame = arena.frame()
+        frame.__enter__()
+        frames.append(frame)
+        segs.append(frame.allocate(8).fill(depth % 256))
+    assert arena.stats()["marks"] == 1000
+    for depth in reversed(range(1000)):
+        assert segs[depth].tobytes() == bytes([depth % 256]) * 8
+        frames[depth].__exit__(None, None, None)
+        assert_dead(segs[depth])
+        if depth:
+            assert segs[depth - 1].alive
+    assert arena.stats()["marks"] == 0
+
+
+def test_frames_left_out_of_order_are_refused_and_never_rewind_wrongly(arena):
+    # As two asyncio tasks on one thread do: A enters, B enters, A leaves first.
+    a, b = arena.frame(), arena.frame()
+    a.__enter__()
+    seg_a = a.allocate(32).fill(1)
+    b.__enter__()
+    seg_b = b.allocate(32).fill(2)
+    with pytest.raises(ValueError, match="frame entered after"):
+        a.__exit__(None, None, None)
+    # Nothing was rewound: both frames' segments are alive with their bytes.
+    assert seg_a.tobytes() == bytes([1]) * 32 and seg_b.tobytes() == bytes([2]) * 32
+    with pytest.raises(ValueError, match="not open"):
+        a.allocate(8)  # A's exit was refused, not undone: it is left, and abandoned
+    b.__exit__(None, None, None)
+    assert_dead(seg_b)
+    assert seg_a.alive and arena.stats()["marks"] == 1
+    with pytest.raises(ValueError, match="not open"):
+        a.__exit__(None, None, None)
+    with arena.frame():  # nothing open above the abandoned A: the next mark lets it go
+        assert arena.stats()["marks"] == 1
+    assert_dead(seg_a)
+    assert arena.stats()["marks"] == 0
+
+
+def test_only_the_innermost_frame_allocates(arena):
+    with arena.frame() as outer:
+        with arena.frame() as inner:
+            with pytest.raises(ValueError, match="not the innermost"):
+                outer.allocate(8)
+            inner.allocate(8)
+        outer.allocate(8)
+
+
+def test_an_abandoned_frame_goes_with_the_frame_below_it(arena):
+    with arena.frame() as outer:
+        a, b = arena.frame(), arena.frame()
+        a.__enter__()
+        seg_a = a.allocate(8).fill(1)
+        b.__enter__()
+        with pytest.raises(ValueError):
+            a.__exit__(None, None, None)
+        b.__exit__(None, None, None)
+        assert seg_a.alive
+        assert outer.arena is arena
+    assert_dead(seg_a)
+    assert arena.stats()["marks"] == 0
+
+
+def test_a_rewind_past_an_open_frame_is_refused(arena):
+    mark = arena.mark()
+    seg = arena.allocate(8).fill(1)
+    with arena.frame():
+        inner = arena.allocate(8).fill(2)
+        with pytest.raises(ValueError, match="frame entered after"):
+            arena.rewind(mark)
+        assert seg.alive and inner.alive
+        inner_mark = arena.mark()
+        arena.allocate(8)
+        arena.rewind(inner_mark)  # a mark inside the frame: fine
+    arena.rewind(mark)
+    assert_dead(seg)
+
+
+def test_a_frame_with_a_live_export_at_exit_raises_buffer_error_and_keeps_it(arena):
+    frame = arena.frame()
+    frame.__enter__()
+    seg = frame.allocate(16).fill(3)
+    view = memoryview(seg)
+    with pytest.raises(BufferError):
+        frame.__exit__(None, None, None)
+    assert bytes(view) == bytes([3]) * 16
+    assert seg.alive and arena.stats()["marks"] == 1
+    with arena.frame():
+        assert seg.alive  # exported still: the abandoned frame stays below this one
+    view.release()
+    with arena.frame():
+        pass  # no export holds it now: the next mark lets it go
+    assert_dead(seg)
+    assert arena.stats()["marks"] == 0
+
+
+def test_a_reset_or_close_inside_a_frame_leaves_nothing_to_rewind(arena):
+    with arena.frame() as f:
+        seg = f.allocate(8)
+        arena.reset()
+        assert_dead(seg)
+    assert arena.stats()["marks"] == 0
+    other = SlicingArena()
+    with other.frame() as f:
+        other.close()
+    with pytest.raises(ValueError, match="not open"):
+        f.allocate(8)
+    with pytest.raises(ArenaClosedError):
+        other.frame().__enter__()
+    frame = arena.frame()
+    with frame:
+        pass
+    with pytest.raises(ValueError, match="entered once"):
+        frame.__enter__()
+
+
+def test_reentrant_index_that_rewinds_mid_allocate(arena):
+    marks = [arena.mark()]
+    doomed = carve(arena, 2, 1)
+
+    class Size:
+        def __index__(self):
+            arena.rewind(marks[-1])
+            marks[-1] = arena.mark()
+            return 64
+
+    with arena.frame() as f:
+        with pytest.raises(ValueError, match="frame entered after"):
+            f.allocate(Size())
+    assert all(s.alive for s in doomed)
+    seg = arena.allocate(Size()).fill(5)  # rewound during conversion, carved after: alive
+    assert seg.tobytes() == bytes([5]) * 64
+    assert not any(s.alive for s in doomed)
+    arena.rewind(marks[-1])
+    assert_dead(seg)
+
+
+def test_finalizers_that_rewind_during_allocation(arena):
+    state = {"mark": arena.mark()}
+
+    class Rewinder:
+        def __del__(self):
+            arena.rewind(state["mark"])
+            state["mark"] = arena.mark()
+
+    old = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        live = []
+        for i in range(300):
+            cycle = Rewinder()
+            cycle.self = cycle
+            del cycle
+            seg = arena.allocate(32).fill(i % 256)
+            live.append(seg)
+            live = [s for s in live if s.alive]
+            for s in live:
+                data = s.tobytes()
+                assert data == bytes([data[0]]) * 32
+    finally:
+        gc.set_threshold(*old)
+
+
+# -- threads -----------------------------------------------------------------------------------------
+
+def test_a_rewind_kills_what_any_thread_carved_after_the_mark(arena):
+    # One stack of marks per arena: a rewind is a reset of what was carved since its mark.
+    before = arena.allocate(8).fill(1)
+    mark = arena.mark()
+    got = []
+    t = threading.Thread(target=lambda: got.append(arena.allocate(8).fill(2)))
+    t.start()
+    t.join()
+    assert got[0].tobytes() == bytes([2]) * 8
+    arena.rewind(mark)
+    assert_dead(got[0])
+    assert before.tobytes() == bytes([1]) * 8
+    other_mark = []
+    t = threading.Thread(target=lambda: other_mark.append(arena.mark()))
+    t.start()
+    t.join()
+    arena.rewind(other_mark[0])  # a mark is the arena's, whichever thread made it
+
+
+def test_frames_of_one_thread_beside_another_threads_carves():
+    # One thread pushes and pops frames on a shared SlicingArena while another carves from it: what
+    # the other carves inside a frame dies with it, and no segment ever holds another's bytes.
+    errors, carved = [], []
+    stop = threading.Event()
+    with SlicingArena(chunk_size=1 << 16) as arena:
+
+        def framer():
+            try:
+                for i in range(2000):
+                    with arena.frame() as f:
+                        segs = [f.allocate(64, zero=False).fill(i % 200) for _ in range(4)]
+                        for s in segs:
+                            assert s.tobytes() == bytes([i % 200]) * 64
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                stop.set()
+
+        def carver():
+            try:
+                while not stop.is_set():
+                    seg = arena.allocate(32, zero=False)
+                    try:
+                        carved.append(seg.fill(250))
+                    except ArenaClosedError:
+                        assert not seg.alive  # carved in the other's frame, which ended since
+                    if len(carved) > 1000:
+                        del carved[:500]
+                for s in carved:  # those carved inside the other's frames died with them
+                    try:
+                        assert s.tobytes() == bytes([250]) * 32
+                    except ArenaClosedError:
+                        pass
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=framer), threading.Thread(target=carver)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert arena.stats()["marks"] == 0
+        carved.clear()
+
+
+def test_threads_frames_on_their_own_thread_arenas():
+    errors = []
+
+    def work(byte):
+        try:
+            for _ in range(500):
+                with arenalib.frame() as f:
+                    segs = [f.allocate(100, zero=False).fill(byte) for _ in range(5)]
+                    for s in segs:
+                        assert s.tobytes() == bytes([byte]) * 100
+                for s in segs:
+                    assert not s.alive
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+# -- the thread's frame arena -------------------------------------------------------------------------
+
+def test_frame_arena_is_the_threads_own_and_confined(main_frame_arena_closed):
+    arena = arenalib.frame_arena()
+    assert arenalib.frame_arena() is arena
+    assert arena.chunk_size == 64 * 1024
+    with pytest.raises(ValueError, match="chunk_size"):
+        arenalib.frame_arena(chunk_size=4096)
+    with arenalib.frame() as f:
+        seg = f.allocate(64, zero=False).fill(1)
+        assert f.arena is arena
+        result = []
+
+        def other():
+            try:
+                seg.tobytes()
+            except WrongThreadError:
+                result.append("refused")
+            result.append(arenalib.frame_arena() is not arena)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert result == ["refused", True]
+    assert_dead(seg)
+
+
+def test_a_threads_frame_arena_closes_when_the_thread_ends():
+    got = {}
+
+    def work():
+        arenalib.frame_arena(chunk_size=8192)
+        got["arena"] = arenalib.frame_arena()
+        with arenalib.frame() as f:
+            got["seg"] = f.allocate(10)
+        got["kept"] = arenalib.frame().arena.allocate(10)  # outside any frame: lives until the end
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert got["arena"].chunk_size == 8192
+    assert got["arena"].closed
+    assert not got["kept"].alive
+
+
+def test_a_closed_frame_arena_is_made_anew(main_frame_arena_closed):
+    first = arenalib.frame_arena()
+    first.close()
+    with arenalib.frame() as f:
+        assert f.arena is not first and not f.arena.closed
+
+
+# -- the C API ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def example_consumers(tmp_path_factory):
+    return build_example_consumer(tmp_path_factory.mktemp("consumer"))
+
+
+@pytest.fixture(params=["table", "fast"])
+def consumer(request, example_consumers):
+    return example_consumers[request.param]
+
+
+def test_c_mark_carve_rewind_reuses_one_address(consumer, arena):
+    arena.allocate(10)
+    assert consumer.frame_loop(arena, 10_000, 64, 3) == 1
+    assert arena.stats()["live_segments"] == 1
+    assert arena.stats()["marks"] == 0
+
+
+def test_c_rewind_kills_python_segments_and_refuses_stale_marks(consumer, arena):
+    mark = consumer.mark(arena)
+    assert isinstance(mark, bytes)
+    seg = arena.allocate(32).fill(1)
+    assert consumer.rewind(arena, mark) == 0
+    assert_dead(seg)
+    arena.reset()
+    assert consumer.rewind(arena, mark) == 9  # ARENA_ESTALEMARK
+    with arenalib.Arena() as shared:
+        assert consumer.mark(shared) == 8  # ARENA_EUNSUPPORTED
+    forged = bytearray(consumer.mark(arena))
+    forged[16] ^= 0xFF  # its serial
+    assert consumer.rewind(arena, bytes(forged)) == 9
+
+
+def test_c_rewind_refuses_to_kill_an_exported_segment(consumer, arena):
+    mark = consumer.mark(arena)
+    view = memoryview(arena.allocate(8).fill(4))
+    assert consumer.rewind(arena, mark) == 6  # ARENA_EEXPORTED
+    assert bytes(view) == bytes([4]) * 8
+    view.release()
+    assert consumer.rewind(arena, mark) == 0
+
+
+def test_python_rewind_after_c_marks(consumer, arena):
+    outer = arena.mark()
+    seg = arena.allocate(8)
+    inner = consumer.mark(arena)
+    assert arena.stats()["marks"] == 2
+    arena.rewind(outer)
+    assert_dead(seg)
+    assert arena.stats()["marks"] == 0
+    assert consumer.rewind(arena, inner) == 9
+
+
+# -- a state machine against a model ------------------------------------------------------------------
+
+SIZES = st.one_of(st.integers(0, 200), st.sampled_from([1000, 4096, 5000, 70_000]))
+PICK = st.integers(0, 2**16)
+
+
+class FramesMachine(RuleBasedStateMachine):
+    """Carves, marks, rewinds, nested and interleaved frames, exports and resets of one SlicingArena
+    against a model: the live segments in carve order; a mark is its place in that order, valid until
+    a rewind to it or to an earlier one, or a reset; a rewind kills the segments after its mark."""
+
+    def __init__(self):
+        super().__init__()
+        self.arena = SlicingArena(chunk_size=4096)
+        self.entries = []      # [seg, byte, size, alive]
+        self.live = []         # the live entries, in carve order
+        self.marks = []        # [mark, seq, pos, valid]
+        self.frames = []       # [frame, seq, pos, state ("open", "abandoned", "gone"), generation]
+        self.views = []        # (memoryview, entry)
+        self.seq = 0
+        self.generation = 0
+
+    def teardown(self):
+        for view, _ in self.views:
+            view.release()
+        self.arena.close()
+
+    def _next(self):
+        self.seq += 1
+        return self.seq
+
+    def _in_stack(self, f):
+        return f[4] == self.generation and f[3] in ("open", "abandoned")
+
+    def _exported(self, pos):
+        return any(entry in self.live[pos:] for _, entry in self.views)
+
+    def _kill_after(self, pos, seq):
+        for entry in self.live[pos:]:
+            entry[3] = False
+        del self.live[pos:]
+        for m in self.marks:
+            if m[1] > seq:
+                m[3] = False
+        for f in self.frames:
+            if f[1] > seq and self._in_stack(f):
+                f[3] = "gone"
+
+    @rule(size=SIZES, byte=st.integers(0, 255), through=PICK)
+    def carve(self, size, byte, through):
+        open_frames = [f for f in self.frames if f[3] == "open" and f[4] == self.generation]
+        if open_frames and through % 3 == 0:
+            f = open_frames[through % len(open_frames)]
+            innermost = not any(g[1] > f[1] and self._in_stack(g) for g in self.frames)
+            if not innermost:
+                with pytest.raises(ValueError, match="not the innermost"):
+                    f[0].allocate(size)
+                return
+            seg = f[0].allocate(size, zero=False)
+        else:
+            seg = self.arena.allocate(size, zero=False)
+        seg.fill(byte)
+        entry = [seg, byte, size, True]
+        self.entries.append(entry)
+        self.live.append(entry)
+
+    def _let_abandoned_go(self):
+        """A mark or frame entry first lets go of abandoned frames nothing open lies above and no
+        export holds."""
+        while True:
+            items = [(m[1], "mark", m) for m in self.marks if m[3]]
+            items += [(f[1], "frame", f) for f in self.frames if self._in_stack(f)]
+            if not items:
+                return
+            _, what, top = max(items, key=lambda item: item[0])
+            if what != "frame" or top[3] != "abandoned" or self._exported(top[2]):
+                return
+            self._kill_after(top[2], top[1] - 1)
+
+    @rule()
+    def mark(self):
+        self._let_abandoned_go()
+        self.marks.append([self.arena.mark(), self._next(), len(self.live), True])
+
+    @precondition(lambda self: self.marks)
+    @rule(pick=PICK)
+    def rewind(self, pick):
+        m = self.marks[pick % len(self.marks)]
+        mark, seq, pos, valid = m
+        if not valid:
+            with pytest.raises(ValueError, match="used up"):
+                self.arena.rewind(mark)
+            return
+        if any(f[1] > seq and f[3] == "open" and f[4] == self.generation for f in self.frames):
+            with pytest.raises(ValueError, match="frame entered after"):
+                self.arena.rewind(mark)
+        elif self._exported(pos):
+            with pytest.raises(BufferError):
+                self.arena.rewind(mark)
+        else:
+            self.arena.rewind(mark)
+            self._kill_after(pos, seq - 1)  # the mark is used up too
+
+    @rule()
+    def enter_frame(self):
+        self._let_abandoned_go()
+        frame = self.arena.frame()
+        frame.__enter__()
+        self.frames.append([frame, self._next(), len(self.live), "open", self.generation])
+
+    @precondition(lambda self: any(f[3] == "open" for f in self.frames))
+    @rule(pick=PICK)
+    def exit_frame(self, pick):
+        candidates = [f for f in self.frames if f[3] == "open"]
+        f = candidates[pick % len(candidates)]
+        frame, seq, pos, _, generation = f
+        if generation != self.generation:
+            frame.__exit__(None, None, None)  # a reset since made everything in it dead already
+            f[3] = "gone"
+        elif any(g[1] > seq and g[3] == "open" and g[4] == self.generation for g in self.frames):
+            with pytest.raises(ValueError, match="frame entered after"):
+                frame.__exit__(None, None, None)
+            f[3] = "abandoned"
+        elif self._exported(pos):
+            with pytest.raises(BufferError):
+                frame.__exit__(None, None, None)
+            f[3] = "abandoned"
+        else:
+            frame.__exit__(None, None, None)
+            self._kill_after(pos, seq - 1)  # its own mark goes too
+            f[3] = "gone"
+
+    @precondition(lambda self: self.live)
+    @rule(pick=PICK)
+    def export(self, pick):
+        entry = self.live[pick % len(self.live)]
+        self.views.append((memoryview(entry[0]), entry))
+
+    @precondition(lambda self: self.views)
+    @rule(pick=PICK)
+    def release(self, pick):
+        view, _ = self.views.pop(pick % len(self.views))
+        view.release()
+
+    @rule()
+    def reset(self):
+        if self.views:
+            with pytest.raises(BufferError):
+                self.arena.reset()
+            return
+        self.arena.reset()
+        for entry in self.live:
+            entry[3] = False
+        self.live.clear()
+        for m in self.marks:
+            m[3] = False
+        self.generation += 1
+
+    @invariant()
+    def segments_match_the_model(self):
+        spans = []
+        for seg, byte, size, alive in self.entries:
+            assert seg.alive == alive
+            if alive:
+                assert seg.tobytes() == bytes([byte]) * size
+                if size:
+                    spans.append((seg.address, seg.address + size))
+            else:
+                with pytest.raises(ArenaClosedError):
+                    seg.tobytes()
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # none overlap
+        stats = self.arena.stats()
+        assert stats["live_segments"] == len(self.live)
+        assert stats["live_bytes"] == sum(entry[2] for entry in self.live)
+        for mark, _, _, valid in self.marks:
+            assert mark.valid == valid
+
+    @invariant()
+    def views_hold_their_bytes(self):
+        for view, entry in self.views:
+            assert bytes(view) == bytes([entry[1]]) * entry[2]
+
+
+TestFramesMachine = FramesMachine.TestCase
