@@ -262,6 +262,10 @@ cdef extern from "arenalib/platform.h":
     void store_first_cache "arenalib_store_release"(ThreadCache** p, ThreadCache* tc) noexcept nogil
     void arenalib_store_owner(unsigned long* owner, unsigned long value) noexcept nogil
     void* arenalib_load_carving(void** flag) noexcept nogil
+    # The biased thread's record: read by that thread on the inline path while a thread taking the
+    # arena over clears it (after membarrier(), which ThreadSanitizer cannot see): relaxed atomics.
+    CarverRecord* load_carve_record "arenalib_load_owner"(CarverRecord** p) noexcept nogil
+    void store_carve_record "arenalib_store_owner"(CarverRecord** p, CarverRecord* r) noexcept nogil
     void arenalib_set_carving(void** flag, void* arena) noexcept nogil
     void arenalib_clear_carving(void** flag) noexcept nogil
     void arenalib_compiler_fence() noexcept nogil

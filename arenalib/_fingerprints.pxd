@@ -7,7 +7,7 @@ from libc.stdint cimport uint64_t
 cdef extern from *:
     """
     #define ARENALIB_TABLE_FINGERPRINT 0x2a01dd9381f9d70bULL
-    #define ARENALIB_ABI_FINGERPRINT 0x8dcf2c4c1da7d386ULL
+    #define ARENALIB_ABI_FINGERPRINT 0xd5c26aedf90d415dULL
     """
     uint64_t TABLE_FINGERPRINT "ARENALIB_TABLE_FINGERPRINT"
     uint64_t ABI_FINGERPRINT "ARENALIB_ABI_FINGERPRINT"

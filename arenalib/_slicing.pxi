@@ -12,7 +12,7 @@ from libc.string cimport memmove, memset
 from arenalib._abi cimport (
     CARVER_RECORDS, RECENT_MAX, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, SlicingState,
     arenalib_load_carving, arenalib_load_owner, arenalib_store_owner, arenalib_try_lock, arenalib_unlock,
-    thread_ident,
+    load_carve_record, store_carve_record, thread_ident,
 )
 from arenalib._jemalloc cimport je_dallocx
 from arenalib._slicing cimport slicing_carve_current, slicing_settle
@@ -185,7 +185,7 @@ cdef int slicing_lock(ArenaCore* core) noexcept nogil:
     if not arenalib_try_lock(&slicing.busy):
         return ARENA_EBUSY
     owner = arenalib_load_owner(&core.carve_owner)
-    if owner == me or slicing.carve_record == NULL:
+    if owner == me or load_carve_record(&slicing.carve_record) == NULL:
         return ARENA_OK   # no other thread may be carving without the lock
     if owner != 0:
         arenalib_store_owner(&core.carve_owner, 0)
@@ -197,10 +197,10 @@ cdef int slicing_lock(ArenaCore* core) noexcept nogil:
             arenalib_store_owner(&core.carve_owner, owner)
             arenalib_unlock(&slicing.busy)
             return ARENA_EBUSY
-    if arenalib_load_carving(&slicing.carve_record.carving) == <void*>core:
+    if arenalib_load_carving(&load_carve_record(&slicing.carve_record).carving) == <void*>core:
         arenalib_unlock(&slicing.busy)
         return ARENA_EBUSY   # the former owner is in the middle of a carve
-    slicing.carve_record = NULL
+    store_carve_record(&slicing.carve_record, NULL)
     return ARENA_OK
 
 
@@ -212,7 +212,7 @@ cdef void slicing_unlock(ArenaCore* core) noexcept nogil:
             and arenalib_load_owner(&core.carve_owner) != me):
         record = _carver_record(me)
         if record != NULL:
-            core.slicing.carve_record = record
+            store_carve_record(&core.slicing.carve_record, record)
             arenalib_store_owner(&core.carve_owner, me)
     arenalib_unlock(&core.slicing.busy)
 
@@ -224,7 +224,7 @@ cdef void _drop_bias(ArenaCore* core) noexcept nogil:
         arenalib_store_owner(&core.carve_owner, 0)
         arenalib_membarrier()
     arenalib_store_owner(&core.carve_owner, 0)
-    core.slicing.carve_record = NULL
+    store_carve_record(&core.slicing.carve_record, NULL)
 
 
 # -- the operations ----------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from arenalib._abi cimport (
     CACHE_MAX_SIZE, FREE_THREADED, INLINE_PARKING, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord,
     InlineState, ThreadCache, abi_check, allocate_fn, arenalib_allocate_slow_fn, arenalib_clear_carving,
     arenalib_compiler_fence, arenalib_free_slow_fn, arenalib_inline_state_ptr, arenalib_load_owner,
-    arenalib_set_carving, books_remove, core_state, free_fn, load_first_cache, thread_ident,
+    arenalib_set_carving, books_remove, core_state, free_fn, load_carve_record, load_first_cache,
+    thread_ident,
 )
 from arenalib._blocks cimport cache_pop, cache_push, small_align
 from arenalib._confined cimport close_small_scope, confined_count_allocation, confined_count_free
@@ -91,7 +92,7 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
             # sees the other).  No atomic read-modify-write, no fence instruction.
             # The record read here may already be the next owner's (or none): a thread only ever
             # announces a carve in its own record, else it takes the slow path.
-            record = core.slicing.carve_record
+            record = load_carve_record(&core.slicing.carve_record)
             if record != NULL and record.thread == me:
                 arenalib_set_carving(&record.carving, core)
                 arenalib_compiler_fence()
@@ -148,7 +149,7 @@ cdef inline CarverRecord* _biased_record(ArenaCore* core, unsigned long me) noex
     cdef CarverRecord* record
     if core.self != core or arenalib_load_owner(&core.carve_owner) != me:
         return NULL
-    record = core.slicing.carve_record
+    record = load_carve_record(&core.slicing.carve_record)
     return record if record != NULL and record.thread == me else NULL
 
 

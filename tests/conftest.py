@@ -23,7 +23,7 @@ import sysconfig
 
 import pytest
 from hypothesis import HealthCheck, settings
-from support import FREEABLE_KINDS, KINDS, build_test_consumers, slots_in_use
+from support import FREEABLE_KINDS, KINDS, build_example_consumer, build_test_consumers, slots_in_use
 
 import arenalib
 
@@ -156,6 +156,19 @@ def cython_consumers(tmp_path_factory):
     why = None if was_on else _gil_enabled_by()
     assert why is None, f"loading the test consumers of tests/cython turned the GIL on: {why}"
     return consumers
+
+
+@pytest.fixture(scope="module")
+def example_consumers(tmp_path_factory):
+    """The example consumer of arenalib/_examples/cython, built against the package both ways (a
+    downstream project's own meson build): {"table": module, "fast": module}."""
+    return build_example_consumer(tmp_path_factory.mktemp("consumer"))
+
+
+@pytest.fixture(params=["table", "fast"])
+def consumer(request, example_consumers):
+    """The example consumer through the function table, then through the inline fast paths."""
+    return example_consumers[request.param]
 
 
 @pytest.fixture

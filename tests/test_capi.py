@@ -15,19 +15,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from support import FREEABLE_KINDS, KINDS, ROOT, build_example_consumer, run_threads
+from support import FREEABLE_KINDS, KINDS, ROOT, run_threads
 
 import arenalib
-
-
-@pytest.fixture(scope="module")
-def example_consumers(tmp_path_factory):
-    return build_example_consumer(tmp_path_factory.mktemp("consumer"))
-
-
-@pytest.fixture(params=["table", "fast"])
-def consumer(request, example_consumers):
-    return example_consumers[request.param]
 
 
 def test_consumer_uses_the_package_pxd(example_consumers):

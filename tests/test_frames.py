@@ -16,7 +16,6 @@ import tracemalloc
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from support import build_example_consumer
 
 import arenalib
 from arenalib import ArenaClosedError, Frame, Mark, SlicingArena, WrongThreadError
@@ -601,16 +600,6 @@ def test_a_closed_frame_arena_is_made_anew(main_frame_arena_closed):
 
 
 # -- the C API ---------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def example_consumers(tmp_path_factory):
-    return build_example_consumer(tmp_path_factory.mktemp("consumer"))
-
-
-@pytest.fixture(params=["table", "fast"])
-def consumer(request, example_consumers):
-    return example_consumers[request.param]
-
 
 def test_c_mark_carve_rewind_reuses_one_address(consumer, arena):
     arena.allocate(10)
