@@ -137,10 +137,9 @@ def roundtrip_samples(kernels, table, quick: bool) -> dict:
                 "ConfinedArena via table zero=False": partial(
                     table.arena_fill_free, confined, n, size, False),
                 # A frame per op (issue 26): mark, carve, rewind, inline and through the table.
-                "SlicingArena mark+carve+rewind (no fill)": partial(
+                "frame mark+carve+rewind (no fill)": partial(
                     kernels.mark_carve_rewind, slicing, n, size),
-                "SlicingArena mark+carve+rewind via table (no fill)": partial(
-                    table.mark_carve_rewind, slicing, n, size),
+                "frame via table (no fill)": partial(table.mark_carve_rewind, slicing, n, size),
             }
             row = {name: {"samples": [], "ratios": []} for name in candidates}
             for fn in candidates.values():  # warm-up
@@ -259,8 +258,8 @@ def c_targets(roundtrip_results: dict, thread_results: dict) -> list[dict]:
             checks.append(("pair via the table <= 2.0x the inline pair", size,
                            row["ConfinedArena pair via table (no fill)"]["ns_per_op"]
                            / row["ConfinedArena pair (no fill)"]["ns_per_op"], 2.0, None))
-        if size == FRAME_SIZE and "SlicingArena mark+carve+rewind (no fill)" in row:
-            frame = row["SlicingArena mark+carve+rewind (no fill)"]
+        if size == FRAME_SIZE and "frame mark+carve+rewind (no fill)" in row:
+            frame = row["frame mark+carve+rewind (no fill)"]
             checks.append(("frame mark+carve+rewind <= 0.6x malloc+free (issue 26)", size,
                            frame["ratio_to_malloc"], 0.6, None))
             checks.append(("frame mark+carve+rewind <= 3 ns (issue 26; ns, not a ratio)", size,
@@ -335,11 +334,11 @@ def tables(result: dict, markdown: bool = False) -> str:
     out.append("C level, per op (ns) and ratio to malloc+fill+free measured in the same round "
                "(the no-fill rows: to malloc+free)")
     names = list(next(iter(rt.values())))
-    out.append(f"{'candidate':34s}" + "".join(f"{size:>16d}" for size in rt))
+    out.append(f"{'candidate':38s}" + "".join(f"{size:>13d}" for size in rt))
     for name in names:
-        cells = "".join(f"{row[name]['ns_per_op']:8.1f} ({row[name]['ratio_to_malloc']:4.2f}x)"
+        cells = "".join(f"{row[name]['ns_per_op']:6.1f}({row[name]['ratio_to_malloc']:4.2f}x)"
                         for row in rt.values())
-        out.append(f"{name:34s}{cells}")
+        out.append(f"{name:38s}{cells}")
     out += ["", "C level, allocate/free pairs per thread"]
     for name, row in result["threads"].items():
         out.append(f"{name:34s} 1 thread {row['1 thread ns/op']:6.1f} ns/op   2 threads "
