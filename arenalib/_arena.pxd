@@ -91,6 +91,7 @@ cdef class ArenaBase(SegmentOwner):
         dict _traced            # addresses of the blocks reported to tracemalloc (-> 0) ...
         dict _traced_framed     # ... and those carved under a mark (-> their frame stamp)
         Py_ssize_t _traced_rewinds  # the arena's rewinds when _traced_framed was last swept
+        bint _unwarned          # dropped open, closes without a ResourceWarning (a thread's frame arena)
 
     cdef int _open(self, int kind, object max_bytes, size_t chunk_size=*) except -1
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align,

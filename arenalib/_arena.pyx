@@ -217,6 +217,8 @@ cdef class ArenaBase(SegmentOwner):
 
     cdef int _sync_traced(self) except -1:
         """Untrack the blocks rewinds killed (after a Python-level rewind)."""
+        if self._traced is None:
+            return 0  # not tracing (as _allocate reads it): no lock for the common case
         with cython.critical_section(self):
             self._sync_traced_locked()
         return 0
@@ -370,6 +372,10 @@ cdef class ArenaBase(SegmentOwner):
         # As an unclosed file does: free the memory and say so with a ResourceWarning.  Done here
         # rather than in __del__, which would cost every arena's deallocation (see DESIGN.md).
         if not self._core.open:
+            return
+        if self._unwarned:
+            core_close(&self._core)
+            self._untrack_all()
             return
         message = f"unclosed {self!r}"
         if self._created_at is not None:

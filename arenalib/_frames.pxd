@@ -18,9 +18,12 @@
 from libc.stdint cimport uint64_t
 
 from arenalib._abi cimport (
-    FRAME_BLOCK_LEVELS, FRAME_DEPTH_BITS, FRAME_MAX_DEPTH, ArenaCore, FrameLevel, FrameStack,
-    Lifetime, SlicingState, load_frames, load_ssize, load_u64, store_u64,
+    FRAME_BLOCK_LEVELS, FRAME_DEPTH_BITS, FRAME_MAX_DEPTH, FREE_THREADED, ArenaCore, CarverRecord,
+    FrameLevel, FrameStack, Lifetime, SlicingState, arenalib_clear_carving, arenalib_compiler_fence,
+    arenalib_load_owner, arenalib_set_carving, load_frames, load_ssize, load_u64, store_u64,
+    thread_ident,
 )
+from arenalib._slicing cimport biased_record
 from arenalib._table cimport (
     ARENA_EEXPORTED, ARENA_ELIMIT, ARENA_EORDER, ARENA_ESTALEMARK, ARENA_OK, ArenaMark,
 )
@@ -205,3 +208,41 @@ cdef inline int frames_rewind(ArenaCore* core, FrameStack* stack, const ArenaMar
         return ARENA_EEXPORTED
     frames_pop_to(core, stack, mark.depth)
     return ARENA_OK
+
+
+# -- without the lock, on the thread the arena is biased to --------------------------------------
+
+cdef inline int frames_mark_biased(ArenaCore* core, bint frame, ArenaMark* out) noexcept nogil:
+    """frames_push() with no lock and no atomic instruction when the arena is biased to the calling
+    thread and the level's block exists: ARENA_OK, or -1 when the caller takes the locked path
+    (which also judges every refusal)."""
+    cdef unsigned long me = thread_ident()
+    cdef CarverRecord* record = biased_record(core, me)
+    cdef FrameStack* stack = core.life.frames
+    cdef int err = -1
+    if record != NULL and stack != NULL:
+        arenalib_set_carving(&record.carving, core)
+        arenalib_compiler_fence()
+        if arenalib_load_owner(&core.carve_owner) == me:
+            err = frames_push(core, stack, frame, out)
+        arenalib_clear_carving(&record.carving)
+    return ARENA_OK if err == ARENA_OK else -1
+
+
+cdef inline int frames_rewind_biased(ArenaCore* core, const ArenaMark* mark,
+                                     bint exit_frame) noexcept nogil:
+    """frames_rewind() as frames_mark_biased() pushes: ARENA_OK, or -1 when the caller takes the
+    locked path (a refusal included: a frame's refused exit abandons it there).  With the GIL off,
+    a rewind of an arena any thread may use waits for their accesses: always the locked path."""
+    if FREE_THREADED and core.life.owner == 0:
+        return -1
+    cdef unsigned long me = thread_ident()
+    cdef CarverRecord* record = biased_record(core, me)
+    cdef int err = -1
+    if record != NULL:
+        arenalib_set_carving(&record.carving, core)
+        arenalib_compiler_fence()
+        if arenalib_load_owner(&core.carve_owner) == me:
+            err = frames_rewind(core, core.life.frames, mark, exit_frame)
+        arenalib_clear_carving(&record.carving)
+    return ARENA_OK if err == ARENA_OK else -1

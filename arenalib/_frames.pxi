@@ -3,13 +3,14 @@
 # itself (what a mark records, what a rewind kills, a segment's O(1) test) is arenalib/_frames.pxd.
 
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
+from cpython.pystate cimport PyThreadState, PyThreadState_Get
 
 from arenalib._abi cimport (
     FRAME_BLOCK_LEVELS, FRAME_BLOCKS, FRAME_MAX_DEPTH, FrameLevel, FrameStack, store_frames,
 )
 from arenalib._frames cimport (
-    FRAME_NEEDS_BLOCK, frames_pop_to, frame_level, frames_check_mark, frames_push, frames_rewind,
-    load_depth,
+    FRAME_NEEDS_BLOCK, frames_pop_to, frame_level, frames_check_mark, frames_mark_biased, frames_push,
+    frames_rewind, frames_rewind_biased, load_depth,
 )
 from arenalib._table cimport ARENA_EORDER, ARENA_ESTALEMARK, ArenaMark
 
@@ -129,6 +130,8 @@ cdef int _raise_mark_error(SlicingArena arena, int err, str doing) except -1:
 
 
 cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
+    if frames_mark_biased(&arena._core, frame, out) == ARENA_OK:
+        return ARENA_OK  # the common case: the arena is biased to this thread (no lock)
     cdef int err = arena_mark_checked(&arena._core, frame, out)
     while err == ARENA_EBUSY and FREE_THREADED:
         arenalib_yield()  # another thread is carving: microseconds (as _allocate waits)
@@ -138,6 +141,8 @@ cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
 
 cdef int _rewind_checked(SlicingArena arena, const ArenaMark* mark, bint exit_frame) noexcept:
     """A rewind with no other thread's access of the arena's memory under way: its error code."""
+    if frames_rewind_biased(&arena._core, mark, exit_frame) == ARENA_OK:
+        return ARENA_OK
     cdef int err = arena_rewind_checked(&arena._core, mark, exit_frame)
     while err == ARENA_EBUSY and FREE_THREADED:
         arenalib_yield()
@@ -211,6 +216,7 @@ cdef enum:
 
 
 @cython.final
+@cython.freelist(64)  # a frame per operation: made and dropped as often as its segments
 @cython.no_gc  # holds its arena only
 cdef class Frame:
     """``with arena.frame() as f:`` marks on entry and rewinds on exit: every segment carved in the
@@ -286,6 +292,17 @@ cdef str _FRAMES_KEY = "arenalib._frames"
 cdef size_t FRAME_CHUNK_SIZE = 64 * 1024
 
 
+cdef extern from "Python.h":
+    # Unique in the interpreter (a Cython module loads into one interpreter of a process only).
+    uint64_t PyThreadState_GetID(PyThreadState* state) noexcept nogil
+
+# With the GIL: the thread state that last asked for its frame arena (by its id: an address may
+# be reused by the next thread's state), and its holder (borrowed: the holder forgets itself here
+# as it goes), so that a thread's frames after the first skip the dict lookup.
+cdef uint64_t _last_thread_state = 0
+cdef PyObject* _last_frames = NULL
+
+
 @cython.final
 @cython.no_gc
 cdef class _ThreadFrames:
@@ -293,22 +310,35 @@ cdef class _ThreadFrames:
     cdef SlicingArena arena
 
     def __dealloc__(self):
+        global _last_thread_state, _last_frames
+        if _last_frames == <PyObject*>self:
+            _last_frames = NULL
+            _last_thread_state = 0
         cdef SlicingArena arena = self.arena
         # The thread is ending (or its state is cleared): its arena goes now, unless an export of
-        # one of its segments is alive (the arena then closes when the last segment goes).
-        if arena is not None and arena._core.open and count_read(&arena._core.life.exports) == 0:
-            core_close(&arena._core)
-            arena._untrack_all()
+        # one of its segments is alive (the arena then closes when the last reference goes, with
+        # no ResourceWarning: nobody but arenalib could have closed it).
+        if arena is not None and arena._core.open:
+            if count_read(&arena._core.life.exports) == 0:
+                core_close(&arena._core)
+                arena._untrack_all()
+            else:
+                arena._unwarned = True
 
 
 cdef SlicingArena _thread_frame_arena(object chunk_size):
     """The calling thread's frame arena, made on first use (or after its close)."""
+    cdef SlicingArena arena
+    if (not FREE_THREADED and chunk_size is None and _last_frames != NULL
+            and _last_thread_state == PyThreadState_GetID(PyThreadState_Get())):
+        arena = (<_ThreadFrames>_last_frames).arena
+        if arena._core.open:
+            return arena
     cdef PyObject* state_dict = PyThreadState_GetDict()
     if state_dict == NULL or arenalib_thread_state_ending():
         raise RuntimeError("this thread has no thread state to keep a frame arena in")
     cdef dict state = <dict>state_dict
     cdef _ThreadFrames frames = state.get(_FRAMES_KEY)
-    cdef SlicingArena arena
     if frames is not None and frames.arena._core.open:
         arena = frames.arena
         if (chunk_size is not None
@@ -316,6 +346,7 @@ cdef SlicingArena _thread_frame_arena(object chunk_size):
             raise ValueError(
                 f"this thread's frame arena has chunk_size={arena._core.slicing.chunk_size} already "
                 "(it is chosen once, by the thread's first call)")
+        _remember_frames(frames)
         return arena
     arena = SlicingArena(chunk_size=FRAME_CHUNK_SIZE if chunk_size is None else chunk_size)
     arena._core.life.owner = thread_ident()  # confined: only this thread uses it or its segments
@@ -323,7 +354,15 @@ cdef SlicingArena _thread_frame_arena(object chunk_size):
         frames = _ThreadFrames.__new__(_ThreadFrames)
         state[_FRAMES_KEY] = frames
     frames.arena = arena
+    _remember_frames(frames)
     return arena
+
+
+cdef inline void _remember_frames(_ThreadFrames frames) noexcept:
+    global _last_thread_state, _last_frames
+    if not FREE_THREADED:
+        _last_thread_state = PyThreadState_GetID(PyThreadState_Get())
+        _last_frames = <PyObject*>frames
 
 
 def frame_arena(*, chunk_size=None):

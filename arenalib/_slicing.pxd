@@ -1,11 +1,14 @@
 # cython: language_level=3
-# SlicingArena's inline rule: the carve of a block from the current chunk, and the books it
-# settles at reset and close.  The rest of the kind (chunks, the busy lock and the bias, reset,
-# close) is arenalib/_slicing.pxi.
+# SlicingArena's inline rule: the carve of a block from the current chunk, the books it settles
+# at reset and close, and the bias test (a thread the arena is biased to carves, marks and rewinds
+# without an atomic instruction).  The rest of the kind (chunks, the busy lock and the taking over
+# of the bias, reset, close) is arenalib/_slicing.pxi.
 
 from libc.string cimport memset
 
-from arenalib._abi cimport ArenaCore, Books, SlicingState
+from arenalib._abi cimport (
+    ArenaCore, Books, CarverRecord, SlicingState, arenalib_load_owner, load_carve_record,
+)
 
 
 cdef inline void* slicing_carve_current(ArenaCore* core, size_t size, size_t align,
@@ -40,3 +43,16 @@ cdef inline void slicing_books(ArenaCore* core, Books* books) noexcept nogil:
     if books.live_bytes > books.peak_bytes:
         books.peak_bytes = books.live_bytes
     books.allocated_total += <size_t>books.live_bytes
+
+
+cdef inline CarverRecord* biased_record(ArenaCore* core, unsigned long me) noexcept nogil:
+    """The calling thread's carver record when the SlicingArena ``core`` is biased to it, else NULL.
+    The thread then works on the arena without the busy lock: it announces the work in the record
+    (arenalib_set_carving), re-reads carve_owner, works, and clears the record; a thread taking the
+    bias over clears carve_owner, runs membarrier(), then reads the record, so one of the two sees
+    the other (slicing_lock).  Only a thread's own record is ever announced in."""
+    cdef CarverRecord* record
+    if core.self != core or arenalib_load_owner(&core.carve_owner) != me:
+        return NULL
+    record = load_carve_record(&core.slicing.carve_record)
+    return record if record != NULL and record.thread == me else NULL

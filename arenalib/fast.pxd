@@ -22,18 +22,17 @@ from arenalib._arena cimport (  # noqa: F401  (the classes, for modules that typ
     Arena, ArenaBase, ConfinedArena, Segment, SlicingArena,
 )
 from arenalib._abi cimport (
-    CACHE_MAX_SIZE, FREE_THREADED, INLINE_PARKING, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord,
-    InlineState, ThreadCache, abi_check, allocate_fn, arenalib_allocate_slow_fn, arenalib_clear_carving,
+    CACHE_MAX_SIZE, INLINE_PARKING, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, InlineState,
+    ThreadCache, abi_check, allocate_fn, arenalib_allocate_slow_fn, arenalib_clear_carving,
     arenalib_compiler_fence, arenalib_free_slow_fn, arenalib_inline_state_ptr, arenalib_load_owner,
-    arenalib_set_carving, books_remove, core_state, free_fn, load_carve_record, load_first_cache,
-    thread_ident,
+    arenalib_set_carving, books_remove, core_state, free_fn, load_first_cache, thread_ident,
 )
 from arenalib._blocks cimport cache_pop, cache_push, small_align
 from arenalib._confined cimport close_small_scope, confined_count_allocation, confined_count_free
 from arenalib._dispatch cimport open_parked
-from arenalib._frames cimport frames_push, frames_rewind
+from arenalib._frames cimport frames_mark_biased, frames_rewind_biased
 from arenalib._shared cimport shared_count_allocation
-from arenalib._slicing cimport slicing_carve_current
+from arenalib._slicing cimport biased_record, slicing_carve_current
 from arenalib._table cimport (  # noqa: F401  (the same names as arenalib's table-only API)
     ARENA_EBUSY,
     ARENA_ECLOSED,
@@ -85,15 +84,11 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
                     shared_count_allocation(tc, size)
                     out[0] = ptr
                     return ARENA_OK
-        elif arenalib_load_owner(&core.carve_owner) == me and small_align(align):
-            # The SlicingArena is biased to this thread: announce the carve in this thread's own
-            # record, then check that the arena was not taken over meanwhile (a thread taking it
-            # over clears carve_owner, runs membarrier(), then reads the record: one of the two
-            # sees the other).  No atomic read-modify-write, no fence instruction.
-            # The record read here may already be the next owner's (or none): a thread only ever
-            # announces a carve in its own record, else it takes the slow path.
-            record = load_carve_record(&core.slicing.carve_record)
-            if record != NULL and record.thread == me:
+        elif small_align(align):
+            # A SlicingArena biased to this thread carves with no atomic read-modify-write and no
+            # fence instruction (see biased_record).
+            record = biased_record(core, me)
+            if record != NULL:
                 arenalib_set_carving(&record.carving, core)
                 arenalib_compiler_fence()
                 ptr = NULL
@@ -143,30 +138,11 @@ cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
     return state.functions.reset(core)
 
 
-cdef inline CarverRecord* _biased_record(ArenaCore* core, unsigned long me) noexcept nogil:
-    """The calling thread's carver record when the SlicingArena ``core`` is biased to it (it then
-    carves, marks and rewinds without an atomic instruction: see arena_allocate), else NULL."""
-    cdef CarverRecord* record
-    if core.self != core or arenalib_load_owner(&core.carve_owner) != me:
-        return NULL
-    record = load_carve_record(&core.slicing.carve_record)
-    return record if record != NULL and record.thread == me else NULL
-
-
 cdef inline int arena_mark(ArenaCore* core, ArenaMark* out) noexcept nogil:
     """Mark a SlicingArena's carve position in ``out`` (storage the caller keeps) for
     arena_rewind().  Marks nest, one stack per arena.  ARENA_EUNSUPPORTED for the other kinds."""
-    cdef unsigned long me = thread_ident()
-    cdef CarverRecord* record = _biased_record(core, me)
-    cdef int err = -1
-    if record != NULL and core.life.frames != NULL:
-        arenalib_set_carving(&record.carving, core)
-        arenalib_compiler_fence()
-        if arenalib_load_owner(&core.carve_owner) == me:
-            err = frames_push(core, core.life.frames, False, out)
-        arenalib_clear_carving(&record.carving)
-        if err == ARENA_OK:
-            return ARENA_OK
+    if frames_mark_biased(core, False, out) == ARENA_OK:
+        return ARENA_OK
     cdef InlineState* state = core_state(core)
     if state == NULL:
         return ARENA_ECLOSED
@@ -179,18 +155,8 @@ cdef inline int arena_rewind(ArenaCore* core, const ArenaMark* mark) noexcept no
     arena or used up (by a rewind to it or to an earlier mark, a reset, a close); ARENA_EEXPORTED
     while a buffer export of a segment it would kill is alive; ARENA_EORDER while a frame entered
     after the mark is open.  No other thread may use what it kills meanwhile."""
-    cdef unsigned long me = thread_ident()
-    cdef CarverRecord* record = _biased_record(core, me)
-    cdef int err = -1
-    # With the GIL off, a rewind of an arena any thread may use waits for their accesses: slow path.
-    if record != NULL and (not FREE_THREADED or core.life.owner != 0):
-        arenalib_set_carving(&record.carving, core)
-        arenalib_compiler_fence()
-        if arenalib_load_owner(&core.carve_owner) == me:
-            err = frames_rewind(core, core.life.frames, mark, False)
-        arenalib_clear_carving(&record.carving)
-        if err != -1:
-            return err
+    if frames_rewind_biased(core, mark, False) == ARENA_OK:
+        return ARENA_OK
     cdef InlineState* state = core_state(core)
     if state == NULL:
         return ARENA_ECLOSED

@@ -598,6 +598,34 @@ def test_a_threads_frame_arena_closes_when_the_thread_ends():
     assert not got["kept"].alive
 
 
+def test_threads_one_after_another_each_get_their_own_frame_arena():
+    # Each thread keeps an export of its frame arena alive past its end (the arena stays open), and
+    # the next thread's state is often made where the last one's was: each must still get a new
+    # arena of its own, never the previous thread's.
+    kept, arenas, errors = [], [], []
+
+    def work():
+        try:
+            arena = arenalib.frame_arena()
+            with arenalib.frame() as f:
+                assert f.arena is arena and all(arena is not a for a in arenas)
+                f.allocate(64, zero=False).fill(1)
+            kept.append(memoryview(arena.allocate(16)))
+            arenas.append(arena)
+        except BaseException as exc:
+            errors.append(exc)
+
+    for _ in range(20):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    assert not errors
+    assert len(arenas) == 20
+    assert all(not a.closed for a in arenas)  # held open by the exports
+    for view in kept:
+        view.release()
+
+
 def test_a_closed_frame_arena_is_made_anew(main_frame_arena_closed):
     first = arenalib.frame_arena()
     first.close()
