@@ -15,6 +15,8 @@ class ArenaStats(TypedDict, total=False):
     exports: int
     max_bytes: int | None
     closed: bool
+    held_by_exports: int
+    held_bytes: int
     resident: int
     mapped: int
     active: int
@@ -67,7 +69,7 @@ class ArenaBase(SegmentOwner):
     ) -> Segment: ...
     def reset(self) -> None: ...
     def purge(self) -> None: ...
-    def close(self) -> None: ...
+    def close(self, *, deferred: bool = False) -> None: ...
     @property
     def closed(self) -> bool: ...
     @property
@@ -158,6 +160,7 @@ def get_retention() -> int: ...
 @type_check_only
 class LiveObjects(TypedDict):
     open_arenas: int
+    closing_arenas: int
     open_pools: int
     segments: int
     exports: int
