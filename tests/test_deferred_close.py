@@ -137,10 +137,11 @@ def test_exports_released_by_many_threads_at_once_give_the_slot_back_once(kind):
         with kind() as a:
             views = [memoryview(a.allocate(64).fill(i)) for i in range(8)]
         barrier = threading.Barrier(len(views))
+        seen = []
 
-        def release(view, i):
+        def release(view, i, barrier=barrier, seen=seen):
             barrier.wait()
-            assert view.tobytes() == bytes([i]) * 64
+            seen.append(view.tobytes() == bytes([i]) * 64)
             view.release()
 
         threads = [threading.Thread(target=release, args=(v, i)) for i, v in enumerate(views)]
@@ -148,6 +149,7 @@ def test_exports_released_by_many_threads_at_once_give_the_slot_back_once(kind):
             t.start()
         for t in threads:
             t.join()
+        assert seen == [True] * len(views)
         assert a.stats()["held_by_exports"] == 0
     assert slots_in_use() == before
 
