@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 from _common import Config, Progress, fmt_size, run_standalone, same_round_ratio, summarize, table
-from _experiment import no_plots
+from _experiment import finding, side, times
 
 HERE = Path(__file__).resolve().parent
 TITLE = "7. asyncio frames: arenalib.aio.FrameReader (issue 15)"
@@ -268,7 +268,46 @@ def run(cfg: Config, progress: Progress) -> dict:
 
 # -- reading the results back (targets, tables; also from a results.json) -------------------------
 
-plots = no_plots
+def findings(results: dict) -> list[dict]:
+    """The verdict's sentences: FrameReader against a bytearray per frame, throughput and the server's
+    CPU per frame, per loop and frame size, grouped by who wins."""
+    out = []
+    for loop, by_size in results["cells"].items():
+        grouped: dict[str, list[tuple[str, float]]] = {}
+        for size in results["method"]["sizes"]:
+            ratios = (by_size.get(str(size)) or {}).get("ratios")
+            if not ratios:
+                continue
+            r, cpu = ratios["throughput"]["median"], ratios["cpu_per_frame"]["median"]
+            grouped.setdefault(side(r, lower_is_faster=False), []).append(
+                (f"{times(r, lower_is_faster=False)} at {fmt_size(size)} ({cpu:.2f}x the server CPU per frame)",
+                 cpu))
+        for kind, parts in grouped.items():
+            why = None
+            if kind != "win":
+                cpus = [cpu for _, cpu in parts]
+                spread = f"{min(cpus):.2f}x" + (f"-{max(cpus):.2f}x" if max(cpus) > min(cpus) else "")
+                why = (f"the server spends {spread} the CPU per frame: at this frame size "
+                       "a new bytearray costs about what an arena segment does" if all(cpu > 0.8 for cpu in cpus)
+                       else "the loopback copy and the client bound the throughput too")
+            out.append(finding(kind, f"asyncio frames over loopback, {loop} loop, FrameReader into arena "
+                                     f"segments against a bytearray(n) per frame: {', '.join(p for p, _ in parts)}.",
+                               why))
+    for loop, why in results.get("skipped", {}).items():
+        out.append(finding("skip", f"asyncio frames: the {loop} loop not measured.", why))
+    return out
+
+
+def plots(results: dict, out, plt) -> list[str]:
+    """Throughput of FrameReader and of a bytearray per frame, grouped by loop and frame size."""
+    from _plot import bars
+
+    groups = [(loop, size) for loop in results["cells"] for size in results["method"]["sizes"]
+              if str(size) in results["cells"][loop]]
+    values = {results["candidates"][kind]: [results["cells"][loop][str(size)][kind]["gb_per_s"]["median"]
+                                            for loop, size in groups] for kind in KEYS}
+    return bars(plt, out, "aio_throughput.png", [f"{loop}, {fmt_size(size)} frames" for loop, size in groups],
+                values, ylabel="GB/s (median)", title="asyncio frames over loopback (higher is faster)")
 
 
 def targets(results: dict) -> list[dict]:

@@ -76,7 +76,7 @@ import time
 from pathlib import Path
 
 from _common import Config, Progress, fmt_size, table
-from _experiment import ratio_line
+from _experiment import finding, ratio_line
 from _memory_fragment import ARENALIB, GROUPS, MAX_SIZE, MIN_SIZE, PHASES, SURVIVOR_P, TEMP_BATCH, TEMP_P
 from _memory_idle import IDLE_ARENALIB, IDLE_CHURN, IDLE_PHASES, IDLE_SIZES, IDLE_SURVIVORS, IDLE_WAITS
 
@@ -309,14 +309,71 @@ def idle_targets(mem: dict) -> list[dict]:
     for key in IDLE_ARENALIB:
         entry = idle["candidates"].get(key, {})
         retained = entry.get("retained_of_peak", {}).get(IDLE_TARGET_PHASE)
+        why = None
         if not at_scale:
             retained = None
-        checks.append({
+            why = (f"the idle workload was {idle['method']['allocated_bytes'] / 1e9:.2f} GB, below the "
+                   f"{IDLE_BYTES['full'] / 1e9:.1f} GB the target is set for (quick mode: --full checks it)")
+        elif retained is None:
+            why = entry.get("skipped") or ("the candidate failed" if "error" in entry else "not measured")
+        checks.append({"why": why,
             "target": (f"memory, idle (issue 14): a long-lived arena that freed 99% of its segments keeps "
                        f"<= {IDLE_LIMIT:.0%} of peak growth after 2 s idle, no call"),
             "candidate": key, "label": entry.get("label", key), "limit": IDLE_LIMIT, "ratio": retained,
             "status": "n/a" if retained is None else ("MET" if retained <= IDLE_LIMIT else "MISSED")})
     return checks
+
+
+def _kept(candidates: dict, phase: str) -> dict[str, tuple[str, float]]:
+    """key -> (label, retained/peak at ``phase``) of every candidate measured."""
+    out = {}
+    for key, e in candidates.items():
+        r = e.get("retained_of_peak", {}).get(phase)
+        if r is not None:
+            out[key] = (e["label"], r)
+    return out
+
+
+def _compare(ours: dict, peers: dict, what: str) -> dict | None:
+    """A finding: arenalib's shares kept against the peers'."""
+    if not ours or not peers:
+        return None
+    mine = ", ".join(f"{label} {r:.1%}" for label, r in ours.values())
+    theirs = ", ".join(f"{label} {r:.1%}" for label, r in peers.values())
+    best_peer = min(r for _, r in peers.values())
+    kind = ("win" if max(r for _, r in ours.values()) < best_peer else
+            "loss" if min(r for _, r in ours.values()) > best_peer else "even")
+    return finding(kind, f"{what}: {mine} of the peak growth, against {theirs}.",
+                   None if kind != "loss" else "a peer's allocator hands more back than arenalib here")
+
+
+def findings(mem: dict) -> list[dict]:
+    """The verdict's sentences: the share of its peak each allocator still holds, arenalib's against the
+    peers', in the fragment workload (right after the arenas close) and the idle one (2 s idle)."""
+    out = []
+    kept = _kept(mem["candidates"], "survivors")
+    gb = mem["method"]["memory_bytes"] / 1e9
+    f = _compare({k: v for k, v in kept.items() if k in ARENALIB},
+                 {k: v for k, v in kept.items() if k not in ARENALIB},
+                 f"Memory kept after a {gb:.1f} GB fragmenting workload frees all but its {SURVIVOR_P:.1%} survivors "
+                 "(no trim, no wait)")
+    if f:
+        out.append(f)
+    idle = mem.get("idle")
+    if idle:
+        kept = _kept(idle["candidates"], IDLE_TARGET_PHASE)
+        method = idle["method"]
+        f = _compare({k: v for k, v in kept.items() if k in IDLE_ARENALIB},
+                     {k: v for k, v in kept.items() if k not in IDLE_ARENALIB},
+                     f"Memory kept by a long-lived allocator 2 s after freeing 99% of "
+                     f"{method['allocated_bytes'] / 1e9:.2f} GB, no call")
+        if f:
+            out.append(f)
+    for e in [*mem["candidates"].values(), *(idle or {}).get("candidates", {}).values()]:
+        if e.get("skipped") or "error" in e:
+            out.append(finding("skip", f"Memory: {e['label']} not measured.",
+                               e.get("skipped") or e["error"][:100]))
+    return out
 
 
 def idle_table(mem: dict, markdown: bool = False) -> str:
@@ -327,21 +384,21 @@ def idle_table(mem: dict, markdown: bool = False) -> str:
         return ""
     shown = IDLE_PHASES[2:]
     rows = []
+    verdicts = {c["candidate"]: c for c in idle_targets(mem)}  # the checklist's status, one source
     for key, e in idle["candidates"].items():
         if "rss" not in e:
             why = e.get("skipped") or e.get("error", "")[:60]
             rows.append([e["label"], *(["-"] * (len(shown) + 3)), "", why])
             continue
         ret, mb = e["retained_of_peak"], e["mb_above_baseline"]
-        target = ""
-        if key in IDLE_ARENALIB and ret[IDLE_TARGET_PHASE] is not None:
-            target = f"<= {IDLE_LIMIT:.0%}: " + ("MET" if ret[IDLE_TARGET_PHASE] <= IDLE_LIMIT else "MISSED")
+        check = verdicts.get(key)
+        target = "" if check is None else f"<= {IDLE_LIMIT:.0%}: {check['status']}"
         rows.append([e["label"], f"{e['rss']['baseline'] / 1e6:.0f}", f"{mb['peak']:.0f}",
                      *[f"{ret[p]:.1%}" if ret[p] is not None else "-" for p in shown],
                      f"{mb[IDLE_TARGET_PHASE]:.0f}", target, e["trim"]])
     names = {"freed": "freed", "churn": f"+{IDLE_CHURN} pairs", "trimmed": "trimmed"}
     heads = ["candidate", "baseline MB", "peak +MB", *[names.get(p, p.replace("_", " ")) for p in shown],
-             "2 s +MB", "target (issue 14)", "trim"]
+             "2 s +MB", "target", "trim"]
     method = idle["method"]
     conf = method.get("arenalib_je_malloc_conf")
     lo, hi = method["sizes"]

@@ -60,7 +60,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import Config, CpuShare, Progress, loadavg, machine_info  # noqa: E402
 from _experiment import Experiment, load  # noqa: E402
-from _report import report  # noqa: E402
+from _report import compact_json, report  # noqa: E402
 
 # The report's order (the experiments' numbers in results.md) ...
 EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes", "uring", "aio", "frames")
@@ -81,6 +81,7 @@ def targets(res: dict) -> list[tuple[Experiment, list[dict]]]:
 
 def finish(res: dict, out: Path) -> None:
     """The targets into ``res`` (results.json keeps them), then the report."""
+    (out / "results.json").write_text(compact_json(res) + "\n")  # first: a report that fails loses nothing
     groups = targets(res)
     res["targets"] = [c for _, checks in groups for c in checks]
     report(res, experiments(res), groups, out, RUN_ORDER)
@@ -113,9 +114,12 @@ def main() -> int:
         finish(json.loads(Path(args.from_json).read_text()), out)
         return 0
     only = [x.strip() for x in args.only.split(",") if x.strip()]
+    if not only:
+        parser.error(f"--only names no experiment; the experiments are {', '.join(EXPERIMENTS)}")
     unknown = set(only) - set(EXPERIMENTS)
     if unknown:
-        parser.error(f"unknown experiment(s): {', '.join(sorted(unknown))}")
+        parser.error(f"unknown experiment(s): {', '.join(sorted(unknown))}; the experiments are "
+                     f"{', '.join(EXPERIMENTS)}")
     cfg = Config.full() if args.full else Config.quick()
     if args.memory_bytes:
         cfg.memory_bytes = int(args.memory_bytes)
@@ -124,6 +128,7 @@ def main() -> int:
         "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "config": cfg.asdict(),
+        "only": only,
         "loadavg_before": loadavg(),
         "machine": machine_info(),
         "env": {k: v for k, v in os.environ.items()

@@ -95,7 +95,7 @@ from dataclasses import dataclass
 import _scopes_per_scope as per_scope
 import roundtrip
 from _common import BASELINE, Config, Progress, fmt_ns, fmt_size, same_round_ratio, summarize, table
-from _experiment import no_plots, ratio_line
+from _experiment import finding, ratio_line, side, times
 
 TITLE = "5. One arena per scope (issue 14)"
 
@@ -308,7 +308,57 @@ def run(cfg: Config, progress: Progress) -> dict:
 
 # -- reading the results back (targets, tables; also from a results.json) -------------------------
 
-plots = no_plots
+def findings(sc: dict) -> list[dict]:
+    """The verdict's sentences: per arena kind, at how many block sizes one arena per scope beats
+    bytearray(n)+fill per block (the same-round ratios), and where it does not."""
+    out = []
+    for key in ARENA_KINDS:
+        if key not in sc["cells"]:
+            continue
+        pairs = [(n, r["median"]) for n in sc["sizes"] if n != MIXED
+                 and (r := ratio(sc, key, BASELINE, n)) is not None]
+        if not pairs:
+            continue
+        wins = [r for _, r in pairs if side(r) == "win"]
+        losses = [(n, r) for n, r in pairs if side(r) == "loss"]
+        label = sc["candidates"][key]["label"]
+        text = f"One arena per scope, {label}: per block against bytearray(n)+fill, "
+        if wins:
+            text += (f"faster at {len(wins)} of {len(pairs)} block sizes "
+                     f"({1 / max(wins):.1f}x to {1 / min(wins):.1f}x)")
+        else:
+            text += f"faster at none of {len(pairs)} block sizes"
+        mixed = ratio(sc, key, BASELINE, MIXED)
+        if mixed is not None:
+            text += f", {times(mixed['median'])} with mixed sizes"
+        out.append(finding("win" if len(wins) > len(pairs) / 2 else "even" if wins else "loss", text + "."))
+        if losses:
+            small = all(n <= 1024 for n, _ in losses)
+            out.append(finding("loss", f"{label} is slower at " + ", ".join(
+                f"{fmt_size(n)} ({times(r).split()[0]})" for n, r in losses[:6])
+                + (f" and {len(losses) - 6} more sizes" if len(losses) > 6 else "") + ".",
+                "at small blocks the Python calls per block (allocate, fill) cost more than the memory"
+                if small else None))
+    return out
+
+
+def plots(sc: dict, out, plt) -> list[str]:
+    """Each candidate's time per block over bytearray(n)+fill's against the block size."""
+    from _plot import lines
+
+    sizes = [n for n in sc["sizes"] if n != MIXED]
+    series = {}
+    for key, c in sc["candidates"].items():
+        if c["skipped"] or key not in sc["cells"] or key == BASELINE:
+            continue
+        series[c["label"]] = (c["family"], [None if (r := ratio(sc, key, BASELINE, n)) is None else r["median"]
+                                            for n in sizes])
+    if not series:
+        return []
+    return lines(plt, out, "scopes_ratio.png", sizes, series, xlabels=[fmt_size(n) for n in sizes],
+                 ylabel="time per block / bytearray(n)+fill's (same round)", logx=True, logy=True, hline=1.0,
+                 title="One arena per scope (k blocks, then close): per block against bytearray(n)+fill "
+                       "(lower is faster)")
 
 
 def ratio(results: dict, key: str, other: str, n: int) -> dict | None:
