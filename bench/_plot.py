@@ -95,3 +95,35 @@ def bars(plt: Any, out: Path, fname: str, groups: list[str], values: dict[str, l
     fig.savefig(out / fname, dpi=DPI)
     plt.close(fig)
     return [fname]
+
+
+# -- the plots of experiments whose modules hand their plots() over to here ------------------------
+
+def native_plots(result: dict, out: Path, plt: Any) -> list[str]:
+    """bench/native.py: each C-level candidate's time per op over malloc's, against the size."""
+    rt = {int(size): row for size, row in result["roundtrip"].items()}
+    sizes = sorted(rt)
+    names = list(rt[sizes[0]]) if sizes else []
+    series = {name: ("peer" if "malloc" in name or "fill only" in name else "arenalib",
+                     [rt[n].get(name, {}).get("ratio_to_malloc") for n in sizes]) for name in names}
+    return lines(plt, out, "native_ratio.png", sizes, series, xlabels=[_size(n) for n in sizes], logx=True,
+                 ylabel="time per op / malloc's (same round)", hline=1.0,
+                 title="The C level through cimport arenalib: time per op against malloc (lower is faster)")
+
+
+def frames_plots(results: dict, out: Path, plt: Any) -> list[str]:
+    """bench/frames.py: each way of taking a frame per op, its time over bytearray(n)+fill's by size."""
+    sizes = sorted(int(n) for n in results["sizes"])
+    keys = {key for n in sizes for key in results["sizes"][str(n)]["ratios"]}
+    series = {c["label"]: (c.get("family", "arenalib"),
+                           [results["sizes"][str(n)]["ratios"].get(key, {}).get("median") for n in sizes])
+              for key, c in results["candidates"].items() if key in keys}
+    return lines(plt, out, "frames_ratio.png", sizes, series, xlabels=[_size(n) for n in sizes], logx=True,
+                 ylabel="time per op / bytearray(n)+fill's (same round)", hline=1.0,
+                 title="A frame per operation against bytearray(n)+fill (lower is faster)")
+
+
+def _size(n: int) -> str:
+    from _common import fmt_size
+
+    return fmt_size(n)

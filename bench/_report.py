@@ -78,7 +78,7 @@ def _from_checks(exp: Experiment, checks: list[dict]) -> list[dict]:
     missed = [c for c in measured if c["status"] == "MISSED"]
     met = len(measured) - len(missed)
     out = [finding("win" if not missed else "even" if met else "loss",
-                   f"{title}: {met} of {len(measured)} of its targets met.")]
+                   f"{title}: {met} of its {len(measured)} targets met.")]
     for c in missed:
         line = plain(exp.target_line(c)).removeprefix("MISSED").strip()
         out.append(finding("loss", f"{title}: {plain(c['target'])}: {line}."))

@@ -30,7 +30,6 @@ from functools import partial
 from pathlib import Path
 
 from _common import Config, Progress
-from _experiment import no_plots
 
 import arenalib
 
@@ -297,7 +296,7 @@ def run(cfg: Config, progress: Progress) -> dict:
 
 # -- reading the results back (tables; also from a results.json) ----------------------------------
 
-plots = no_plots
+from _plot import native_plots as plots  # noqa: E402
 
 
 def _by_size(result: dict) -> dict:
