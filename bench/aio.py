@@ -69,6 +69,7 @@ KEYS = ("framereader", "bytearray")
 LABELS = {"framereader": "FrameReader (arena), seg.free(deferred=True)",
           "bytearray": "bytearray(n) per frame (dask's TCP comm)"}
 LOOPS = ("asyncio", "uvloop")
+SHORT = {"framereader": "FrameReader", "bytearray": "bytearray(n)"}  # the tables' row names
 TARGET_LOOP = "asyncio"   # the issue's (and dask's default) loop; uvloop's figures are shown beside
 SETTINGS = {"quick": {"rounds": 7, "frames": {1 << 20: 512, 64 << 20: 8}},
             "full": {"rounds": 9, "frames": {1 << 20: 1536, 64 << 20: 24}}}
@@ -361,7 +362,7 @@ def tables(results: dict, markdown: bool = False) -> str:
             for kind in KEYS:
                 c = cells[kind]
                 mine = kind == "framereader"
-                rows.append([results["candidates"][kind], loop, fmt_size(size),
+                rows.append([SHORT[kind], loop, fmt_size(size),
                              f"{c['gb_per_s']['median']:.2f}",
                              f"{cells['ratios']['throughput']['median']:.2f}" if mine else "",
                              f"{c['cpu_ms_per_frame']['median']:.3f}",
@@ -374,6 +375,7 @@ def tables(results: dict, markdown: bool = False) -> str:
     out = ["What and how: bench/aio.py's docstring.", ""] if markdown else []
     out += [title, table(["server protocol", "loop", "frame", "GB/s", "ratio", "server CPU ms/frame", "ratio",
                          "faults/frame", "server busy"], rows, markdown)]
+    out += [f"{SHORT[kind]}: {label}" for kind, label in results["candidates"].items()]
     out += [f"Skipped {loop}: {why}" for loop, why in results.get("skipped", {}).items()]
     return "\n".join(out)
 

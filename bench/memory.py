@@ -341,8 +341,9 @@ def _compare(ours: dict, peers: dict, what: str) -> dict | None:
     mine = ", ".join(f"{label} {r:.1%}" for label, r in ours.values())
     theirs = ", ".join(f"{label} {r:.1%}" for label, r in peers.values())
     best_peer = min(r for _, r in peers.values())
-    kind = ("win" if max(r for _, r in ours.values()) < best_peer else
-            "loss" if min(r for _, r in ours.values()) > best_peer else "even")
+    slack = max(0.1 * best_peer, 0.005)  # within 10% (or half a point) of the best peer: on par
+    kind = ("win" if max(r for _, r in ours.values()) < best_peer - slack else
+            "loss" if min(r for _, r in ours.values()) > best_peer + slack else "even")
     return finding(kind, f"{what}: {mine} of the peak growth, against {theirs}.",
                    None if kind != "loss" else "a peer's allocator hands more back than arenalib here")
 
@@ -376,38 +377,55 @@ def findings(mem: dict) -> list[dict]:
     return out
 
 
+def _short(label: str) -> str:
+    """A candidate's label as its table row names it."""
+    return label.removeprefix("arenalib ").replace("pyarrow ", "pa ")
+
+
+def _notes(entries: dict) -> list[str]:
+    """Below a table: each candidate's trim call, and why one has no figures."""
+    trims: dict[str, list[str]] = {}
+    for e in entries.values():
+        trims.setdefault(e["trim"], []).append(_short(e["label"]))
+    out = ["trimmed with: " + "; ".join(f"{', '.join(who)}: {how}" for how, who in trims.items())]
+    for e in entries.values():
+        if "rss" not in e:
+            out.append(f"{e['label']}: not measured: {e.get('skipped') or e.get('error', '')[:200]}")
+    return out
+
+
 def idle_table(mem: dict, markdown: bool = False) -> str:
     """The idle workload's table, from run()'s result; "" for a result from before the idle workload
-    existed."""
+    existed.  Its target column is the checklist's status (idle_targets()): one source for both."""
     idle = mem.get("idle")
     if not idle:
         return ""
     shown = IDLE_PHASES[2:]
     rows = []
-    verdicts = {c["candidate"]: c for c in idle_targets(mem)}  # the checklist's status, one source
+    verdicts = {c["candidate"]: c for c in idle_targets(mem)}
     for key, e in idle["candidates"].items():
         if "rss" not in e:
-            why = e.get("skipped") or e.get("error", "")[:60]
-            rows.append([e["label"], *(["-"] * (len(shown) + 3)), "", why])
+            rows.append([_short(e["label"]), *(["-"] * (len(shown) + 3)), ""])
             continue
         ret, mb = e["retained_of_peak"], e["mb_above_baseline"]
         check = verdicts.get(key)
-        target = "" if check is None else f"<= {IDLE_LIMIT:.0%}: {check['status']}"
-        rows.append([e["label"], f"{e['rss']['baseline'] / 1e6:.0f}", f"{mb['peak']:.0f}",
+        rows.append([_short(e["label"]), f"{e['rss']['baseline'] / 1e6:.0f}", f"{mb['peak']:.0f}",
                      *[f"{ret[p]:.1%}" if ret[p] is not None else "-" for p in shown],
-                     f"{mb[IDLE_TARGET_PHASE]:.0f}", target, e["trim"]])
-    names = {"freed": "freed", "churn": f"+{IDLE_CHURN} pairs", "trimmed": "trimmed"}
-    heads = ["candidate", "baseline MB", "peak +MB", *[names.get(p, p.replace("_", " ")) for p in shown],
-             "2 s +MB", "target", "trim"]
+                     f"{mb[IDLE_TARGET_PHASE]:.0f}", "" if check is None else check["status"]])
+    names = {"freed": "freed", "churn": f"+{IDLE_CHURN} ops", "trimmed": "trimmed"}
+    heads = ["candidate", "base MB", "peak +MB", *[names.get(p, p.replace("idle_", "").replace("s", " s"))
+                                                  for p in shown],
+             "2 s +MB", f"<= {IDLE_LIMIT:.0%} at 2 s"]
     method = idle["method"]
     conf = method.get("arenalib_je_malloc_conf")
     lo, hi = method["sizes"]
     title = (("### " if markdown else "") + f"Memory, idle: one long-lived allocator, "
              f"{method['allocated_bytes'] / 1e9:.2f} GB of {fmt_size(lo)}-{fmt_size(hi)} blocks, "
              f"{1 - method['survivor_share']:.0%} freed one by one (random order), then idle; "
-             "kept = (RSS - baseline) / (peak - baseline), idle times counted from the last free"
+             "kept = (RSS - baseline) / (peak - baseline) right after the last free, then 0.5 s to 4 s after it "
+             "(idle, no call), after more allocations and after a trim"
              + (f"; ARENALIB_JE_MALLOC_CONF={conf}" if conf else ""))
-    return title + "\n" + table(heads, rows, markdown)
+    return "\n".join([title, table(heads, rows, markdown), *_notes(idle["candidates"])])
 
 
 def fragment_table(mem: dict, markdown: bool = False) -> str:
@@ -415,20 +433,19 @@ def fragment_table(mem: dict, markdown: bool = False) -> str:
     rows = []
     for _key, e in mem["candidates"].items():
         if "rss" not in e:
-            why = e.get("skipped") or e.get("error", "")[:60]
-            rows.append([e["label"], *(["-"] * (len(PHASES) + 3)), why])
+            rows.append([_short(e["label"]), *(["-"] * (len(PHASES) + 2))])
             continue
         mb = e["mb_above_baseline"]
         ret = e["retained_of_peak"]
-        rows.append([e["label"], f"{e['rss']['baseline'] / 1e6:.0f}",
+        rows.append([_short(e["label"]), f"{e['rss']['baseline'] / 1e6:.0f}",
                      *[f"{mb[p]:.0f}" for p in PHASES[1:]],
-                     *[f"{ret[p]:.1%}" for p in ("survivors", "idle_1s", "trimmed")], e["trim"]])
-    heads = ["candidate", "baseline MB", *[f"{p} +MB" for p in PHASES[1:]],
-             "kept@survivors", "kept@idle", "kept@trim", "trim"]
+                     *[f"{ret[p]:.1%}" for p in ("survivors", "idle_1s", "trimmed")]])
+    heads = ["candidate", "base MB", *[p.replace("_", " ") for p in PHASES[1:]],
+             "kept: survivors", "idle", "trimmed"]
     gb = mem["method"]["memory_bytes"] / 1e9
-    title = (("### " if markdown else "") + f"Memory: RSS above baseline per phase ({gb:.2f} GB kept, "
+    title = (("### " if markdown else "") + f"Memory: RSS above baseline per phase, MB ({gb:.2f} GB kept, "
              f"sizes 16 B-64 KiB); kept = (RSS - baseline) / (peak - baseline)")
-    return title + "\n" + table(heads, rows, markdown)
+    return "\n".join([title, table(heads, rows, markdown), *_notes(mem["candidates"])])
 
 
 def tables(mem: dict, markdown: bool = False) -> str:

@@ -493,12 +493,12 @@ def tables(th: dict, markdown: bool = False) -> str:
                          f"{relative['median']:.2f}" if relative else "",
                          f"{ratio['median']:.2f}" if ratio else "",
                          f"{ratio_repeat['median']:.2f}" if ratio_repeat else "",
-                         f">= {target['min_scaling']}: {target['status']}" if target else ""])
+                         f">= {target['min_scaling']}: {target['status'].split(' ')[0]}" if target else ""])
     heading = (("### " if markdown else "") + f"Threads, {title(th)}.  Total Mops/s with 1 and 2 "
                "threads; scaling = 2 threads / 1 thread (and over bytearray's, by round); 1T/x = time per "
-               "op with 1 thread over x's (same round)")
-    heads = ["candidate", "size", "1 thread", "2 threads", "scaling", "scaling/bytearray's",
-             "1T/bytearray", "1T/bytearray*n", "target"]
+               "op with 1 thread over x's (same round), ba = bytearray(n)+fill, ba*n = bytearray*n")
+    heads = ["candidate", "size", "1 thread", "2 threads", "scaling", "/bytearray's", "1T/ba", "1T/ba*n",
+             "target"]
     keep = [i for i in range(len(heads)) if i < 5 or any(r[i] for r in rows)]  # older JSON lacks some
     text = heading + "\n" + table([heads[i] for i in keep], [[r[i] for i in keep] for r in rows], markdown)
     if markdown:
