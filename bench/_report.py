@@ -22,7 +22,8 @@ from _common import Config
 from _experiment import Experiment, finding
 
 WIDTH = 120        # no printed line is wider (tables are laid out to fit; prose is wrapped)
-MISSED_SHOWN = 12  # missed targets the results.md verdict names; the checklist has them all
+MISSED_NAMED = 3   # missed targets the verdict names for an experiment without findings(); the checklist
+                   # at the end has them all
 
 # (experiment module, its checks), in report order: what run.py's targets() returns.
 Groups = list[tuple[Experiment, list[dict]]]
@@ -70,19 +71,29 @@ def fit(text: str) -> str:
 # -- the verdict -----------------------------------------------------------------------------------
 
 def _from_checks(exp: Experiment, checks: list[dict]) -> list[dict]:
-    """The findings of an experiment without findings(): its targets met, and each missed one."""
+    """The finding of an experiment without findings(): how many of its targets it met, and which it
+    missed (a target of one check with its figure, a target of several with how many it missed)."""
     measured = [c for c in checks if c["status"] in ("MET", "MISSED")]
     if not measured:
         return []
     title = plain(exp.TITLE).split(". ", 1)[-1]
-    missed = [c for c in measured if c["status"] == "MISSED"]
-    met = len(measured) - len(missed)
-    out = [finding("win" if not missed else "even" if met else "loss",
-                   f"{title}: {met} of its {len(measured)} targets met.")]
-    for c in missed:
-        line = plain(exp.target_line(c)).removeprefix("MISSED").strip()
-        out.append(finding("loss", f"{title}: {plain(c['target'])}: {line}."))
-    return out
+    met = sum(c["status"] == "MET" for c in measured)
+    by_target: dict[str, list[dict]] = {}
+    for c in measured:
+        by_target.setdefault(c["target"], []).append(c)
+    missed = []
+    for target, cs in by_target.items():
+        bad = [c for c in cs if c["status"] == "MISSED"]
+        # a target's own prefix ("C level: ...") repeats the experiment's title: left out
+        name = re.sub(r"^[\w ]{1,20}: ", "", plain(target))
+        if bad:
+            missed.append(name.replace("`", "") + (f" ({len(bad)} of {len(cs)} checks)" if len(cs) > 1 else ""))
+    if len(missed) > MISSED_NAMED:
+        missed[MISSED_NAMED:] = [f"{len(missed) - MISSED_NAMED} more (the checklist at the end)"]
+    text = f"{title}: {met} of its {len(measured)} targets met" + (f"; missed: {'; '.join(missed)}" if missed
+                                                                      else "")
+    kind = "win" if not missed else "loss" if met < len(measured) / 2 else "even"
+    return [finding(kind, text + ".", None)]
 
 
 def findings(res: dict, experiments: Named, groups: Groups) -> list[dict]:
@@ -150,7 +161,7 @@ def verdict(res: dict, groups: Groups, order: tuple[str, ...], experiments: Name
     found = findings(res, experiments, groups)
     mode = (res.get("config") or {}).get("mode", "?")
     lines = _wrap(f"arenalib benchmark, {mode} mode, {res.get('started', '?')}: what this run measured")
-    sections = (("win", "Where arenalib wins:"), ("loss", "Where it does not, and why:"), ("even", "On par:"))
+    sections = (("win", "Where arenalib wins:"), ("even", "On par:"), ("loss", "Where it does not, and why:"))
     for kind, heading in sections:
         shown = [f for f in found if f["kind"] == kind]
         if not shown:
@@ -159,8 +170,12 @@ def verdict(res: dict, groups: Groups, order: tuple[str, ...], experiments: Name
         for f in shown:
             why = f" Why: {f['why']}." if f.get("why") else ""
             lines += _wrap(f"{f['text']}{why}", "    ", "  - ")
-    missing = [f"{f['text']}" + (f" ({f['why']})" if f.get("why") else "")
-               for f in found if f["kind"] == "skip"] + not_measured(res, groups, all_names)
+    by_why: dict[str, list[str]] = {}
+    for f in found:
+        if f["kind"] == "skip":
+            by_why.setdefault(f.get("why") or "", []).append(f["text"].rstrip("."))
+    missing = [("; ".join(texts) + (f" ({why})." if why else ".")) for why, texts in by_why.items()]
+    missing += not_measured(res, groups, all_names)
     if missing:
         lines.append("Not measured in this run:")
         for text in missing:

@@ -270,30 +270,28 @@ def run(cfg: Config, progress: Progress) -> dict:
 # -- reading the results back (targets, tables; also from a results.json) -------------------------
 
 def findings(results: dict) -> list[dict]:
-    """The verdict's sentences: FrameReader against a bytearray per frame, throughput and the server's
-    CPU per frame, per loop and frame size, grouped by who wins."""
-    out = []
+    """The verdict's sentences: FrameReader against a bytearray per frame, throughput (and the server's
+    CPU per frame) per loop and frame size, grouped by who wins."""
+    grouped: dict[str, list[tuple[str, float]]] = {}
     for loop, by_size in results["cells"].items():
-        grouped: dict[str, list[tuple[str, float]]] = {}
         for size in results["method"]["sizes"]:
             ratios = (by_size.get(str(size)) or {}).get("ratios")
             if not ratios:
                 continue
             r, cpu = ratios["throughput"]["median"], ratios["cpu_per_frame"]["median"]
             grouped.setdefault(side(r, lower_is_faster=False), []).append(
-                (f"{times(r, lower_is_faster=False)} at {fmt_size(size)} ({cpu:.2f}x the server CPU per frame)",
+                (f"{times(r, lower_is_faster=False)} on {loop} at {fmt_size(size)} ({cpu:.2f}x the server CPU)",
                  cpu))
-        for kind, parts in grouped.items():
-            why = None
-            if kind != "win":
-                cpus = [cpu for _, cpu in parts]
-                spread = f"{min(cpus):.2f}x" + (f"-{max(cpus):.2f}x" if max(cpus) > min(cpus) else "")
-                why = (f"the server spends {spread} the CPU per frame: at this frame size "
-                       "a new bytearray costs about what an arena segment does" if all(cpu > 0.8 for cpu in cpus)
-                       else "the loopback copy and the client bound the throughput too")
-            out.append(finding(kind, f"asyncio frames over loopback, {loop} loop, FrameReader into arena "
-                                     f"segments against a bytearray(n) per frame: {', '.join(p for p, _ in parts)}.",
-                               why))
+    out = []
+    for kind, parts in grouped.items():
+        why = None
+        if kind != "win":
+            cpus = [cpu for _, cpu in parts]
+            why = ("the server spends about the same CPU per frame either way: at this frame size a new bytearray "
+                   "costs what an arena segment does" if all(cpu > 0.8 for cpu in cpus)
+                   else "the loopback copy and the client bound the throughput too")
+        out.append(finding(kind, "asyncio frames over loopback, FrameReader into arena segments against a "
+                                 f"bytearray(n) per frame: {', '.join(p for p, _ in parts)}.", why))
     for loop, why in results.get("skipped", {}).items():
         out.append(finding("skip", f"asyncio frames: the {loop} loop not measured.", why))
     return out

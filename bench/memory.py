@@ -335,16 +335,20 @@ def _kept(candidates: dict, phase: str) -> dict[str, tuple[str, float]]:
 
 
 def _compare(ours: dict, peers: dict, what: str) -> dict | None:
-    """A finding: arenalib's shares kept against the peers'."""
+    """A finding: the shares of their peak arenalib's candidates keep against the peers'."""
     if not ours or not peers:
         return None
-    mine = ", ".join(f"{label} {r:.1%}" for label, r in ours.values())
-    theirs = ", ".join(f"{label} {r:.1%}" for label, r in peers.values())
+
+    def span(shares: dict) -> str:
+        lo, hi = (f"{r:.1%}" for r in (min(r for _, r in shares.values()), max(r for _, r in shares.values())))
+        return lo if lo == hi else f"{lo}-{hi}"
+
     best_peer = min(r for _, r in peers.values())
     slack = max(0.1 * best_peer, 0.005)  # within 10% (or half a point) of the best peer: on par
     kind = ("win" if max(r for _, r in ours.values()) < best_peer - slack else
             "loss" if min(r for _, r in ours.values()) > best_peer + slack else "even")
-    return finding(kind, f"{what}: {mine} of the peak growth, against {theirs}.",
+    names = ", ".join(label for label, _ in peers.values())
+    return finding(kind, f"{what}: arenalib keeps {span(ours)} of its peak growth, the peers {span(peers)} ({names}).",
                    None if kind != "loss" else "a peer's allocator hands more back than arenalib here")
 
 
@@ -356,8 +360,8 @@ def findings(mem: dict) -> list[dict]:
     gb = mem["method"]["memory_bytes"] / 1e9
     f = _compare({k: v for k, v in kept.items() if k in ARENALIB},
                  {k: v for k, v in kept.items() if k not in ARENALIB},
-                 f"Memory kept after a {gb:.1f} GB fragmenting workload frees all but its {SURVIVOR_P:.1%} survivors "
-                 "(no trim, no wait)")
+                 f"Memory: after a {gb:.1f} GB fragmenting workload frees all but {SURVIVOR_P:.1%}, with no trim "
+                 "or wait")
     if f:
         out.append(f)
     idle = mem.get("idle")
@@ -366,8 +370,8 @@ def findings(mem: dict) -> list[dict]:
         method = idle["method"]
         f = _compare({k: v for k, v in kept.items() if k in IDLE_ARENALIB},
                      {k: v for k, v in kept.items() if k not in IDLE_ARENALIB},
-                     f"Memory kept by a long-lived allocator 2 s after freeing 99% of "
-                     f"{method['allocated_bytes'] / 1e9:.2f} GB, no call")
+                     f"Memory: a long-lived allocator 2 s after freeing 99% of "
+                     f"{method['allocated_bytes'] / 1e9:.2f} GB, with no call")
         if f:
             out.append(f)
     for e in [*mem["candidates"].values(), *(idle or {}).get("candidates", {}).values()]:

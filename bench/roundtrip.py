@@ -362,7 +362,7 @@ def findings(rt: dict) -> list[dict]:
     key, sizes = "ConfinedArena_nz", rt["sizes"]
     if key not in rt["cells"]:
         return [finding("skip", "Allocation round trip: ConfinedArena was not measured.")]
-    what = "Allocate + fill + free from Python, ConfinedArena(zero=False)"
+    what = "Round trip from Python (allocate, fill, free), ConfinedArena"
     by_side: dict[str, list[tuple[int, float]]] = {"win": [], "loss": [], "even": []}
     for n in sizes:
         r = ratio(rt, key, BASELINE, n)

@@ -309,36 +309,43 @@ def run(cfg: Config, progress: Progress) -> dict:
 # -- reading the results back (targets, tables; also from a results.json) -------------------------
 
 def findings(sc: dict) -> list[dict]:
-    """The verdict's sentences: per arena kind, at how many block sizes one arena per scope beats
-    bytearray(n)+fill per block (the same-round ratios), and where it does not."""
-    out = []
+    """The verdict's sentences: at how many block sizes one arena per scope beats bytearray(n)+fill per
+    block (the same-round ratios), by how much, and where it does not."""
+    counts, speedups, mixed, losses, kinds, kinds_measured = [], [], [], [], set(), []
+    small = True
     for key in ARENA_KINDS:
-        if key not in sc["cells"]:
-            continue
         pairs = [(n, r["median"]) for n in sc["sizes"] if n != MIXED
                  and (r := ratio(sc, key, BASELINE, n)) is not None]
         if not pairs:
             continue
-        wins = [r for _, r in pairs if side(r) == "win"]
-        losses = [(n, r) for n, r in pairs if side(r) == "loss"]
-        label = sc["candidates"][key]["label"]
-        text = f"One arena per scope, {label}: per block against bytearray(n)+fill, "
-        if wins:
-            text += (f"faster at {len(wins)} of {len(pairs)} block sizes "
-                     f"({1 / max(wins):.1f}x to {1 / min(wins):.1f}x)")
-        else:
-            text += f"faster at none of {len(pairs)} block sizes"
-        mixed = ratio(sc, key, BASELINE, MIXED)
-        if mixed is not None:
-            text += f", {times(mixed['median'])} with mixed sizes"
-        out.append(finding("win" if len(wins) > len(pairs) / 2 else "even" if wins else "loss", text + "."))
-        if losses:
-            small = all(n <= 1024 for n, _ in losses)
-            out.append(finding("loss", f"{label} is slower at " + ", ".join(
-                f"{fmt_size(n)} ({times(r).split()[0]})" for n, r in losses[:6])
-                + (f" and {len(losses) - 6} more sizes" if len(losses) > 6 else "") + ".",
-                "at small blocks the Python calls per block (allocate, fill) cost more than the memory"
-                if small else None))
+        kinds_measured.append(key)
+        faster = [1 / r for _, r in pairs if side(r) == "win"]
+        slower = [(n, r) for n, r in pairs if side(r) == "loss"]
+        small = small and all(n <= 1024 for n, _ in slower)
+        kinds.add("win" if len(faster) > len(pairs) / 2 else "even" if faster else "loss")
+        counts.append((len(faster), len(pairs)))
+        speedups += faster
+        if (m := ratio(sc, key, BASELINE, MIXED)) is not None:
+            mixed.append(1 / m["median"])
+        if slower:
+            losses.append(f"{key} at " + ", ".join(f"{fmt_size(n)} ({times(r).split()[0]})" for n, r in slower[:4])
+                          + (f" and {len(slower) - 4} more sizes" if len(slower) > 4 else ""))
+    if not counts:
+        return [finding("skip", "One arena per scope: no arena kind was measured.")]
+    lo, hi = min(c for c, _ in counts), max(c for c, _ in counts)
+    text = (f"One arena per scope ({', '.join(kinds_measured)}), per block against bytearray(n)+fill: faster at "
+            f"{lo}{f'-{hi}' if hi > lo else ''} of {counts[0][1]} block sizes")
+    if speedups:
+        text += f" (up to {max(speedups):.1f}x)"
+    if mixed:
+        text += f", {min(mixed):.1f}x" + (f"-{max(mixed):.1f}x" if max(mixed) > min(mixed) else "") + \
+            " with mixed sizes"
+    kind = "win" if kinds == {"win"} else "loss" if "loss" in kinds else "even"
+    out = [finding(kind, text + ".")]
+    if losses:
+        out.append(finding("loss", "One arena per scope is slower than bytearray(n)+fill: " + "; ".join(losses) + ".",
+                           "at small blocks the Python calls per block (allocate, fill) cost more than the memory"
+                           if small else None))
     return out
 
 
