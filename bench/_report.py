@@ -117,10 +117,10 @@ def not_measured(res: dict, groups: Groups, all_names: tuple[str, ...]) -> list[
     out = []
     failed = res.get("failed") or {}
     asked = res.get("only")
-    if asked is not None:
-        left = [n for n in all_names if n not in asked]
-        if left:
-            out.append(f"Experiments not run (--only chose the others): {', '.join(left)}.")
+    left = [n for n in all_names if n not in res and n not in failed]
+    if left:
+        how = " (--only chose the others)" if asked is not None and not set(left) & set(asked) else ""
+        out.append(f"Experiments not in this run{how}: {', '.join(left)}.")
     for name, why in failed.items():
         out.append(f"Experiment {name} failed, so its figures and targets are left out: {why}.")
     unchecked: dict[str, int] = {}
@@ -219,6 +219,8 @@ def targets_text(groups: Groups, markdown: bool = False) -> str:
                 out.extend(["", f"**{title}**", ""] if markdown else _wrap(title, "    ", "  "))
                 last = c["target"]
             line = plain(exp.target_line(c))
+            if c["status"] not in ("MET", "MISSED") and c.get("why") and line.endswith("not measured"):
+                line += f": {c['why']}"
             line = re.sub(r"^MET(\s*)", lambda m: "met" + m.group(1), line)
             out.extend([f"- {line}"] if markdown else _wrap(line, " " * 11, "    "))
     return "\n".join(out)
