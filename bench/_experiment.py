@@ -125,7 +125,8 @@ def ratio_line(c: dict) -> str:
                 f"(limit {c['limit']:.1f}x{', within noise' if c.get('borderline') else ''})")
         if "ratio_vs_cheapest_bytearray" in c:
             strict = "within" if c["status_vs_cheapest_bytearray"] == "MET" else "over"
-            line += (f"; against bytearray*n, the cheapest bytearray: {c['ratio_vs_cheapest_bytearray']:.2f}x, "
+            line += ("; against bytearray*n, the cheapest bytearray: "
+                     f"{c['ratio_vs_cheapest_bytearray']:.2f}x, "
                      f"{strict} the limit")
         return line
     return f"{c['status']:6s} {c['label']}: {c['ratio']:.1%} (limit {c['limit']:.0%})"

@@ -43,7 +43,8 @@ def legend(fig: Any, ax: Any, count: int) -> None:
 
 
 def lines(plt: Any, out: Path, fname: str, xs: list, series: dict[str, tuple[str, list]], *, xlabels=None,
-          ylabel: str, title: str, logx: bool = False, logy: bool = False, hline: float | None = None) -> list[str]:
+          ylabel: str, title: str, logx: bool = False, logy: bool = False,
+          hline: float | None = None) -> list[str]:
     """One line per series (label -> (family, ys); a None y is a gap); written to ``out / fname``."""
     width = 11 if len(series) <= 14 else 13
     fig, ax = plt.subplots(figsize=(width, 5.6))

@@ -52,7 +52,8 @@ def _wrap(text: str, indent: str = "", first: str = "") -> list[str]:
 
 def _is_table_row(line: str) -> bool:
     """A row of a plain-text table (cells apart by two spaces or more), which wrapping would break."""
-    return len(re.findall(r"\S {2,}(?=\S)", line.replace(".  ", ". "))) >= 2 or set(line.strip()) <= {"-", " "}
+    cells = re.findall(r"\S {2,}(?=\S)", line.replace(".  ", ". "))
+    return len(cells) >= 2 or set(line.strip()) <= {"-", " "}
 
 
 def fit(text: str) -> str:
@@ -87,7 +88,8 @@ def _from_checks(exp: Experiment, checks: list[dict]) -> list[dict]:
         # a target's own prefix ("C level: ...") repeats the experiment's title: left out
         name = re.sub(r"^[\w ]{1,20}: ", "", plain(target))
         if bad:
-            missed.append(name.replace("`", "") + (f" ({len(bad)} of {len(cs)} checks)" if len(cs) > 1 else ""))
+            count = f" ({len(bad)} of {len(cs)} checks)" if len(cs) > 1 else ""
+            missed.append(name.replace("`", "") + count)
     if len(missed) > MISSED_NAMED:
         missed[MISSED_NAMED:] = [f"{len(missed) - MISSED_NAMED} more (the checklist at the end)"]
     text = f"{title}: {met} of its {len(measured)} targets met" + (f"; missed: {'; '.join(missed)}" if missed
@@ -204,13 +206,15 @@ def targets_text(groups: Groups, markdown: bool = False) -> str:
     checks = [c for _, cs in groups for c in cs]
     met = sum(c["status"] == "MET" for c in checks)
     missed = sum(c["status"] == "MISSED" for c in checks)
+    rest = len(checks) - met - missed
     head = (f"Of the {len(checks)} targets checked, {met} were met and {missed} missed"
-            + (f"; {len(checks) - met - missed} could not be checked in this run" if len(checks) - met - missed
-               else "") + ".  Each line: met or MISSED, the figure measured, the limit.")
+            + (f"; {rest} could not be checked in this run" if rest else "")
+            + ".  Each line: met or MISSED, the figure measured, the limit.")
     if any("ratio_vs_cheapest_bytearray" in c for c in checks):
         head += ("  bytearray means bytearray(n)+fill; \"against bytearray*n\" adds the ratio to "
                  "bytearray(b'\\x03')*n (malloc + memset, the cheapest bytearray), a stricter reading.")
-    out = [head] if markdown else ["Targets the project set itself, checked on this run's figures", *_wrap(head)]
+    out = [head] if markdown else ["Targets the project set itself, checked on this run's figures",
+                                   *_wrap(head)]
     last = None
     for exp, cs in groups:
         for c in cs:
@@ -284,7 +288,8 @@ def _verdict(res: dict, experiments: Named, groups: Groups, order: tuple[str, ..
 
 def _run_line(res: dict) -> str:
     cmd = "python3 dev.py bench" + (" --full" if res["config"]["mode"] == "full" else "")
-    return (f"Run: {res['started']}, {res['config']['mode']} mode, {res['wall_seconds']:.0f} s; other processes "
+    return (f"Run: {res['started']}, {res['config']['mode']} mode, {res['wall_seconds']:.0f} s; "
+            "other processes "
             f"took {res.get('cpu_share', {}).get('others_share', 0) or 0:.0%} of the CPU time meanwhile.  "
             f"Reproduce: `{cmd}` (writes bench/out/; `--out DIR` to choose).")
 

@@ -280,14 +280,16 @@ def findings(results: dict) -> list[dict]:
                 continue
             r, cpu = ratios["throughput"]["median"], ratios["cpu_per_frame"]["median"]
             grouped.setdefault(side(r, lower_is_faster=False), []).append(
-                (f"{times(r, lower_is_faster=False)} on {loop} at {fmt_size(size)} ({cpu:.2f}x the server CPU)",
+                (f"{times(r, lower_is_faster=False)} on {loop} at {fmt_size(size)} "
+                 f"({cpu:.2f}x the server CPU)",
                  cpu))
     out = []
     for kind, parts in grouped.items():
         why = None
         if kind != "win":
             cpus = [cpu for _, cpu in parts]
-            why = ("the server spends about the same CPU per frame either way: at this frame size a new bytearray "
+            why = ("the server spends about the same CPU per frame either way: at this frame size a new "
+                   "bytearray "
                    "costs what an arena segment does" if all(cpu > 0.8 for cpu in cpus)
                    else "the loopback copy and the client bound the throughput too")
         out.append(finding(kind, "asyncio frames over loopback, FrameReader into arena segments against a "

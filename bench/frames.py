@@ -193,7 +193,9 @@ def tables(results: dict, markdown: bool = False) -> str:
     return "\n".join(out)
 
 
-from _plot import frames_plots as plots  # noqa: E402
+def plots(results: dict, out, plt) -> list[str]:
+    from _plot import frames_plots  # the plot is drawn in bench/_plot.py
+    return frames_plots(results, out, plt)
 
 
 if __name__ == "__main__":

@@ -340,7 +340,8 @@ def _compare(ours: dict, peers: dict, what: str) -> dict | None:
         return None
 
     def span(shares: dict) -> str:
-        lo, hi = (f"{r:.1%}" for r in (min(r for _, r in shares.values()), max(r for _, r in shares.values())))
+        values = [r for _, r in shares.values()]
+        lo, hi = f"{min(values):.1%}", f"{max(values):.1%}"
         return lo if lo == hi else f"{lo}-{hi}"
 
     best_peer = min(r for _, r in peers.values())
@@ -348,7 +349,8 @@ def _compare(ours: dict, peers: dict, what: str) -> dict | None:
     kind = ("win" if max(r for _, r in ours.values()) < best_peer - slack else
             "loss" if min(r for _, r in ours.values()) > best_peer + slack else "even")
     names = ", ".join(label for label, _ in peers.values())
-    return finding(kind, f"{what}: arenalib keeps {span(ours)} of its peak growth, the peers {span(peers)} ({names}).",
+    return finding(kind, f"{what}: arenalib keeps {span(ours)} of its peak growth, the peers {span(peers)} "
+                         f"({names}).",
                    None if kind != "loss" else "a peer's allocator hands more back than arenalib here")
 
 
@@ -360,7 +362,8 @@ def findings(mem: dict) -> list[dict]:
     gb = mem["method"]["memory_bytes"] / 1e9
     f = _compare({k: v for k, v in kept.items() if k in ARENALIB},
                  {k: v for k, v in kept.items() if k not in ARENALIB},
-                 f"Memory: after a {gb:.1f} GB fragmenting workload frees all but {SURVIVOR_P:.1%}, with no trim "
+                 f"Memory: after a {gb:.1f} GB fragmenting workload frees all but {SURVIVOR_P:.1%}, with no "
+                 "trim "
                  "or wait")
     if f:
         out.append(f)
@@ -426,7 +429,8 @@ def idle_table(mem: dict, markdown: bool = False) -> str:
     title = (("### " if markdown else "") + f"Memory, idle: one long-lived allocator, "
              f"{method['allocated_bytes'] / 1e9:.2f} GB of {fmt_size(lo)}-{fmt_size(hi)} blocks, "
              f"{1 - method['survivor_share']:.0%} freed one by one (random order), then idle; "
-             "kept = (RSS - baseline) / (peak - baseline) right after the last free, then 0.5 s to 4 s after it "
+             "kept = (RSS - baseline) / (peak - baseline) right after the last free, then 0.5 s to 4 s "
+             "after it "
              "(idle, no call), after more allocations and after a trim"
              + (f"; ARENALIB_JE_MALLOC_CONF={conf}" if conf else ""))
     return "\n".join([title, table(heads, rows, markdown), *_notes(idle["candidates"])])

@@ -419,22 +419,25 @@ def findings(res: dict) -> list[dict]:
     """The verdict's sentences: acquire + release against a new bytearray per request and against a list
     of bytearrays used as a pool; a file read through pool buffers against bytearray+readinto."""
     out = []
-    ours, plain, fastest = "pool_release", BASELINE, "list_pool"
+    ours, fastest = "pool_release", "list_pool"
     per_size = {int(n): c for n, c in res["acquire_release"].items() if ours in c}
     if per_size:
         vs_new = ", ".join(f"{times(c[ours]['ratio_to_bytearray']['median'])} at {fmt_size(n)}"
                            for n, c in per_size.items())
         out.append(finding(side(min(c[ours]["ratio_to_bytearray"]["median"] for c in per_size.values())),
-                           f"BufferPool, a buffer per request (acquire + release) against a new bytearray(n): "
+                           "BufferPool, a buffer per request (acquire + release) against a new "
+                           f"bytearray(n): "
                            f"{vs_new}."))
         slower = [(n, c[ours]["ns_per_op"]["median"] / c[fastest]["ns_per_op"]["median"])
                   for n, c in per_size.items() if fastest in c]
         slower = [(n, r) for n, r in slower if side(r) == "loss"]
         if slower:
-            out.append(finding("loss", "A Python list of bytearrays used as a pool (pop/append) is faster than "
+            out.append(finding("loss", "A Python list of bytearrays used as a pool (pop/append) is faster "
+                                       "than "
                                        "BufferPool: " + ", ".join(f"{times(1 / r)} at {fmt_size(n)}"
                                                                   for n, r in slower) + ".",
-                               "a list hands out the same bytearrays unchecked; BufferPool hands out Segments "
+                               "a list hands out the same bytearrays unchecked; BufferPool hands out "
+                               "Segments "
                                "it counts, checks and can take back"))
     reads = res["read_throughput"]
     best = max((k for k in ("pool_preadv", "pool_readinto") if k in reads),

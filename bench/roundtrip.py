@@ -396,7 +396,8 @@ def findings(rt: dict) -> list[dict]:
     skipped = [c["label"] for c in rt["candidates"].values() if c["skipped"]]
     if skipped:
         out.append(finding("skip", f"Round trip peers not measured: {', '.join(skipped)}.",
-                           "; ".join(sorted({c['skipped'] for c in rt['candidates'].values() if c['skipped']}))))
+                           "; ".join(sorted({c["skipped"] for c in rt["candidates"].values()
+                                             if c["skipped"]}))))
     return out
 
 

@@ -328,12 +328,14 @@ def findings(sc: dict) -> list[dict]:
         if (m := ratio(sc, key, BASELINE, MIXED)) is not None:
             mixed.append(1 / m["median"])
         if slower:
-            losses.append(f"{key} at " + ", ".join(f"{fmt_size(n)} ({times(r).split()[0]})" for n, r in slower[:4])
+            losses.append(f"{key} at " + ", ".join(f"{fmt_size(n)} ({times(r).split()[0]})"
+                                                   for n, r in slower[:4])
                           + (f" and {len(slower) - 4} more sizes" if len(slower) > 4 else ""))
     if not counts:
         return [finding("skip", "One arena per scope: no arena kind was measured.")]
     lo, hi = min(c for c, _ in counts), max(c for c, _ in counts)
-    text = (f"One arena per scope ({', '.join(kinds_measured)}), per block against bytearray(n)+fill: faster at "
+    text = (f"One arena per scope ({', '.join(kinds_measured)}), per block against bytearray(n)+fill: "
+            "faster at "
             f"{lo}{f'-{hi}' if hi > lo else ''} of {counts[0][1]} block sizes")
     if speedups:
         text += f" (up to {max(speedups):.1f}x)"
@@ -343,8 +345,10 @@ def findings(sc: dict) -> list[dict]:
     kind = "win" if kinds == {"win"} else "loss" if "loss" in kinds else "even"
     out = [finding(kind, text + ".")]
     if losses:
-        out.append(finding("loss", "One arena per scope is slower than bytearray(n)+fill: " + "; ".join(losses) + ".",
-                           "at small blocks the Python calls per block (allocate, fill) cost more than the memory"
+        out.append(finding("loss", "One arena per scope is slower than bytearray(n)+fill: "
+                           + "; ".join(losses) + ".",
+                           "at small blocks the Python calls per block (allocate, fill) cost more than the "
+                           "memory"
                            if small else None))
     return out
 
@@ -358,8 +362,8 @@ def plots(sc: dict, out, plt) -> list[str]:
     for key, c in sc["candidates"].items():
         if c["skipped"] or key not in sc["cells"] or key == BASELINE:
             continue
-        series[c["label"]] = (c["family"], [None if (r := ratio(sc, key, BASELINE, n)) is None else r["median"]
-                                            for n in sizes])
+        ratios = [ratio(sc, key, BASELINE, n) for n in sizes]
+        series[c["label"]] = (c["family"], [None if r is None else r["median"] for r in ratios])
     if not series:
         return []
     return lines(plt, out, "scopes_ratio.png", sizes, series, xlabels=[fmt_size(n) for n in sizes],

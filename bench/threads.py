@@ -421,8 +421,9 @@ def findings(th: dict) -> list[dict]:
         return f"{min(values):.2f}-{max(values):.2f}" if values else "-"
 
     if interp["gil_enabled"]:
-        return [finding("skip", f"Threads: {interp['description']} runs one Python thread at a time: 2-thread "
-                                f"scaling {scaling(ours[0])} for {names[ours[0]]['label']}, {scaling(BASELINE)} "
+        return [finding("skip", f"Threads: {interp['description']} runs one Python thread at a time: "
+                                f"2-thread scaling {scaling(ours[0])} for {names[ours[0]]['label']}, "
+                                f"{scaling(BASELINE)} "
                                 f"for {names[BASELINE]['label']}.")]
     out = []
     for key in ours:
@@ -436,7 +437,8 @@ def findings(th: dict) -> list[dict]:
                 out.append(finding(kind, f"Two threads, {names[key]['label']}: {word[kind]} "
                                          f"{names[BASELINE]['label']} ({', '.join(shown)}); scaling "
                                          f"{scaling(key)} against {scaling(BASELINE)}.",
-                                   "what the threads share (a lock, reference counts) or the memory bandwidth "
+                                   "what the threads share (a lock, reference counts) or the memory "
+                                   "bandwidth "
                                    "bounds it" if kind == "loss" else None))
     return out
 

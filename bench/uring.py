@@ -307,9 +307,9 @@ def findings(results: dict) -> list[dict]:
     blocks = results["method"]["blocks"]
     direct = [(b, r["median"]) for b in blocks if (r := speedup(results, "direct", b, "ring_qd32", BASELINE))]
     if direct:
+        shown = ", ".join(f"{times(r, lower_is_faster=False)} at {fmt_size(b)}" for b, r in direct)
         out.append(finding(side(max(r for _, r in direct), lower_is_faster=False),
-                           f"io_uring, O_DIRECT: {names['ring_qd32']} against the os.preadv loop: " + ", ".join(
-                               f"{times(r, lower_is_faster=False)} at {fmt_size(b)}" for b, r in direct) + "."))
+                           f"io_uring, O_DIRECT: {names['ring_qd32']} against the os.preadv loop: {shown}."))
     cache, kinds = [], set()
     for block in blocks:
         measured = [(r["median"], d) for d in results["method"]["depths"]
@@ -325,7 +325,8 @@ def findings(results: dict) -> list[dict]:
         kind = "win" if kinds == {"win"} else "loss" if "loss" in kinds else "even"
         out.append(finding(kind, "io_uring, page cache: Ring read_fixed at its best queue depth against the "
                                  "os.preadv loop: " + ", ".join(cache) + ".",
-                           "a read from the page cache is a memory copy either way: queueing reads saves only "
+                           "a read from the page cache is a memory copy either way: queueing reads saves "
+                           "only "
                            "system calls" if kind != "win" else None))
     nop = results.get("nop")
     if nop:
@@ -358,7 +359,8 @@ def plots(results: dict, out, plt) -> list[str]:
             values[label] = ys
     return bars(plt, out, "uring_throughput.png", [f"{MODE_LABELS[m]}, {fmt_size(b)}" for m, b in groups],
                 values, ylabel="GB/s (median)", logy=True,
-                title=f"io_uring: reading a {fmt_size(results['method']['file_bytes'])} file (higher is faster)")
+                title=f"io_uring: reading a {fmt_size(results['method']['file_bytes'])} file "
+                      "(higher is faster)")
 
 
 def rounds_of(method: dict, mode: str) -> int:

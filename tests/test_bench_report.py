@@ -111,7 +111,8 @@ def test_quick_mode_says_what_it_leaves_out(report):
 def test_a_targets_status_reads_the_same_in_its_table_and_in_the_checklist(report):
     idle = report[report.index("Memory, idle:"):]
     idle = idle[:idle.index("\n\n")]
-    rows = {line.split()[0]: line.split()[-1] for line in idle.splitlines() if line.startswith(("Arena ", "Confined"))}
+    rows = {line.split()[0]: line.split()[-1] for line in idle.splitlines()
+            if line.startswith(("Arena ", "Confined"))}
     assert rows == {"Arena": "n/a", "ConfinedArena": "n/a"}  # quick mode: not checked, so not MISSED
     checklist = report[report.index("Targets the project set itself, checked"):]
     lines = checklist[checklist.index("memory, idle: "):].splitlines()[1:]
@@ -132,7 +133,8 @@ def test_the_verdict_follows_the_figures(recorded, tmp_path):
             cell["per_round_ns"] = [x * factor for x in cells["bytearray"][size]["per_round_ns"]]
         words[name] = " ".join(verdict_of(render(tmp_path, res, name)[0]).split())
     slower, faster = words["slower"], words["faster"]
-    claim = ("Round trip from Python (allocate, fill, free), ConfinedArena against bytearray(n)+fill: 2.0x {} at "
+    claim = ("Round trip from Python (allocate, fill, free), ConfinedArena against bytearray(n)+fill: "
+             "2.0x {} at "
              "8 B, 2.0x at 512 B, 2.0x at 1 KiB, 2.0x at 4 KiB, 2.0x at 64 KiB, 2.0x at 1 MiB")
     assert claim.format("slower") in slower.split("Where it does not, and why:")[1]
     assert claim.format("faster") in faster.split("Where it does not, and why:")[0]
@@ -148,7 +150,8 @@ def test_missing_figures_are_said_to_be_not_measured(recorded, tmp_path):
     words = " ".join(verdict_of(render(tmp_path, res)[0]).split())
     assert "Not measured in this run:" in words
     assert "Experiments not in this run: uring, aio." in words
-    assert "Experiment frames failed, so its figures and targets are left out: raised ValueError: boom." in words
+    assert ("Experiment frames failed, so its figures and targets are left out: raised ValueError: "
+            "boom.") in words
     assert "asyncio frames over loopback" not in words and "io_uring, O_DIRECT" not in words
 
 
