@@ -7,6 +7,7 @@ can be told apart and the same legend layout.
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,13 @@ def lines(plt: Any, out: Path, fname: str, xs: list, series: dict[str, tuple[str
         ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
-    if xlabels is not None:
+    if xlabels is None and logx:  # many sizes: a tick every 4x, named as sizes
+        low, high = math.ceil(math.log2(min(xs))), math.floor(math.log2(max(xs)))
+        ticks = [1 << k for k in range(low, high + 1, 2)]
+        ax.set_xticks(ticks, [_size(t) for t in ticks])
+        ax.minorticks_off()
+        ax.tick_params(axis="x", labelsize=8)
+    elif xlabels is not None:
         ax.set_xticks(xs, xlabels)
         ax.tick_params(axis="x", labelrotation=45 if len(xs) > 8 else 0, labelsize=8)
     if hline is not None:

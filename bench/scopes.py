@@ -366,7 +366,7 @@ def plots(sc: dict, out, plt) -> list[str]:
         series[c["label"]] = (c["family"], [None if r is None else r["median"] for r in ratios])
     if not series:
         return []
-    return lines(plt, out, "scopes_ratio.png", sizes, series, xlabels=[fmt_size(n) for n in sizes],
+    return lines(plt, out, "scopes_ratio.png", sizes, series,
                  ylabel="time per block / bytearray(n)+fill's (same round)", logx=True, logy=True, hline=1.0,
                  title="One arena per scope (k blocks, then close): per block against bytearray(n)+fill "
                        "(lower is faster)")
