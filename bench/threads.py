@@ -429,17 +429,21 @@ def findings(th: dict) -> list[dict]:
     for key in ours:
         pairs = [(n, cells[key][str(n)]["scaling"]["median"] / cells[BASELINE][str(n)]["scaling"]["median"])
                  for n in sizes if str(n) in cells[key] and str(n) in cells[BASELINE]]
-        for kind in ("win", "even", "loss"):
-            shown = [f"{times(r, lower_is_faster=False).split(' ')[0]} at {fmt_size(n)}" for n, r in pairs
-                     if side(r, lower_is_faster=False) == kind]
+        parts, kinds = [], set()
+        for kind, word in (("win", "better"), ("even", "as well"), ("loss", "worse")):
+            shown = [fmt_size(n) + ("" if kind == "even" else f" ({times(r, False).split()[0]})")
+                     for n, r in pairs if side(r, lower_is_faster=False) == kind]
             if shown:
-                word = {"win": "scales better than", "even": "scales as well as", "loss": "scales worse than"}
-                out.append(finding(kind, f"Two threads, {names[key]['label']}: {word[kind]} "
-                                         f"{names[BASELINE]['label']} ({', '.join(shown)}); scaling "
-                                         f"{scaling(key)} against {scaling(BASELINE)}.",
-                                   "what the threads share (a lock, reference counts) or the memory "
-                                   "bandwidth "
-                                   "bounds it" if kind == "loss" else None))
+                kinds.add(kind)
+                parts.append(f"{word} at {', '.join(shown)}")
+        if not parts:
+            continue
+        kind = "loss" if "loss" in kinds else "win" if "win" in kinds else "even"
+        out.append(finding(kind, f"Two threads, {names[key]['label']}: scaling {scaling(key)} against "
+                                 f"{names[BASELINE]['label']}'s {scaling(BASELINE)}, so it scales "
+                                 f"{'; '.join(parts)}.",
+                           "what the threads share (a lock, reference counts) or the memory "
+                           "bandwidth bounds it" if kind == "loss" else None))
     return out
 
 
