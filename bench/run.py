@@ -1,7 +1,9 @@
 """arenalib's benchmark comparison against the peers a user would pick instead (issue 6).
 
-Arenalib and its peers run side by side in one run, with ratios, a verdict on the project's
-targets, a JSON of every figure and PNG plots.
+Arenalib and its peers run side by side in one run.  The report opens with a verdict in plain words
+computed from the run's figures (where arenalib wins and by how much, where it does not and why, what
+the run did not measure), then the tables, then the checklist of the project's targets; results.json
+keeps every figure, and each experiment draws a PNG plot.  No printed line is over 120 columns.
 
     python3 dev.py bench                      # quick mode (under 3 minutes on 2 cores)
     python3 dev.py bench --full               # the careful run
@@ -27,13 +29,13 @@ Experiments, one module each (its docstring says what it measures and how; each 
                    into arena segments vs a bytearray(n) per frame; throughput and server CPU per frame
 
 This module only orchestrates: every experiment module has the members of _experiment.Experiment
-(plan, run, targets, target_line, tables, plots) and is reached only through them; _report.py lays
-out what they return.  The experiments run one after the other in the same sitting, each in a child
+(plan, run, targets, target_line, tables, plots; findings, the verdict's sentences, where it has
+them) and is reached only through them; _report.py lays out what they return.  The experiments run one after the other in the same sitting, each in a child
 process of its own (``run.py --child NAME``): one that dies (a signal, such as SIGILL from an
 extension built for another CPU) or raises is reported by name with the reason, left out of the
 tables, targets and plots, and the run goes on (exit status 1 at the end).
 Output goes to bench/out/ (gitignored) unless --out says otherwise: results.json, results.md and
-the PNG plots.  bench/results/ holds the reference run (a --full run; its results.md says where and
+the PNG plots (results.json first, so a report that fails loses no figure).  bench/results/ holds the reference run (a --full run; its results.md says where and
 when).  --from-json FILE redoes the verdict, tables, targets, plots and markdown of a results.json
 without measuring.
 """
