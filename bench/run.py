@@ -30,12 +30,13 @@ Experiments, one module each (its docstring says what it measures and how; each 
 
 This module only orchestrates: every experiment module has the members of _experiment.Experiment
 (plan, run, targets, target_line, tables, plots; findings, the verdict's sentences, where it has
-them) and is reached only through them; _report.py lays out what they return.  The experiments run one after the other in the same sitting, each in a child
-process of its own (``run.py --child NAME``): one that dies (a signal, such as SIGILL from an
-extension built for another CPU) or raises is reported by name with the reason, left out of the
-tables, targets and plots, and the run goes on (exit status 1 at the end).
-Output goes to bench/out/ (gitignored) unless --out says otherwise: results.json, results.md and
-the PNG plots (results.json first, so a report that fails loses no figure).  bench/results/ holds the reference run (a --full run; its results.md says where and
+them) and is reached only through them; _report.py lays out what they return.  The experiments run
+one after the other in the same sitting, each in a child process of its own (``run.py --child
+NAME``): one that dies (a signal, such as SIGILL from an extension built for another CPU) or raises
+is reported by name with the reason, left out of the tables, targets and plots, and the run goes on
+(exit status 1 at the end).  Output goes to bench/out/ (gitignored) unless --out says otherwise:
+results.json, results.md and the PNG plots (results.json first, so a report that fails loses no
+figure).  bench/results/ holds the reference run (a --full run; its results.md says where and
 when).  --from-json FILE redoes the verdict, tables, targets, plots and markdown of a results.json
 without measuring.
 """
