@@ -279,7 +279,14 @@ def plots(res: dict, experiments: Named, out: Path) -> list[str]:
     except ImportError:
         print("matplotlib missing: no plots (python3 dev.py bench installs it)", file=sys.stderr)
         return []
-    return [png for name, exp in experiments for png in exp.plots(res[name], out, plt)]
+    written = []
+    for name, exp in experiments:
+        try:
+            written += exp.plots(res[name], out, plt)
+        except Exception as exc:  # a plot that cannot be drawn from these results costs only itself
+            print(f"{name}: no plot ({type(exc).__name__}: {exc})", file=sys.stderr)
+            plt.close("all")
+    return written
 
 
 def _verdict(res: dict, experiments: Named, groups: Groups, order: tuple[str, ...]) -> list[str]:
