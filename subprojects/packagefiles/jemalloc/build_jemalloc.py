@@ -74,7 +74,8 @@ def main() -> int:
     parser.add_argument("--prefix", required=True, help="public symbol prefix, e.g. arenalib_je_")
     parser.add_argument("--debug", action="store_true", help="jemalloc --enable-debug (assertions)")
     parser.add_argument("--cflags", default="", help="extra C flags (sanitizers)")
-    parser.add_argument("--cc", nargs="+", required=True)
+    # The C compiler command, after "--" (it may carry options: zig cc -target x86_64-linux-gnu.2.28)
+    parser.add_argument("cc", nargs="+")
     args = parser.parse_args()
 
     source = args.source.resolve()
