@@ -295,8 +295,9 @@ def ensure_wheel(python: str, tag: str, free_threaded: bool, tools: Path, native
     changed since the one there was built; refused if auditwheel finds it newer than manylinux_2_28,
     if an extension exports more than its PyInit_ function, or if it is over 2 MiB."""
     stamp = DIST / f".arenalib-wheel-{tag}"
-    if stamp.exists() and stamp.read_text().split()[0] == sources and (DIST / stamp.read_text().split()[1]).exists():
-        return DIST / stamp.read_text().split()[1]
+    built_from, _, name = stamp.read_text().partition(" ") if stamp.exists() else ("", "", "")
+    if built_from == sources and (DIST / name).exists():
+        return DIST / name
     venv = ensure_venv(python, f"{tag}-wheel")
     ensure_requirements(venv, ["wheel"], free_threaded)
     work = ROOT / "build" / "wheel" / tag
@@ -307,12 +308,12 @@ def ensure_wheel(python: str, tag: str, free_threaded: bool, tools: Path, native
            "PATH": os.pathsep.join([str(venv / "bin"), str(tools / "bin"), os.environ.get("PATH", "")]),
            # meson's Cython sanity check finds Python through pkg-config: this interpreter's, not the system's
            "PKG_CONFIG_PATH": libpc}
-    say(f"building the {tag} wheel from {sdist_name(source)} with zig cc (glibc "
+    say(f"building the {tag} wheel from {source.name}.tar.gz with zig cc (glibc "
         f"{'.'.join(map(str, build_wheels.WHEEL_GLIBC))})")
     run([str(venv / "bin" / "python"), "-m", "pip", "wheel", "-q", "--disable-pip-version-check",
          "--no-build-isolation", "--no-deps", "--no-index", "-w", str(work / "linux"),
          f"-Cbuild-dir={work / 'meson'}", f"-Csetup-args=--native-file={native}",
-         "-Csetup-args=--wrap-mode=nodownload", "-Cinstall-args=--strip", str(source)], env=env)
+         "-Csetup-args=--wrap-mode=nodownload", str(source)], env=env)
     [linux] = (work / "linux").glob("arenalib-*.whl")
     run([str(tools / "bin" / "auditwheel"), "repair", "-w", str(work / "repaired"), str(linux)], env=env,
         stdout=subprocess.DEVNULL)
@@ -331,10 +332,6 @@ def ensure_wheel(python: str, tag: str, free_threaded: bool, tools: Path, native
     shutil.move(str(wheel), DIST / wheel.name)
     stamp.write_text(f"{sources} {wheel.name}")
     return DIST / wheel.name
-
-
-def sdist_name(source: Path) -> str:
-    return f"{source.name}.tar.gz"
 
 
 def build_all_wheels(specs: list[str] | None) -> int:
