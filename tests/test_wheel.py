@@ -14,7 +14,6 @@ extensions export their PyInit_ function alone, and `import arenalib` takes at m
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -228,14 +227,16 @@ def test_mypy_checks_a_user_program_against_the_installed_stubs(user_venv, tmp_p
     wrong.write_text(textwrap.dedent(WRONG_PROGRAM))
     cache = tmp_path / "mypy-cache"
     mypy = ["-m", "mypy", "--strict", "--cache-dir", str(cache), "--no-error-summary"]
-    result = _run(user_venv, *mypy, str(good))
+    result = _run(user_venv, *mypy, "--verbose", str(good))
     # reveal_type is a note, not an error: the exit status is 0 and the types are the stubs' own
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'Revealed type is "arenalib._arena.Segment"' in result.stdout, result.stdout
     assert 'Revealed type is "arenalib._arena.Frame"' in result.stdout, result.stdout
-    # mypy read the installed package (its cache records the path of each module it read)
-    [meta] = cache.glob("*/arenalib/__init__.meta.json")
-    assert Path(json.loads(meta.read_text())["path"]).is_relative_to(user_venv["site"])
+    # mypy read the installed package's stubs (--verbose logs the path of each module it parses)
+    parsed = dict(re.findall(r"^LOG:  Parsing (\S+) \((arenalib[\w.]*)\)$", result.stderr, re.MULTILINE))
+    parsed = {module: Path(path) for path, module in parsed.items()}
+    assert parsed["arenalib._arena"].name == "_arena.pyi", parsed
+    assert all(path.is_relative_to(user_venv["site"]) for path in parsed.values()), parsed
     result = _run(user_venv, *mypy, str(wrong))
     assert result.returncode == 1, result.stdout + result.stderr
     errors = [line for line in result.stdout.splitlines() if ": error:" in line]
