@@ -262,8 +262,8 @@ def ensure_sdist(venv: Path, sources: str) -> Path:
         path.unlink()
     say("building the sdist (meson dist, jemalloc's and liburing's sources included)")
     DIST.mkdir(exist_ok=True)
-    run([str(venv / "bin" / "python"), "-m", "build", "--sdist", "--no-isolation", "-o", str(DIST), str(ROOT)],
-        stdout=subprocess.DEVNULL)
+    run([str(venv / "bin" / "python"), "-m", "build", "--sdist", "--no-isolation", "-o", str(DIST),
+         str(ROOT)], stdout=subprocess.DEVNULL)
     [sdist] = DIST.glob("arenalib-*.tar.gz")
     stamp.write_text(f"{sources} {sdist.name}")
     return sdist
@@ -354,8 +354,9 @@ def build_all_wheels(specs: list[str] | None) -> int:
     sdist = ensure_sdist(first, sources)
     source = unpack_sdist(sdist, sources)
     wheels = [ensure_wheel(*found, tools, native, source, sources) for found in pythons]
-    for path in [sdist, *wheels]:
-        platform = build_wheels.auditwheel_tag(tools / "bin" / "auditwheel", path) if path in wheels else "sdist"
+    say(f"{sdist.relative_to(ROOT)}: {sdist.stat().st_size / 2**20:.2f} MiB")
+    for path in wheels:
+        platform = build_wheels.auditwheel_tag(tools / "bin" / "auditwheel", path)
         say(f"{path.relative_to(ROOT)}: {path.stat().st_size / 2**20:.2f} MiB, {platform}")
     return 0
 
@@ -385,10 +386,11 @@ def _options(default) -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     """The command, dev.py's options, and the arguments left for pytest or the benchmark."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[_options(None)],
-                                     epilog="Arguments dev.py does not know go on to pytest or the benchmark.",
-                                     # one line per command, however narrow the terminal says it is
-                                     formatter_class=lambda prog: argparse.HelpFormatter(prog, width=100))
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], parents=[_options(None)],
+        epilog="Arguments dev.py does not know go on to pytest or the benchmark.",
+        # one line per command, however narrow the terminal says it is
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, width=100))
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     for name, text in COMMANDS.items():
         commands.add_parser(name, parents=[_options(argparse.SUPPRESS)], help=text, description=text)

@@ -28,7 +28,7 @@ import pytest
 from support import ROOT, SANITIZED
 
 sys.path.insert(0, str(ROOT / "tools"))
-import build_wheels  # noqa: E402
+import build_wheels
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(SANITIZED, reason="the wheel is a release build, not the ASan one")]
@@ -157,16 +157,20 @@ def user_venv(wheel, tmp_path_factory) -> dict:
                               "--disable-pip-version-check", str(wheel)],
                              capture_output=True, text=True, env=env, cwd=root)
     assert install.returncode == 0, install.stdout + install.stderr
-    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    site = subprocess.run([str(venv / "bin" / "python"), "-c",
+                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True, env=env, cwd=root).stdout.strip()
     work = root / "work"
     work.mkdir()
-    return {"venv": venv, "python": str(venv / "bin" / "python"), "env": env, "site": Path(site), "work": work}
+    return {"venv": venv, "python": str(venv / "bin" / "python"), "env": env, "site": Path(site),
+            "work": work}
 
 
-def _run(user: dict, *args: str, code: str | None = None) -> subprocess.CompletedProcess:
+def _run(user: dict, *args: str, code: str | None = None,
+         env: dict | None = None) -> subprocess.CompletedProcess:
     argv = [user["python"], *args] + (["-c", textwrap.dedent(code)] if code is not None else [])
-    return subprocess.run(argv, capture_output=True, text=True, env=user["env"], cwd=user["work"], timeout=600)
+    return subprocess.run(argv, capture_output=True, text=True, env=env or user["env"], cwd=user["work"],
+                          timeout=600)
 
 
 def _borrow_developer_tools(user: dict) -> None:
@@ -210,10 +214,9 @@ def test_public_api_tests_pass_against_the_installed_copy(user_venv, tmp_path):
     plugins.mkdir()
     (plugins / "installed_copy.py").write_text(f"SITE = {str(user_venv['site'])!r}\n" + INSTALLED_COPY_PLUGIN)
     tests = [str(ROOT / "tests" / name) for name in PUBLIC_API_TESTS]
-    env = {**user_venv["env"], "PYTHONPATH": str(plugins)}
-    result = subprocess.run([user_venv["python"], "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                             "installed_copy", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), "-x",
-                             *tests], capture_output=True, text=True, env=env, cwd=user_venv["work"], timeout=600)
+    result = _run(user_venv, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "installed_copy",
+                  "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), "-x", *tests,
+                  env={**user_venv["env"], "PYTHONPATH": str(plugins)})
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     assert Path((plugins / "imported.txt").read_text()).is_relative_to(user_venv["site"])
     passed = re.search(r"(\d+) passed", result.stdout)

@@ -29,7 +29,7 @@ def write_native_file(path: Path, zig: Path, glibc: tuple[int, int] = WHEEL_GLIB
     x86-64 instructions (not this machine's), and zig's own ar and ranlib."""
     target = f"x86_64-linux-gnu.{glibc[0]}.{glibc[1]}"
     text = (
-        "# Written by dev.py wheel (tools/build_wheels.py): zig cc against an older glibc's symbol versions.\n"
+        "# Written by dev.py wheel (tools/build_wheels.py): zig cc, an older glibc's symbol versions.\n"
         "[binaries]\n"
         f"c = ['{zig}', 'cc', '-target', '{target}', '-mcpu=baseline']\n"
         f"ar = ['{zig}', 'ar']\n"
