@@ -315,8 +315,10 @@ def ensure_wheel(python: str, tag: str, free_threaded: bool, tools: Path, native
          f"-Cbuild-dir={work / 'meson'}", f"-Csetup-args=--native-file={native}",
          "-Csetup-args=--wrap-mode=nodownload", str(source)], env=env)
     [linux] = (work / "linux").glob("arenalib-*.whl")
-    run([str(tools / "bin" / "auditwheel"), "repair", "-w", str(work / "repaired"), str(linux)], env=env,
-        stdout=subprocess.DEVNULL)
+    repair = subprocess.run([str(tools / "bin" / "auditwheel"), "repair", "-w", str(work / "repaired"),
+                             str(linux)], env=env, capture_output=True, text=True)
+    if repair.returncode != 0:  # (its INFO lines are shown only then)
+        raise SystemExit(f"auditwheel repair {linux.name} failed:\n{repair.stdout}{repair.stderr}")
     [wheel] = (work / "repaired").glob("arenalib-*.whl")
     platform = build_wheels.auditwheel_tag(tools / "bin" / "auditwheel", wheel)
     glibc = build_wheels.manylinux_glibc(platform)
