@@ -33,7 +33,8 @@ cdef enum:
     CARVER_RECORDS = 256
     # A SlicingArena's stack of marks (FrameStack) grows by blocks of FRAME_BLOCK_LEVELS levels,
     # never moved once made (segments read them without a lock): FRAME_MAX_DEPTH marks at most.
-    FRAME_BLOCK_LEVELS = 256
+    FRAME_BLOCK_SHIFT = 8         # a level's block is its index >> FRAME_BLOCK_SHIFT
+    FRAME_BLOCK_LEVELS = 1 << FRAME_BLOCK_SHIFT
     FRAME_BLOCKS = 64
     FRAME_MAX_DEPTH = FRAME_BLOCK_LEVELS * FRAME_BLOCKS
     FRAME_DEPTH_BITS = 16         # a frame stamp: (serial << FRAME_DEPTH_BITS) | depth
