@@ -7,6 +7,7 @@ an explicit close() keeps refusing as mmap.close() does; stats() and live_object
 from __future__ import annotations
 
 import gc
+import os
 import threading
 
 import numpy as np
@@ -152,6 +153,44 @@ def test_exports_released_by_many_threads_at_once_give_the_slot_back_once(kind):
         assert seen == [True] * len(views)
         assert a.stats()["held_by_exports"] == 0
     assert slots_in_use() == before
+
+
+def test_process_wide_operations_leave_held_memory_alone(kind):
+    # trim() resets and wipes idle slots, set_retention() evicts warm ones: a slot held by exports
+    # is in use, neither may take its memory.
+    with kind() as a:
+        big = memoryview(a.allocate(3 * MiB, zero=False).fill(5))
+        small = memoryview(a.allocate(100).fill(6))
+    retention = arenalib.get_retention()
+    try:
+        arenalib.set_retention(0)
+        arenalib.trim()
+        others = [arenalib.ConfinedArena() for _ in range(8)]  # take and give back slots meanwhile
+        for other in others:
+            other.allocate(4096).fill(1)
+            other.close()
+        arenalib.trim()
+    finally:
+        arenalib.set_retention(retention)
+    assert big.tobytes() == b"\x05" * (3 * MiB) and small.tobytes() == b"\x06" * 100
+    big.release()
+    small.release()
+    assert a.stats()["held_by_exports"] == 0
+
+
+def test_a_forked_child_releases_its_copy_and_the_parent_its_own(kind):
+    with kind() as a:
+        view = memoryview(a.allocate(4096).fill(8))
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the held arena goes back with its copy of the export
+        ok = view.tobytes() == b"\x08" * 4096
+        view.release()
+        ok = ok and a.stats()["held_by_exports"] == 0 and arenalib.live_objects()["closing_arenas"] == 0
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert view.tobytes() == b"\x08" * 4096 and a.stats()["held_by_exports"] == 1
+    view.release()
 
 
 @pytest.mark.skipif(SANITIZED, reason="ASan's quarantine keeps freed memory resident")
