@@ -57,7 +57,8 @@ cdef Py_ssize_t _positive(object value, str name) except -1:
 
 @cython.final
 cdef class BufferPool(SegmentOwner):
-    """``count`` buffers of ``buffer_size`` bytes, each aligned to ``align``, in one contiguous region.
+    """BufferPool(buffer_size, count, *, align=4096, zero=False)\n--\n\n``count`` buffers of ``buffer_size``
+    bytes, each aligned to ``align``, in one contiguous region.
 
     BufferPool(buffer_size, count, *, align=4096, zero=False)
 

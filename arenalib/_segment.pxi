@@ -42,9 +42,6 @@ cdef extern from "src/segment.h":
 
 cdef Py_ssize_t _ITEMSIZE_ONE = 1
 cdef char* _FORMAT_BYTE = b"B"
-# hex()'s default (a method default is read when the class is made, before _segment_helpers.pxi
-# runs): bytes.hex() tells "no sep" from any value given, None included.
-cdef object _NO_SEP = object()
 
 cdef enum:  # what Segment._status() finds
     SEGMENT_USABLE = 0
@@ -343,8 +340,9 @@ cdef class Segment:
 
     __hash__ = None  # equal by content, which changes: no hash (as bytearray)
 
-    def hex(self, sep=_NO_SEP, bytes_per_sep=1):
-        """The bytes as hexadecimal digits, as ``bytes.hex(sep, bytes_per_sep)`` gives them."""
+    def hex(self, sep=None, bytes_per_sep=1):
+        """The bytes as hexadecimal digits, as ``bytes.hex(sep, bytes_per_sep)`` gives them (sep=None:
+        no separator, which bytes.hex() says by leaving sep out)."""
         return _segment_hex(self, sep, bytes_per_sep)
 
     def readonly(self):

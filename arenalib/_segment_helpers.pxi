@@ -199,7 +199,7 @@ cdef str _segment_hex(Segment seg, object sep, object bytes_per_sep):
     cdef const unsigned char* data
     cdef Py_ssize_t i
     cdef void* token
-    if sep is not _NO_SEP:
+    if sep is not None:
         # The separated forms through memoryview.hex(), which judges sep and bytes_per_sep as
         # bytes.hex() does; the memoryview holds an export, so no free can run under it.
         with memoryview(seg) as view:

@@ -131,7 +131,8 @@ def test_copy_between_segments_and_builtins(arena):
     assert array.tobytes()[2:22] == model[4:24]
 
 
-@pytest.mark.parametrize(("src_at", "dst_at", "n"), [(0, 5, 40), (5, 0, 40), (3, 3, 50), (0, 0, 64), (7, 60, 4)])
+@pytest.mark.parametrize(("src_at", "dst_at", "n"),
+                         [(0, 5, 40), (5, 0, 40), (3, 3, 50), (0, 0, 64), (7, 60, 4)])
 def test_copy_within_one_segment_is_memmove(arena, src_at, dst_at, n):
     seg = filled(arena, PATTERN[:64])
     model = bytearray(PATTERN[:64])
@@ -475,8 +476,9 @@ def test_helpers_with_a_collection_at_every_allocation(kind):
             seg = filled(arena, PATTERN[:64])
 
             class Closer:
-                def __del__(self, arena=arena):
-                    arena.close() if not seg.exports else None
+                def __del__(self, arena=arena, seg=seg):
+                    if not seg.exports:  # a close refused from __del__ would be unraisable
+                        arena.close()
 
             def plant():
                 closer = Closer()
@@ -562,7 +564,8 @@ def test_helpers_against_a_bytearray_model(kind_index, start, ops):
                     assert out[:n] == model[src_at:src_at + n]
             elif name == "mismatch":
                 other = op[1]
-                expected = next((i for i, (a, b) in enumerate(zip(model, other)) if a != b), None)
+                pairs = enumerate(zip(model, other, strict=False))
+                expected = next((i for i, (a, b) in pairs if a != b), None)
                 if expected is None:
                     expected = -1 if len(other) == SIZE else min(len(other), SIZE)
                 assert seg.mismatch(other) == expected

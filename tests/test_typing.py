@@ -17,7 +17,11 @@ TYPING = HERE / "typing"
 ROOT = HERE.parent
 
 
-def run_mypy(program) -> subprocess.CompletedProcess:
+# The oldest and newest Pythons arenalib supports: mypy checks against either from any interpreter.
+TARGETS = ["3.10", "3.13"]
+
+
+def run_mypy(program, target: str) -> subprocess.CompletedProcess:
     """mypy over ``program``, finding arenalib's stubs in the source tree: the editable install's
     import hook is invisible to mypy, so MYPYPATH names the checkout (what a user of an editable
     install sets too)."""
@@ -25,22 +29,28 @@ def run_mypy(program) -> subprocess.CompletedProcess:
     env = {**os.environ, "MYPYPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--no-error-summary",
-         "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}", str(program)],
+         "--python-version", target, str(program)],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
 
 
-def test_mypy_accepts_a_typed_user_program():
-    result = run_mypy(TYPING / "user_program.py")
+@pytest.mark.parametrize("target", TARGETS)
+def test_mypy_accepts_a_typed_user_program(target):
+    result = run_mypy(TYPING / "user_program.py", target)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_mypy_rejects_the_type_errors_of_a_user_program():
+@pytest.mark.parametrize("target", TARGETS)
+def test_mypy_rejects_the_type_errors_of_a_user_program(target):
     program = TYPING / "type_errors.py"
-    result = run_mypy(program)
+    result = run_mypy(program, target)
     assert result.returncode == 1, result.stdout + result.stderr
     expected = {n for n, line in enumerate(program.read_text().splitlines(), 1) if line.endswith("# error")}
     reported = {int(line.split(":")[1]) for line in result.stdout.splitlines() if ": error:" in line}
     assert reported == expected, result.stdout
+
+
+# The classes a user constructs (the others raise TypeError when called: no signature to show).
+CONSTRUCTIBLE = {"Arena", "ConfinedArena", "SlicingArena", "BufferPool", "Ring"}
 
 
 def _public_callables():
@@ -50,6 +60,8 @@ def _public_callables():
         if inspect.isclass(obj):
             if issubclass(obj, BaseException):
                 continue
+            if name in CONSTRUCTIBLE:
+                yield name, obj
             for attr, member in vars(obj).items():
                 if (not attr.startswith("_") or attr in ("__enter__", "__exit__")) and callable(member):
                     yield f"{name}.{attr}", getattr(obj, attr)

@@ -14,3 +14,4 @@ def main() -> None:
         arena.allocate_string(b"not str")  # error
         arenalib.copy(seg, 0, seg, 0, "8")  # error
         name: str = seg.mismatch(b"")  # error
+        print(name)

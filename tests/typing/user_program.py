@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 
 import numpy as np
@@ -24,8 +25,13 @@ def read_into(fd: int, seg: Segment) -> int:
     return os.preadv(fd, [seg], 0)
 
 
-def as_array(seg: Segment) -> npt.NDArray[np.uint8]:
-    return np.frombuffer(seg, np.uint8)
+if sys.version_info >= (3, 12):
+    # NumPy's stubs take collections.abc.Buffer from 3.12 only (a union of builtin types before).
+    def as_array(seg: Segment) -> npt.NDArray[np.uint8]:
+        return np.frombuffer(seg, np.uint8)
+else:
+    def as_array(seg: Segment) -> npt.NDArray[np.uint8]:
+        return np.frombuffer(memoryview(seg), np.uint8)
 
 
 def main() -> None:
