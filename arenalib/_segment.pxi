@@ -323,7 +323,7 @@ cdef class Segment:
 
     # -- Panama-style helpers (issue 27): their bodies and equivalents are in _segment_helpers.pxi --
 
-    def mismatch(self, other):
+    def mismatch(self, other, /):
         """The first byte offset where this segment and ``other`` (any bytes-like object) differ;
         the shorter one's length when one is a prefix of the other; -1 when they are equal.
 
@@ -353,7 +353,7 @@ cdef class Segment:
         fill(), item and slice assignment raise TypeError; slices of it are read-only too."""
         return _segment_readonly(self)
 
-    def is_accessible_by(self, thread):
+    def is_accessible_by(self, thread, /):
         """Whether ``thread`` (a threading.Thread or a threading.get_ident() value) may use this
         segment now: True while it is alive, unless its arena is a ConfinedArena owned by another
         thread.  Panama's MemorySegment.isAccessibleBy."""

@@ -94,13 +94,17 @@ E = inspect.Parameter.empty
     (arenalib.ArenaBase.allocate_string, [("self", "POSITIONAL_ONLY", E), ("s", "POSITIONAL_OR_KEYWORD", E),
                                           ("encoding", "POSITIONAL_OR_KEYWORD", "utf-8"),
                                           ("nul", "POSITIONAL_OR_KEYWORD", True)]),
-    (arenalib.copy, [(name, "POSITIONAL_OR_KEYWORD", E)
+    (arenalib.copy, [(name, "POSITIONAL_ONLY", E)
                      for name in ("src", "src_offset", "dst", "dst_offset", "nbytes")]),
     (arenalib.Segment.slice, [("self", "POSITIONAL_ONLY", E), ("offset", "POSITIONAL_OR_KEYWORD", E),
                               ("size", "POSITIONAL_OR_KEYWORD", E)]),
     (arenalib.Segment.free, [("self", "POSITIONAL_ONLY", E), ("deferred", "KEYWORD_ONLY", False)]),
     (arenalib.BufferPool, [("buffer_size", "POSITIONAL_OR_KEYWORD", E), ("count", "POSITIONAL_OR_KEYWORD", E),
                            ("align", "KEYWORD_ONLY", 4096), ("zero", "KEYWORD_ONLY", False)]),
+    (arenalib.Segment.mismatch, [("self", "POSITIONAL_ONLY", E), ("other", "POSITIONAL_ONLY", E)]),
+    (arenalib.Segment.hex, [("self", "POSITIONAL_ONLY", E), ("sep", "POSITIONAL_OR_KEYWORD", None),
+                            ("bytes_per_sep", "POSITIONAL_OR_KEYWORD", 1)]),
+    (arenalib.Arena, [("max_bytes", "KEYWORD_ONLY", None)]),
     (arenalib.set_debug, [("enabled", "POSITIONAL_OR_KEYWORD", E)]),
 ], ids=lambda v: getattr(v, "__qualname__", "") if callable(v) else "")
 def test_inspect_signature_gives_the_parameters(obj, expected):
