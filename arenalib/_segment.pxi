@@ -341,8 +341,9 @@ cdef class Segment:
     __hash__ = None  # equal by content, which changes: no hash (as bytearray)
 
     def hex(self, sep=None, bytes_per_sep=1):
-        """The bytes as hexadecimal digits, as ``bytes.hex(sep, bytes_per_sep)`` gives them (sep=None:
-        no separator, which bytes.hex() says by leaving sep out)."""
+        """The bytes as hexadecimal digits, as Python's ``bytes.hex(sep, bytes_per_sep)`` gives them
+        (sep=None: no separator, which bytes.hex() says by leaving sep out), without a copy to bytes
+        first.  Panama has none (Java's HexFormat.of().formatHex(segment.toArray(JAVA_BYTE)))."""
         return _segment_hex(self, sep, bytes_per_sep)
 
     def readonly(self):
