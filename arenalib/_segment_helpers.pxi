@@ -187,6 +187,15 @@ cdef object _segment_equals(Segment seg, object other):
     cdef Py_buffer view
     cdef void* token
     cdef bint equal
+    cdef Py_ssize_t length
+    if type(other) is bytes:
+        # The common case without a buffer export: a bytes object's memory is immutable and held
+        # by the reference the caller holds.
+        length = len(<bytes>other)
+        seg._pin(&token)
+        equal = seg._size == length and memcmp(seg._ptr, PyBytes_AS_STRING(other), <size_t>length) == 0
+        seg._unpin(token)
+        return equal
     if not PyObject_CheckBuffer(other):
         return NotImplemented
     try:
