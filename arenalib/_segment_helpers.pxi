@@ -18,6 +18,7 @@
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyObject_CheckBuffer
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+from libc.limits cimport ULONG_MAX
 from libc.string cimport memcmp
 
 cdef extern from "Python.h":
@@ -257,6 +258,8 @@ cdef bint _segment_accessible_by(Segment seg, object thread) except -1:
     the segment now: it is alive, and its owner is not confined to another thread."""
     cdef unsigned long ident
     if isinstance(thread, int) and not isinstance(thread, bool):
+        if thread < 0 or thread > <object>ULONG_MAX:
+            return False  # no thread has that ident (threading.get_ident() is an unsigned long)
         ident = thread
     else:
         import threading  # already imported by any program that has a Thread to pass

@@ -343,6 +343,7 @@ def test_is_accessible_by(kind):
         assert seg.is_accessible_by(other) is not confined
         assert seg.is_accessible_by(other.ident) is not confined
         assert not seg.is_accessible_by(unstarted)
+        assert not seg.is_accessible_by(-1) and not seg.is_accessible_by(1 << 64)
         assert seg.readonly().is_accessible_by(threading.get_ident())
         for bad in ("main", None, 1.5, True):
             with pytest.raises(TypeError):
