@@ -33,7 +33,8 @@ cdef enum:
     CARVER_RECORDS = 256
     # A SlicingArena's stack of marks (FrameStack) grows by blocks of FRAME_BLOCK_LEVELS levels,
     # never moved once made (segments read them without a lock): FRAME_MAX_DEPTH marks at most.
-    FRAME_BLOCK_LEVELS = 256
+    FRAME_BLOCK_SHIFT = 8         # a level's block is its index >> FRAME_BLOCK_SHIFT
+    FRAME_BLOCK_LEVELS = 1 << FRAME_BLOCK_SHIFT
     FRAME_BLOCKS = 64
     FRAME_MAX_DEPTH = FRAME_BLOCK_LEVELS * FRAME_BLOCKS
     FRAME_DEPTH_BITS = 16         # a frame stamp: (serial << FRAME_DEPTH_BITS) | depth
@@ -48,6 +49,7 @@ cdef struct Lifetime:
     Py_ssize_t exports        # live buffer exports and pins of the segments: reset/close refuse
     unsigned long owner       # the one thread allowed (a ConfinedArena's); 0: any thread
     int busy                  # free-threaded builds: a reset or close is at work (_access.pxi)
+    int release_pending       # closed while exports were alive: the last one's release frees it
     # A SlicingArena's marks (NULL until its first): a segment carved under a mark is alive also
     # only while the mark's level still has the stamp the segment was given.
     FrameStack* frames
@@ -173,6 +175,16 @@ cdef struct SlicingState:
     size_t chunk_bytes
 
 
+cdef struct HeldMemory:
+    # An arena closed while buffer exports of its segments were alive (a deferred close): what it
+    # leaves to its slot, which goes back to the pool when the last export is released.
+    ArenaSlot* slot           # NULL: nothing held
+    size_t stale
+    size_t churn
+    Py_ssize_t live_bytes     # the arena's live bytes and segments when it closed (stats())
+    Py_ssize_t live_segments
+
+
 cdef struct ArenaCore:
     # arenalib's InlineState, set by every open: a core handed to another module carries arenalib's
     # function table with it.  First, so that a module of any layout finds it at the same place.
@@ -196,6 +208,7 @@ cdef struct ArenaCore:
     ConfinedState confined
     SharedState shared
     SlicingState slicing
+    HeldMemory held           # a deferred close's memory, until its last export goes
 
 
 # -- arenalib's entry points -----------------------------------------------------------------------

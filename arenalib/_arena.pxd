@@ -55,6 +55,7 @@ cdef class SegmentOwner:
     cdef bint _is_open(self) noexcept
     cdef int _free_segment(self, Segment seg) except -1
     cdef int _check_freeable(self) except -1
+    cdef void _exports_released(self) noexcept
 
 
 cdef class Segment:
@@ -92,13 +93,13 @@ cdef class ArenaBase(SegmentOwner):
         dict _traced            # addresses of the blocks reported to tracemalloc (-> 0) ...
         dict _traced_framed     # ... and those carved under a mark (-> their frame stamp)
         Py_ssize_t _traced_rewinds  # the arena's rewinds when _traced_framed was last swept
-        bint _unwarned          # dropped open, closes without a ResourceWarning (a thread's frame arena)
+        dict _debug_blocks      # set_debug(True): address -> [size, where allocated, exports]
 
     cdef int _open(self, int kind, object max_bytes, size_t chunk_size=*) except -1
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align,
                            const ArenaMark* frame=*)
     cdef int _raise(self, int code, str context) except -1
-    cdef int _close(self) except -1
+    cdef int _close(self, bint deferred=*) except -1
     cdef int _check_usable(self) except -1
     cdef void _untrack_all(self) noexcept
     cdef void _start_tracing(self) noexcept

@@ -65,9 +65,57 @@ TRACEMALLOC_DOMAIN = TRACE_DOMAIN
 
 
 def set_debug(bint enabled):
-    """Record each arena's creation stack so an unclosed arena's ResourceWarning names it."""
+    """Record where each arena and each of its segments was made, so that an unclosed arena's
+    ResourceWarning, and a BufferError of a close, reset or rewind that live exports refuse,
+    name them."""
     global _debug
     _debug = enabled
+
+
+cdef enum:
+    DEBUG_SHOWN = 3  # exported segments a BufferError names
+
+
+cdef void _add_note(object exc, str note) noexcept:
+    """BaseException.add_note() (3.11+), or the __notes__ it fills on 3.10."""
+    try:
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:
+            exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
+    except Exception:
+        pass  # an exception that refuses notes keeps propagating as it is
+
+
+cdef int _debug_note_allocation(ArenaBase arena, size_t address, Py_ssize_t size) except -1:
+    """Debug mode: remember where the segment at ``address`` was allocated ([size, stack, exports])."""
+    import traceback
+    if arena._debug_blocks is None:
+        arena._debug_blocks = {}
+    # Called from C: the innermost Python frame is the one that allocated.
+    arena._debug_blocks[address] = [size, "".join(traceback.format_stack()), 0]
+    return 0
+
+
+cdef int debug_note_export(Segment root, Py_ssize_t delta) except -1:
+    """Debug mode: an export of ``root`` begins (1) or ends (-1)."""
+    if not isinstance(root._arena, ArenaBase):
+        return 0
+    cdef dict blocks = (<ArenaBase>root._arena)._debug_blocks
+    entry = blocks.get(<size_t>root._ptr) if blocks is not None else None
+    if entry is not None:
+        entry[2] += delta
+    return 0
+
+
+cdef str exported_segments(ArenaBase arena):
+    """The exported segments of ``arena``, named for an error message (debug mode only)."""
+    if arena._debug_blocks is None:
+        return " (arenalib.set_debug(True) names the segments)"
+    shown = [f"\n  a segment of {size} bytes at {address:#x} ({exports} export(s)), allocated at:\n"
+             f"{stack}" for address, (size, stack, exports) in arena._debug_blocks.items() if exports > 0]
+    more = len(shown) - DEBUG_SHOWN
+    return "".join(shown[:DEBUG_SHOWN]) + (f"\n  and {more} more" if more > 0 else "")
 
 
 def jemalloc_version():
@@ -176,6 +224,8 @@ cdef class ArenaBase(SegmentOwner):
             shared_make_anchor(self)  # for this thread's next segments
         if self._traced is not None:
             self._trace(<size_t>ptr, <size_t>size, True, seg._frame_stamp)
+        if _debug:
+            _debug_note_allocation(self, <size_t>ptr, size)
         return seg
 
     cdef int _free_segment(self, Segment seg) except -1:
@@ -203,6 +253,8 @@ cdef class ArenaBase(SegmentOwner):
             self._raise(err, "cannot free this segment")
         if self._traced is not None:
             self._trace(<size_t>seg._ptr, 0, False)
+        if self._debug_blocks is not None:
+            self._debug_blocks.pop(<size_t>seg._ptr, None)
         return 0
 
     cdef void _start_tracing(self) noexcept:
@@ -286,20 +338,29 @@ cdef class ArenaBase(SegmentOwner):
         with nogil:
             slot_purge_settle(slot)
 
-    def close(self):
+    def close(self, *, bint deferred=False):
         """Free every segment and give the memory back; idempotent.
 
-        Raises BufferError, changing nothing, while a segment's buffer export is alive."""
-        self._close()
+        While a buffer export (memoryview, NumPy array ...) of a segment is alive, raises
+        BufferError and changes nothing, as mmap.close() does; with deferred=True it closes
+        anyway: every segment dies now (its use raises ArenaClosedError), and the memory goes
+        back when the last export is released, from whichever thread releases it.  The
+        with-statement's exit closes so."""
+        self._close(deferred)
 
-    cdef int _close(self) except -1:
-        cdef int err = arena_close_checked(&self._core)
+    cdef int _close(self, bint deferred=False) except -1:
+        cdef int err = arena_close_checked(&self._core, deferred)
         if err:
-            self._raise(err, f"cannot close {type(self).__name__}")
+            self._raise(err, f"cannot close {type(self).__name__} (close(deferred=True) closes it now and "
+                             "frees the memory when the last export goes)"
+                        if err == ARENA_EEXPORTED else f"cannot close {type(self).__name__}")
         self._untrack_all()
         if FREE_THREADED:
             shared_drop_anchor(self)
         return 0
+
+    cdef void _exports_released(self) noexcept:
+        core_release_held(&self._core)
 
     cdef int _check_usable(self) except -1:
         cdef void* token = access_enter(&self._core.life)  # no close half done meanwhile
@@ -310,7 +371,8 @@ cdef class ArenaBase(SegmentOwner):
         return 0
 
     cdef void _untrack_all(self) noexcept:
-        """Tell tracemalloc that every traced block of the arena is gone."""
+        """Tell tracemalloc (and debug mode's books) that every traced block of the arena is gone."""
+        self._debug_blocks = None
         if self._traced is None:
             return
         with cython.critical_section(self):
@@ -337,7 +399,16 @@ cdef class ArenaBase(SegmentOwner):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self._close()
+        # Deferred: a buffer export still alive (a NumPy array returned from the block) holds the
+        # memory, and neither the block's return value nor its exception is lost to a BufferError.
+        if exc is None:
+            self._close(True)
+            return False
+        try:
+            self._close(True)
+        except Exception as close_error:
+            # The block's exception propagates unchanged; the close's failure is noted on it.
+            _add_note(exc, f"and closing {type(self).__name__} failed: {close_error!r}")
         return False
 
     def stats(self):
@@ -354,6 +425,8 @@ cdef class ArenaBase(SegmentOwner):
         jemalloc_arena_figures(&self._core, figures)
         cdef Py_ssize_t exports = count_read(&self._core.life.exports)
         cdef bint closed = not self._core.open
+        cdef bint held = closed and state_read(&self._core.life.release_pending)
+        cdef Py_ssize_t held_bytes = self._core.held.live_bytes if held else 0
         access_exit(token)
         result["live_bytes"] = books.live_bytes
         result["live_segments"] = books.live_segments
@@ -362,6 +435,10 @@ cdef class ArenaBase(SegmentOwner):
         result["exports"] = exports
         result["max_bytes"] = None if self._core.max_bytes < 0 else self._core.max_bytes
         result["closed"] = closed
+        # Closed deferred: the memory stays until the last export goes (how many, and how many
+        # bytes the arena had live when it closed).
+        result["held_by_exports"] = exports if held else 0
+        result["held_bytes"] = held_bytes
         for i in range(4):
             result[_ARENA_FIGURES[i][0]] = figures[i]
         return result
@@ -369,6 +446,9 @@ cdef class ArenaBase(SegmentOwner):
     def __repr__(self):
         name = type(self).__name__
         if not self._core.open:
+            if state_read(&self._core.life.release_pending):
+                return (f"<arenalib.{name} closed, {self._core.held.live_bytes} bytes held by "
+                        f"{count_read(&self._core.life.exports)} buffer export(s)>")
             return f"<arenalib.{name} closed>"
         # The arena's own books: jemalloc's statistics cost milliseconds once arenas are many.
         cdef Books books
@@ -384,10 +464,6 @@ cdef class ArenaBase(SegmentOwner):
         # As an unclosed file does: free the memory and say so with a ResourceWarning.  Done here
         # rather than in __del__, which would cost every arena's deallocation (see DESIGN.md).
         if not self._core.open:
-            return
-        if self._unwarned:
-            core_close(&self._core)
-            self._untrack_all()
             return
         message = f"unclosed {self!r}"
         if self._created_at is not None:

@@ -172,22 +172,47 @@ cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
     return 0
 
 
-cdef int arena_close_checked(ArenaCore* core) noexcept:
-    """Close ``core`` if the calling thread may and no export is alive; an error code otherwise.
-    The one close path of the Python classes and of the C API.  On a free-threaded build it waits
-    for other threads' Python-level accesses to end (see _access.pxi)."""
+cdef int arena_close_checked(ArenaCore* core, bint deferred=False) noexcept:
+    """Close ``core`` if the calling thread may; an error code otherwise.  The one close path of
+    the Python classes and of the C API.  While a buffer export is alive it refuses
+    (ARENA_EEXPORTED), or with ``deferred`` closes holding the memory until the last export's
+    release (core_close_holding).  On a free-threaded build it waits for other threads'
+    Python-level accesses to end (see _access.pxi)."""
     if not core.open:
         return ARENA_OK
     exclusive_begin(&core.life)
     cdef int err = ARENA_OK
+    cdef bint holding = False
     if core.open:  # a rival close may have won
         err = _usable(core)
         if not err and count_read(&core.life.exports):
-            err = ARENA_EEXPORTED
-        if not err:
+            if deferred:
+                core_close_holding(core)
+                holding = True
+            else:
+                err = ARENA_EEXPORTED
+        elif not err:
             core_close(core)
     exclusive_end(&core.life)
+    if holding:
+        core_release_held(core)  # the last export may have gone meanwhile, from another thread
     return err
+
+
+cdef void _core_shut(ArenaCore* core, size_t* stale, size_t* churn, bint holding) noexcept:
+    """Close's first half: no segment is alive, nothing may allocate; each kind says what its live
+    memory becomes (``stale`` bytes of garbage left to the slot, of ``churn`` allocated in all).
+    ``holding``: exports are alive, so no block goes back to jemalloc now."""
+    core.fast_owner = 0
+    core.open = False
+    core.life.generation += 1
+    count_add(&_inline_state.arenas_closed, 1)
+    if core.kind == ARENA_KIND_CONFINED:
+        confined_close(core, stale, churn)
+    elif core.kind == ARENA_KIND_SHARED:
+        shared_close(core, stale, churn)
+    else:
+        slicing_close(core, stale, churn, holding)
 
 
 cdef void core_close(ArenaCore* core) noexcept:
@@ -196,21 +221,45 @@ cdef void core_close(ArenaCore* core) noexcept:
     bulk by a jemalloc arena reset (see _slots.pxi), or blocks handed back now."""
     if not core.open or close_small_scope(core, _inline_state):
         return
-    core.fast_owner = 0
-    core.open = False
-    core.life.generation += 1
-    count_add(&_inline_state.arenas_closed, 1)
     cdef size_t stale, churn
-    if core.kind == ARENA_KIND_CONFINED:
-        confined_close(core, &stale, &churn)
-    elif core.kind == ARENA_KIND_SHARED:
-        shared_close(core, &stale, &churn)
-    else:
-        slicing_close(core, &stale, &churn)
+    _core_shut(core, &stale, &churn, False)
     slot_release(core.slot, stale, churn)
     core.slot = NULL
     core.books.live_bytes = 0
     core.books.live_segments = 0
+
+
+cdef Py_ssize_t _closing_arenas = 0  # closed deferred, their memory held by exports (live_objects())
+
+
+cdef void core_close_holding(ArenaCore* core) noexcept:
+    """A deferred close (exports alive): every segment dies now, as at close, but the slot, and
+    with it every block, stays out of the pool until core_release_held() (the last export's
+    release, from any thread).  The caller keeps other threads' accesses out."""
+    cdef Books books
+    read_books(core, &books)
+    core.held.live_bytes = books.live_bytes
+    core.held.live_segments = books.live_segments
+    _core_shut(core, &core.held.stale, &core.held.churn, True)
+    core.held.slot = core.slot
+    core.slot = NULL
+    core.books.live_bytes = 0
+    core.books.live_segments = 0
+    count_add(&_closing_arenas, 1)
+    # After the books: a release that sees the flag finds them complete.  The flag first, then the
+    # count (core_release_held); a release drops the count, then reads the flag: of the closer and
+    # the last release, one sees the other, and one claims the flag.
+    flag_set(&core.life.release_pending)
+
+
+cdef void core_release_held(ArenaCore* core) noexcept:
+    """Give a deferred close's memory back once no export is alive (once, whoever calls first)."""
+    if count_read(&core.life.exports) or not flag_claim(&core.life.release_pending):
+        return
+    cdef ArenaSlot* slot = core.held.slot
+    core.held.slot = NULL
+    count_add(&_closing_arenas, -1)
+    slot_release(slot, core.held.stale, core.held.churn)
 
 
 cdef int arena_close_slow(ArenaCore* core) except -1:

@@ -43,7 +43,8 @@ cdef str _with_figures(int code, ArenaBase arena, str message):
                 f"({books.live_bytes} bytes in use)")
     if code == ARENA_EEXPORTED:
         return (f"{count_read(&arena._core.life.exports)} buffer export(s) of its segments "
-                "(memoryview, NumPy array, io_uring request in flight ...) are alive; release them first")
+                "(memoryview, NumPy array, io_uring request in flight ...) are alive; release them first"
+                + exported_segments(arena))
     return message
 
 

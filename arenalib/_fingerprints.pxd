@@ -7,7 +7,7 @@ from libc.stdint cimport uint64_t
 cdef extern from *:
     """
     #define ARENALIB_TABLE_FINGERPRINT 0x2a01dd9381f9d70bULL
-    #define ARENALIB_ABI_FINGERPRINT 0xe5d9fddcb0c5a5c9ULL
+    #define ARENALIB_ABI_FINGERPRINT 0xc791c219cfa24006ULL
     """
     uint64_t TABLE_FINGERPRINT "ARENALIB_TABLE_FINGERPRINT"
     uint64_t ABI_FINGERPRINT "ARENALIB_ABI_FINGERPRINT"

@@ -315,15 +315,12 @@ cdef class _ThreadFrames:
             _last_frames = NULL
             _last_thread_state = 0
         cdef SlicingArena arena = self.arena
-        # The thread is ending (or its state is cleared): its arena goes now, unless an export of
-        # one of its segments is alive (the arena then closes when the last reference goes, with
-        # no ResourceWarning: nobody but arenalib could have closed it).
+        # The thread is ending (or its state is cleared): its arena closes, deferred while an
+        # export of one of its segments is alive (the last one's release frees the memory).
         if arena is not None and arena._core.open:
-            if count_read(&arena._core.life.exports) == 0:
-                core_close(&arena._core)
+            arena._core.life.owner = 0  # the release may come from any thread
+            if arena_close_checked(&arena._core, True) == ARENA_OK:
                 arena._untrack_all()
-            else:
-                arena._unwarned = True
 
 
 cdef SlicingArena _thread_frame_arena(object chunk_size):

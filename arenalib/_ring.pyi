@@ -1,6 +1,6 @@
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, Final, Protocol, TypeAlias, TypedDict, final, type_check_only
+from typing import Any, Final, Literal, Protocol, TypeAlias, TypedDict, final, type_check_only
 
 from typing_extensions import Buffer, Self
 
@@ -72,5 +72,5 @@ class Ring:
     def __enter__(self) -> Self: ...
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool: ...
+    ) -> Literal[False]: ...
     def __reduce__(self) -> Any: ...

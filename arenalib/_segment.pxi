@@ -69,6 +69,10 @@ cdef class SegmentOwner:
         __releasebuffer__ an error would be unraisable)."""
         return 0
 
+    cdef void _exports_released(self) noexcept:
+        """The last export of a segment of this owner, closed deferred, was released: let go of
+        the memory (see ArenaBase.close)."""
+
 
 @cython.final
 @cython.freelist(1024)
@@ -173,15 +177,22 @@ cdef class Segment:
         _count_export(self._owner_segment(), self._life, 1)
         shard_add(LIVE_EXPORTS, 1)
         self._unpin(token)
+        if _debug:  # after the touch (it makes objects), while the export holds the memory
+            debug_note_export(self._owner_segment(), 1)
 
     def __releasebuffer__(self, Py_buffer* view):
         cdef Segment owner = self._owner_segment()
         _count_export(owner, self._life, -1)
         shard_add(LIVE_EXPORTS, -1)
+        if _debug:
+            debug_note_export(owner, -1)
         # The count first, then the flag (free(deferred=True) sets the flag, then reads the count):
         # of a last release and a deferred free at once, one sees the other, and one claims it.
         if count_read(&owner._exports) == 0 and flag_claim(&owner._free_pending):
             owner._free_pending_now()
+        # An arena closed deferred: the last export's release gives its memory back.
+        if state_read(&self._life.release_pending) and count_read(&self._life.exports) == 0:
+            self._arena._exports_released()
 
     # -- properties ------------------------------------------------------------------------------
 

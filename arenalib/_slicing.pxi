@@ -281,15 +281,15 @@ cdef int slicing_reset(ArenaCore* core) noexcept nogil:
     return ARENA_OK
 
 
-cdef void slicing_close(ArenaCore* core, size_t* stale, size_t* churn) noexcept:
+cdef void slicing_close(ArenaCore* core, size_t* stale, size_t* churn, bint holding) noexcept:
     """What a closing SlicingArena leaves to its slot: ``stale`` bytes still allocated, ``churn``
-    bytes allocated in all."""
+    bytes allocated in all.  ``holding``: exports are alive, every chunk stays."""
     cdef SlicingState* slicing = &core.slicing
     _drop_bias(core)
     frames_free(&core.life)
     slicing_settle(core)
     churn[0] = slicing.chunk_bytes
-    if slicing.nchunks <= RECENT_MAX:
+    if slicing.nchunks <= RECENT_MAX and not holding:
         # A few chunks go straight back to jemalloc, warm for the next arena's chunks.
         slicing_free_chunks(core, 0)
     # Otherwise the chunks (holding every segment) are the slot's stale garbage now.

@@ -43,6 +43,10 @@ class Experiment(Protocol):
     def plots(self, results: dict, out: Path, plt: Any) -> list[str]:
         """PNG files written into ``out`` with matplotlib.pyplot ``plt``; their names."""
 
+    # Optional: findings(results) -> list[dict], the verdict's sentences in plain words, each made with
+    # finding() from the figures of ``results``.  An experiment without it is summed up from its
+    # targets' checks (_report.py).
+
 
 def load(name: str) -> Experiment:
     """The experiment module ``name``; TypeError naming what it lacks when it is not one."""
@@ -53,6 +57,37 @@ def load(name: str) -> Experiment:
         raise TypeError(f"{module.__file__} is not an experiment: it lacks {', '.join(missing)} "
                         "(see bench/_experiment.py)")
     return module  # type: ignore[return-value]
+
+
+# -- the verdict's findings -------------------------------------------------------------------------
+
+KINDS = ("win", "loss", "even", "skip")  # where arenalib wins, does not, is on par; what was left out
+
+
+def finding(kind: str, text: str, why: str | None = None) -> dict:
+    """One sentence of the verdict: ``kind`` one of KINDS, ``text`` computed from the figures, ``why``
+    (the reason for a loss or a skip) when it is known."""
+    if kind not in KINDS:
+        raise ValueError(f"finding kind {kind!r}: one of {', '.join(KINDS)}")
+    return {"kind": kind, "text": text, "why": why}
+
+
+EVEN = 0.05  # a ratio within 5% of 1 is "on par": quick mode's noise is about that
+
+
+def times(ratio: float, lower_is_faster: bool = True) -> str:
+    """A ratio of times (or, ``lower_is_faster=False``, of throughputs) in words: "2.1x faster",
+    "1.3x slower" or "on par"."""
+    speedup = 1 / ratio if lower_is_faster else ratio
+    if abs(speedup - 1) <= EVEN:
+        return "on par"
+    return f"{speedup:.1f}x faster" if speedup > 1 else f"{1 / speedup:.1f}x slower"
+
+
+def side(ratio: float, lower_is_faster: bool = True) -> str:
+    """The finding kind of a ratio: "win", "loss" or "even" (as times() words it)."""
+    speedup = 1 / ratio if lower_is_faster else ratio
+    return "even" if abs(speedup - 1) <= EVEN else ("win" if speedup > 1 else "loss")
 
 
 def no_plots(results: dict, out: Path, plt: Any) -> list[str]:
@@ -89,7 +124,9 @@ def ratio_line(c: dict) -> str:
         line = (f"{c['status']:6s} {c['label']}{size}: {c['ratio']:.2f}x "
                 f"(limit {c['limit']:.1f}x{', within noise' if c.get('borderline') else ''})")
         if "ratio_vs_cheapest_bytearray" in c:
-            line += (f"  [cheapest: {c['ratio_vs_cheapest_bytearray']:.2f}x "
-                     f"{c['status_vs_cheapest_bytearray']}]")
+            strict = "within" if c["status_vs_cheapest_bytearray"] == "MET" else "over"
+            line += ("; against bytearray*n, the cheapest bytearray: "
+                     f"{c['ratio_vs_cheapest_bytearray']:.2f}x, "
+                     f"{strict} the limit")
         return line
     return f"{c['status']:6s} {c['label']}: {c['ratio']:.1%} (limit {c['limit']:.0%})"

@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 from _common import Config, Progress, fmt_size, run_standalone, same_round_ratio, summarize, table
-from _experiment import no_plots
+from _experiment import finding, side, times
 
 HERE = Path(__file__).resolve().parent
 TITLE = "7. asyncio frames: arenalib.aio.FrameReader (issue 15)"
@@ -69,6 +69,7 @@ KEYS = ("framereader", "bytearray")
 LABELS = {"framereader": "FrameReader (arena), seg.free(deferred=True)",
           "bytearray": "bytearray(n) per frame (dask's TCP comm)"}
 LOOPS = ("asyncio", "uvloop")
+SHORT = {"framereader": "FrameReader", "bytearray": "bytearray(n)"}  # the tables' row names
 TARGET_LOOP = "asyncio"   # the issue's (and dask's default) loop; uvloop's figures are shown beside
 SETTINGS = {"quick": {"rounds": 7, "frames": {1 << 20: 512, 64 << 20: 8}},
             "full": {"rounds": 9, "frames": {1 << 20: 1536, 64 << 20: 24}}}
@@ -268,7 +269,46 @@ def run(cfg: Config, progress: Progress) -> dict:
 
 # -- reading the results back (targets, tables; also from a results.json) -------------------------
 
-plots = no_plots
+def findings(results: dict) -> list[dict]:
+    """The verdict's sentences: FrameReader against a bytearray per frame, throughput (and the server's
+    CPU per frame) per loop and frame size, grouped by who wins."""
+    grouped: dict[str, list[tuple[str, float]]] = {}
+    for loop, by_size in results["cells"].items():
+        for size in results["method"]["sizes"]:
+            ratios = (by_size.get(str(size)) or {}).get("ratios")
+            if not ratios:
+                continue
+            r, cpu = ratios["throughput"]["median"], ratios["cpu_per_frame"]["median"]
+            grouped.setdefault(side(r, lower_is_faster=False), []).append(
+                (f"{times(r, lower_is_faster=False)} on {loop} at {fmt_size(size)} "
+                 f"({cpu:.2f}x the server CPU)",
+                 cpu))
+    out = []
+    for kind, parts in grouped.items():
+        why = None
+        if kind != "win":
+            cpus = [cpu for _, cpu in parts]
+            why = ("the server spends about the same CPU per frame either way: at this frame size a new "
+                   "bytearray "
+                   "costs what an arena segment does" if all(cpu > 0.8 for cpu in cpus)
+                   else "the loopback copy and the client bound the throughput too")
+        out.append(finding(kind, "asyncio frames over loopback, FrameReader into arena segments against a "
+                                 f"bytearray(n) per frame: {', '.join(p for p, _ in parts)}.", why))
+    for loop, why in results.get("skipped", {}).items():
+        out.append(finding("skip", f"asyncio frames: the {loop} loop not measured.", why))
+    return out
+
+
+def plots(results: dict, out, plt) -> list[str]:
+    """Throughput of FrameReader and of a bytearray per frame, grouped by loop and frame size."""
+    from _plot import bars
+
+    groups = [(loop, size) for loop in results["cells"] for size in results["method"]["sizes"]
+              if str(size) in results["cells"][loop]]
+    values = {results["candidates"][kind]: [results["cells"][loop][str(size)][kind]["gb_per_s"]["median"]
+                                            for loop, size in groups] for kind in KEYS}
+    return bars(plt, out, "aio_throughput.png", [f"{loop}, {fmt_size(size)} frames" for loop, size in groups],
+                values, ylabel="GB/s (median)", title="asyncio frames over loopback (higher is faster)")
 
 
 def targets(results: dict) -> list[dict]:
@@ -322,7 +362,7 @@ def tables(results: dict, markdown: bool = False) -> str:
             for kind in KEYS:
                 c = cells[kind]
                 mine = kind == "framereader"
-                rows.append([results["candidates"][kind], loop, fmt_size(size),
+                rows.append([SHORT[kind], loop, fmt_size(size),
                              f"{c['gb_per_s']['median']:.2f}",
                              f"{cells['ratios']['throughput']['median']:.2f}" if mine else "",
                              f"{c['cpu_ms_per_frame']['median']:.3f}",
@@ -335,6 +375,7 @@ def tables(results: dict, markdown: bool = False) -> str:
     out = ["What and how: bench/aio.py's docstring.", ""] if markdown else []
     out += [title, table(["server protocol", "loop", "frame", "GB/s", "ratio", "server CPU ms/frame", "ratio",
                          "faults/frame", "server busy"], rows, markdown)]
+    out += [f"{SHORT[kind]}: {label}" for kind, label in results["candidates"].items()]
     out += [f"Skipped {loop}: {why}" for loop, why in results.get("skipped", {}).items()]
     return "\n".join(out)
 

@@ -32,7 +32,7 @@ from _common import (
     summarize,
     table,
 )
-from _experiment import no_plots, ratio_item
+from _experiment import ratio_item
 
 TITLE = "8. Checked frames: a frame per operation (issue 26)"
 SIZES = [64, 512, 1000, 4096]
@@ -193,7 +193,9 @@ def tables(results: dict, markdown: bool = False) -> str:
     return "\n".join(out)
 
 
-plots = no_plots
+def plots(results: dict, out, plt) -> list[str]:
+    from _plot import frames_plots  # the plot is drawn in bench/_plot.py
+    return frames_plots(results, out, plt)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ import time
 from pathlib import Path
 
 from _common import Config, Progress, fmt_size, table
-from _experiment import ratio_line
+from _experiment import finding, ratio_line
 from _memory_fragment import ARENALIB, GROUPS, MAX_SIZE, MIN_SIZE, PHASES, SURVIVOR_P, TEMP_BATCH, TEMP_P
 from _memory_idle import IDLE_ARENALIB, IDLE_CHURN, IDLE_PHASES, IDLE_SIZES, IDLE_SURVIVORS, IDLE_WAITS
 
@@ -309,9 +309,14 @@ def idle_targets(mem: dict) -> list[dict]:
     for key in IDLE_ARENALIB:
         entry = idle["candidates"].get(key, {})
         retained = entry.get("retained_of_peak", {}).get(IDLE_TARGET_PHASE)
+        why = None
         if not at_scale:
             retained = None
-        checks.append({
+            why = (f"the idle workload was {idle['method']['allocated_bytes'] / 1e9:.2f} GB, below the "
+                   f"{IDLE_BYTES['full'] / 1e9:.1f} GB the target is set for (quick mode: --full checks it)")
+        elif retained is None:
+            why = entry.get("skipped") or ("the candidate failed" if "error" in entry else "not measured")
+        checks.append({"why": why,
             "target": (f"memory, idle (issue 14): a long-lived arena that freed 99% of its segments keeps "
                        f"<= {IDLE_LIMIT:.0%} of peak growth after 2 s idle, no call"),
             "candidate": key, "label": entry.get("label", key), "limit": IDLE_LIMIT, "ratio": retained,
@@ -319,38 +324,116 @@ def idle_targets(mem: dict) -> list[dict]:
     return checks
 
 
+def _kept(candidates: dict, phase: str) -> dict[str, tuple[str, float]]:
+    """key -> (label, retained/peak at ``phase``) of every candidate measured."""
+    out = {}
+    for key, e in candidates.items():
+        r = e.get("retained_of_peak", {}).get(phase)
+        if r is not None:
+            out[key] = (e["label"], r)
+    return out
+
+
+def _compare(ours: dict, peers: dict, what: str) -> dict | None:
+    """A finding: the shares of their peak arenalib's candidates keep against the peers'."""
+    if not ours or not peers:
+        return None
+
+    def span(shares: dict) -> str:
+        values = [r for _, r in shares.values()]
+        lo, hi = f"{min(values):.1%}", f"{max(values):.1%}"
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    best_peer = min(r for _, r in peers.values())
+    slack = max(0.1 * best_peer, 0.005)  # within 10% (or half a point) of the best peer: on par
+    kind = ("win" if max(r for _, r in ours.values()) < best_peer - slack else
+            "loss" if min(r for _, r in ours.values()) > best_peer + slack else "even")
+    names = ", ".join(label for label, _ in peers.values())
+    return finding(kind, f"{what}: arenalib keeps {span(ours)} of its peak growth, the peers {span(peers)} "
+                         f"({names}).",
+                   None if kind != "loss" else "a peer's allocator hands more back than arenalib here")
+
+
+def findings(mem: dict) -> list[dict]:
+    """The verdict's sentences: the share of its peak each allocator still holds, arenalib's against the
+    peers', in the fragment workload (right after the arenas close) and the idle one (2 s idle)."""
+    out = []
+    kept = _kept(mem["candidates"], "survivors")
+    gb = mem["method"]["memory_bytes"] / 1e9
+    f = _compare({k: v for k, v in kept.items() if k in ARENALIB},
+                 {k: v for k, v in kept.items() if k not in ARENALIB},
+                 f"Memory: after a {gb:.1f} GB fragmenting workload frees all but {SURVIVOR_P:.1%}, with no "
+                 "trim "
+                 "or wait")
+    if f:
+        out.append(f)
+    idle = mem.get("idle")
+    if idle:
+        kept = _kept(idle["candidates"], IDLE_TARGET_PHASE)
+        method = idle["method"]
+        f = _compare({k: v for k, v in kept.items() if k in IDLE_ARENALIB},
+                     {k: v for k, v in kept.items() if k not in IDLE_ARENALIB},
+                     f"Memory: a long-lived allocator 2 s after freeing 99% of "
+                     f"{method['allocated_bytes'] / 1e9:.2f} GB, with no call")
+        if f:
+            out.append(f)
+    for e in [*mem["candidates"].values(), *(idle or {}).get("candidates", {}).values()]:
+        if e.get("skipped") or "error" in e:
+            out.append(finding("skip", f"Memory: {e['label']} not measured.",
+                               e.get("skipped") or e["error"][:100]))
+    return out
+
+
+def _short(label: str) -> str:
+    """A candidate's label as its table row names it."""
+    return label.removeprefix("arenalib ").replace("pyarrow ", "pa ")
+
+
+def _notes(entries: dict) -> list[str]:
+    """Below a table: each candidate's trim call, and why one has no figures."""
+    trims: dict[str, list[str]] = {}
+    for e in entries.values():
+        trims.setdefault(e["trim"], []).append(_short(e["label"]))
+    out = ["trimmed with: " + "; ".join(f"{', '.join(who)}: {how}" for how, who in trims.items())]
+    for e in entries.values():
+        if "rss" not in e:
+            out.append(f"{e['label']}: not measured: {e.get('skipped') or e.get('error', '')[:200]}")
+    return out
+
+
 def idle_table(mem: dict, markdown: bool = False) -> str:
     """The idle workload's table, from run()'s result; "" for a result from before the idle workload
-    existed."""
+    existed.  Its target column is the checklist's status (idle_targets()): one source for both."""
     idle = mem.get("idle")
     if not idle:
         return ""
     shown = IDLE_PHASES[2:]
     rows = []
+    verdicts = {c["candidate"]: c for c in idle_targets(mem)}
     for key, e in idle["candidates"].items():
         if "rss" not in e:
-            why = e.get("skipped") or e.get("error", "")[:60]
-            rows.append([e["label"], *(["-"] * (len(shown) + 3)), "", why])
+            rows.append([_short(e["label"]), *(["-"] * (len(shown) + 3)), ""])
             continue
         ret, mb = e["retained_of_peak"], e["mb_above_baseline"]
-        target = ""
-        if key in IDLE_ARENALIB and ret[IDLE_TARGET_PHASE] is not None:
-            target = f"<= {IDLE_LIMIT:.0%}: " + ("MET" if ret[IDLE_TARGET_PHASE] <= IDLE_LIMIT else "MISSED")
-        rows.append([e["label"], f"{e['rss']['baseline'] / 1e6:.0f}", f"{mb['peak']:.0f}",
+        check = verdicts.get(key)
+        rows.append([_short(e["label"]), f"{e['rss']['baseline'] / 1e6:.0f}", f"{mb['peak']:.0f}",
                      *[f"{ret[p]:.1%}" if ret[p] is not None else "-" for p in shown],
-                     f"{mb[IDLE_TARGET_PHASE]:.0f}", target, e["trim"]])
-    names = {"freed": "freed", "churn": f"+{IDLE_CHURN} pairs", "trimmed": "trimmed"}
-    heads = ["candidate", "baseline MB", "peak +MB", *[names.get(p, p.replace("_", " ")) for p in shown],
-             "2 s +MB", "target (issue 14)", "trim"]
+                     f"{mb[IDLE_TARGET_PHASE]:.0f}", "" if check is None else check["status"]])
+    names = {"freed": "freed", "churn": f"+{IDLE_CHURN} ops", "trimmed": "trimmed"}
+    heads = ["candidate", "base MB", "peak +MB", *[names.get(p, p.replace("idle_", "").replace("s", " s"))
+                                                  for p in shown],
+             "2 s +MB", f"<= {IDLE_LIMIT:.0%} at 2 s"]
     method = idle["method"]
     conf = method.get("arenalib_je_malloc_conf")
     lo, hi = method["sizes"]
     title = (("### " if markdown else "") + f"Memory, idle: one long-lived allocator, "
              f"{method['allocated_bytes'] / 1e9:.2f} GB of {fmt_size(lo)}-{fmt_size(hi)} blocks, "
              f"{1 - method['survivor_share']:.0%} freed one by one (random order), then idle; "
-             "kept = (RSS - baseline) / (peak - baseline), idle times counted from the last free"
+             "kept = (RSS - baseline) / (peak - baseline) right after the last free, then 0.5 s to 4 s "
+             "after it "
+             "(idle, no call), after more allocations and after a trim"
              + (f"; ARENALIB_JE_MALLOC_CONF={conf}" if conf else ""))
-    return title + "\n" + table(heads, rows, markdown)
+    return "\n".join([title, table(heads, rows, markdown), *_notes(idle["candidates"])])
 
 
 def fragment_table(mem: dict, markdown: bool = False) -> str:
@@ -358,20 +441,19 @@ def fragment_table(mem: dict, markdown: bool = False) -> str:
     rows = []
     for _key, e in mem["candidates"].items():
         if "rss" not in e:
-            why = e.get("skipped") or e.get("error", "")[:60]
-            rows.append([e["label"], *(["-"] * (len(PHASES) + 3)), why])
+            rows.append([_short(e["label"]), *(["-"] * (len(PHASES) + 2))])
             continue
         mb = e["mb_above_baseline"]
         ret = e["retained_of_peak"]
-        rows.append([e["label"], f"{e['rss']['baseline'] / 1e6:.0f}",
+        rows.append([_short(e["label"]), f"{e['rss']['baseline'] / 1e6:.0f}",
                      *[f"{mb[p]:.0f}" for p in PHASES[1:]],
-                     *[f"{ret[p]:.1%}" for p in ("survivors", "idle_1s", "trimmed")], e["trim"]])
-    heads = ["candidate", "baseline MB", *[f"{p} +MB" for p in PHASES[1:]],
-             "kept@survivors", "kept@idle", "kept@trim", "trim"]
+                     *[f"{ret[p]:.1%}" for p in ("survivors", "idle_1s", "trimmed")]])
+    heads = ["candidate", "base MB", *[p.replace("_", " ") for p in PHASES[1:]],
+             "kept: survivors", "idle", "trimmed"]
     gb = mem["method"]["memory_bytes"] / 1e9
-    title = (("### " if markdown else "") + f"Memory: RSS above baseline per phase ({gb:.2f} GB kept, "
+    title = (("### " if markdown else "") + f"Memory: RSS above baseline per phase, MB ({gb:.2f} GB kept, "
              f"sizes 16 B-64 KiB); kept = (RSS - baseline) / (peak - baseline)")
-    return title + "\n" + table(heads, rows, markdown)
+    return "\n".join([title, table(heads, rows, markdown), *_notes(mem["candidates"])])
 
 
 def tables(mem: dict, markdown: bool = False) -> str:

@@ -30,7 +30,6 @@ from functools import partial
 from pathlib import Path
 
 from _common import Config, Progress
-from _experiment import no_plots
 
 import arenalib
 
@@ -297,7 +296,9 @@ def run(cfg: Config, progress: Progress) -> dict:
 
 # -- reading the results back (tables; also from a results.json) ----------------------------------
 
-plots = no_plots
+def plots(results: dict, out, plt) -> list[str]:
+    from _plot import native_plots  # the plot is drawn in bench/_plot.py
+    return native_plots(results, out, plt)
 
 
 def _by_size(result: dict) -> dict:

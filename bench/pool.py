@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import Config, Progress, fmt_num, fmt_size, run_standalone, same_round_ratio, summarize, table
-from _experiment import no_plots, no_targets, ratio_line
+from _experiment import finding, no_targets, ratio_line, side, times
 
 import arenalib
 
@@ -413,12 +413,70 @@ def run(cfg: Config, progress: Progress) -> dict:
 # Issue 4 set no ratio as a target: the tables are the verdict.
 targets = no_targets
 target_line = ratio_line
-plots = no_plots
+
+
+def findings(res: dict) -> list[dict]:
+    """The verdict's sentences: acquire + release against a new bytearray per request and against a list
+    of bytearrays used as a pool; a file read through pool buffers against bytearray+readinto."""
+    out = []
+    ours, fastest = "pool_release", "list_pool"
+    per_size = {int(n): c for n, c in res["acquire_release"].items() if ours in c}
+    if per_size:
+        vs_new = ", ".join(f"{times(c[ours]['ratio_to_bytearray']['median'])} at {fmt_size(n)}"
+                           for n, c in per_size.items())
+        out.append(finding(side(min(c[ours]["ratio_to_bytearray"]["median"] for c in per_size.values())),
+                           "BufferPool, a buffer per request (acquire + release) against a new "
+                           f"bytearray(n): "
+                           f"{vs_new}."))
+        slower = [(n, c[ours]["ns_per_op"]["median"] / c[fastest]["ns_per_op"]["median"])
+                  for n, c in per_size.items() if fastest in c]
+        slower = [(n, r) for n, r in slower if side(r) == "loss"]
+        if slower:
+            out.append(finding("loss", "A Python list of bytearrays used as a pool (pop/append) is faster "
+                                       "than "
+                                       "BufferPool: " + ", ".join(f"{times(1 / r)} at {fmt_size(n)}"
+                                                                  for n, r in slower) + ".",
+                               "a list hands out the same bytearrays unchecked; BufferPool hands out "
+                               "Segments "
+                               "it counts, checks and can take back"))
+    reads = res["read_throughput"]
+    best = max((k for k in ("pool_preadv", "pool_readinto") if k in reads),
+               key=lambda k: reads[k]["ratio_to_bytearray"]["median"], default=None)
+    if best is not None:
+        r = reads[best]["ratio_to_bytearray"]["median"]
+        read = (f"reading a {fmt_size(res['file_bytes'])} file through it (readinto, page cache): "
+                f"{times(r, lower_is_faster=False)} than a bytearray per block")
+        if out and out[0]["kind"] == side(r, lower_is_faster=False):
+            out[0]["text"] = out[0]["text"].removesuffix(".") + f"; {read}."
+        else:
+            out.append(finding(side(r, lower_is_faster=False), f"BufferPool: {read}."))
+    for key, why in res.get("read_skipped", {}).items():
+        out.append(finding("skip", f"BufferPool file read: {key} not measured.", why))
+    return out
+
+
+def plots(res: dict, out: Path, plt) -> list[str]:
+    """Time per acquire + release of each candidate, grouped by buffer size; the file read's throughput."""
+    from _plot import bars
+
+    sizes = list(res["acquire_release"])
+    labels = {k: c["label"] for n in sizes for k, c in res["acquire_release"][n].items()}
+    values = {label: [res["acquire_release"][n].get(k, {}).get("ns_per_op", {}).get("median") for n in sizes]
+              for k, label in labels.items()}
+    written = bars(plt, out, "pool_acquire.png", [fmt_size(int(n)) + " buffers" for n in sizes], values,
+                   ylabel="ns per acquire + release (median)",
+                   title="BufferPool: a buffer per request, acquire + release (lower is faster)")
+    reads = res["read_throughput"]
+    written += bars(plt, out, "pool_read.png", [f"{fmt_size(res['file_bytes'])} file, "
+                                                f"{fmt_size(res['block_bytes'])} blocks"],
+                    {c["label"]: [c["mb_per_s"]["median"]] for c in reads.values()}, ylabel="MB/s (median)",
+                    title="BufferPool: reading a file through pool buffers (higher is faster)", logy=True)
+    return written
 
 
 def tables(res: dict, markdown: bool = False) -> str:
     """Plain text; in markdown, the same text in a code block."""
-    out = ["```"] if markdown else ["BufferPool (issue 4)", ""]
+    out = ["```"] if markdown else ["BufferPool", ""]
     for n, cands in res["acquire_release"].items():
         rows = [[c["label"], fmt_num(c["ns_per_op"]["median"]),
                  f"{c['ns_per_op']['q1']:.0f}-{c['ns_per_op']['q3']:.0f}",

@@ -73,10 +73,11 @@ from _common import (
     summarize,
     table,
 )
-from _experiment import ratio_item, ratio_line
+from _experiment import finding, ratio_item, ratio_line, side, times
 
 TITLE = "1. Allocation round trip (allocate, fill with byte 3, free)"
 CHEAPEST = "bytearray_repeat"   # the strict reading of "bytearray with the cheapest fill"
+SLOW_COPY = 0.15  # bytearray*n under this share of bytearray(n)+fill's time: the latter's copy ran slow
 
 
 @dataclass
@@ -341,6 +342,77 @@ def targets(rt: dict) -> list[dict]:
     return checks
 
 
+def _sizes_text(pairs: list[tuple[int, float]]) -> str:
+    """ "1.2x faster at 8 B, 1.5x at 512 B, on par at 1 KiB": ratios of times, by size, the direction
+    said when it changes."""
+    words, last = [], None
+    for n, r in pairs:
+        text = times(r)
+        direction = text.split()[-1]
+        if direction == last and text != "on par":
+            text = text.rsplit(" ", 1)[0]
+        words.append(f"{text} at {fmt_size(n)}")
+        last = direction
+    return ", ".join(words)
+
+
+def findings(rt: dict) -> list[dict]:
+    """The verdict's sentences: ConfinedArena's round trip against bytearray(n)+fill, numpy and pyarrow,
+    then against bytearray*n, each from this run's same-round ratios."""
+    out: list[dict] = []
+    key, sizes = "ConfinedArena_nz", rt["sizes"]
+    if key not in rt["cells"]:
+        return [finding("skip", "Allocation round trip: ConfinedArena was not measured.")]
+    what = "Round trip from Python (allocate, fill, free), ConfinedArena"
+    # bytearray(n)+fill's copy is sometimes many times slower than the same bytes' memset (glibc's rep
+    # movsb on some CPUs and buffer placements: bench/threads.py); a ratio to it there says nothing.
+    slow = {n: 1 / r["median"] for n in sizes
+            if (r := ratio(rt, CHEAPEST, BASELINE, n)) is not None and r["median"] < SLOW_COPY}
+    by_side: dict[str, list[tuple[int, float]]] = {"win": [], "loss": [], "even": []}
+    for n in sizes:
+        r = ratio(rt, key, BASELINE, n)
+        if r is not None and n not in slow:
+            by_side[side(r["median"])].append((n, r["median"]))
+    if by_side["win"]:
+        peers = []
+        for other in ("numpy_empty", "pa_jemalloc"):
+            r = ratio(rt, key, other, 512)
+            if r is not None and side(r["median"]) == "win":
+                peers.append(f"{times(r['median'])} than {rt['candidates'][other]['label']}")
+        also = f"; at 512 B {' and '.join(peers)}" if peers else ""
+        out.append(finding("win", f"{what} against bytearray(n)+fill: {_sizes_text(by_side['win'])}{also}."))
+    if by_side["even"]:
+        out.append(finding("even", f"{what} is on par with bytearray(n)+fill at "
+                                   f"{', '.join(fmt_size(n) for n, _ in by_side['even'])}."))
+    if by_side["loss"]:
+        out.append(finding("loss", f"{what} against bytearray(n)+fill: {_sizes_text(by_side['loss'])}.",
+                           "arenalib's round trip is three Python method calls (allocate, fill, free)"))
+    strict = [(n, r["median"]) for n in sizes if (r := ratio(rt, key, CHEAPEST, n)) is not None]
+    slower = [(n, x) for n, x in strict if side(x) == "loss"]
+    if slower:
+        out.append(finding(
+            "loss", f"bytearray(b'\\x03')*n, malloc + memset in one C call, beats it: ConfinedArena is "
+                    f"{_sizes_text(slower)}.",
+            "that statement is one call into C; arenalib's round trip is three method calls from Python"))
+    elif strict:
+        out.append(finding("even" if all(side(x) == "even" for _, x in strict) else "win",
+                           "Against bytearray(b'\\x03')*n (malloc + memset, the cheapest bytearray) "
+                           f"ConfinedArena is {_sizes_text(strict)}."))
+    if slow:
+        where = ", ".join(f"{fmt_size(n)} (its copy {x:.0f}x slower than bytearray*n's memset)"
+                          for n, x in slow.items())
+        out.append(finding(
+            "skip", f"Round trip against bytearray(n)+fill at {where}: not counted above",
+            "glibc's memcpy (rep movsb) runs many times slower on some CPUs for some buffer placements; "
+            "bytearray*n is the peer to read there"))
+    skipped = [c["label"] for c in rt["candidates"].values() if c["skipped"]]
+    if skipped:
+        out.append(finding("skip", f"Round trip peers not measured: {', '.join(skipped)}.",
+                           "; ".join(sorted({c["skipped"] for c in rt["candidates"].values()
+                                             if c["skipped"]}))))
+    return out
+
+
 def tables(rt: dict, markdown: bool = False) -> str:
     """ns/op, ops/ms and the ratios to bytearray, per candidate and size; in markdown, the timed
     statements first."""
@@ -378,40 +450,23 @@ def tables(rt: dict, markdown: bool = False) -> str:
 
 
 def plots(rt: dict, out, plt) -> list[str]:
-    """Time per op and the ratio to bytearray against the size, every candidate a line."""
+    """Time per op and the ratio to bytearray against the size, every candidate a line of its own
+    colour and marker (arenalib solid, peers dashed)."""
+    from _plot import lines
+
     written = []
     for fname, field, ylabel, title in (
         ("roundtrip_ns.png", "ns_per_op", "ns per allocate+fill+free (median)",
-         "Allocation round trip: time per op"),
-        ("roundtrip_ratio.png", "ratio_to_baseline", "ratio to bytearray(n)+fill (same round)",
-         "Allocation round trip: ratio to bytearray (lower is faster)"),
+         "Allocation round trip: time per op (lower is faster)"),
+        ("roundtrip_ratio.png", "ratio_to_baseline", "time / bytearray(n)+fill's (same round)",
+         "Allocation round trip: ratio to bytearray(n)+fill (lower is faster)"),
     ):
-        fig, ax = plt.subplots(figsize=(9, 5.5))
-        # peers dashed with squares, arenalib solid with circles; each family its own colour cycle
-        palette = plt.get_cmap("tab10").colors
-        seen = {"peer": 0, "arenalib": 0, "reference": 0}
-        for key, c in rt["candidates"].items():
-            if c["skipped"] or key not in rt["cells"] or (key == "loop" and field != "ns_per_op"):
-                continue
-            ys = [rt["cells"][key][str(n)][field]["median"] for n in rt["sizes"]]
-            style = {"arenalib": "-", "peer": "--", "reference": ":"}[c["family"]]
-            marker = "o" if c["family"] == "arenalib" else ("s" if c["family"] == "peer" else ".")
-            color = "gray" if key == "loop" else palette[seen[c["family"]] % len(palette)]
-            seen[c["family"]] += 1
-            ax.plot(rt["sizes"], ys, style, marker=marker, label=c["label"], linewidth=1.4,
-                    markersize=4, color=color)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(rt["sizes"], [fmt_size(n) for n in rt["sizes"]])
-        ax.set_xlabel("size")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=90)
-        plt.close(fig)
-        written.append(fname)
+        series = {c["label"]: (c["family"], [rt["cells"][key][str(n)][field]["median"] for n in rt["sizes"]])
+                  for key, c in rt["candidates"].items()
+                  if not c["skipped"] and key in rt["cells"] and not (key == "loop" and field != "ns_per_op")}
+        written += lines(plt, out, fname, rt["sizes"], series, xlabels=[fmt_size(n) for n in rt["sizes"]],
+                         ylabel=ylabel, title=title, logx=True, logy=True,
+                         hline=1.0 if field == "ratio_to_baseline" else None)
     return written
 
 

@@ -1,7 +1,9 @@
 """arenalib's benchmark comparison against the peers a user would pick instead (issue 6).
 
-Arenalib and its peers run side by side in one run, with ratios, a verdict on the project's
-targets, a JSON of every figure and PNG plots.
+Arenalib and its peers run side by side in one run.  The report opens with a verdict in plain words
+computed from the run's figures (where arenalib wins and by how much, where it does not and why, what
+the run did not measure), then the tables, then the checklist of the project's targets; results.json
+keeps every figure, and each experiment draws a PNG plot.  No printed line is over 120 columns.
 
     python3 dev.py bench                      # quick mode (under 3 minutes on 2 cores)
     python3 dev.py bench --full               # the careful run
@@ -29,13 +31,14 @@ Experiments, one module each (its docstring says what it measures and how; each 
                    against its fastest Python equivalent at 64 B, 4 KiB and 64 KiB: ratios
 
 This module only orchestrates: every experiment module has the members of _experiment.Experiment
-(plan, run, targets, target_line, tables, plots) and is reached only through them; _report.py lays
-out what they return.  The experiments run one after the other in the same sitting, each in a child
-process of its own (``run.py --child NAME``): one that dies (a signal, such as SIGILL from an
-extension built for another CPU) or raises is reported by name with the reason, left out of the
-tables, targets and plots, and the run goes on (exit status 1 at the end).
-Output goes to bench/out/ (gitignored) unless --out says otherwise: results.json, results.md and
-the PNG plots.  bench/results/ holds the reference run (a --full run; its results.md says where and
+(plan, run, targets, target_line, tables, plots; findings, the verdict's sentences, where it has
+them) and is reached only through them; _report.py lays out what they return.  The experiments run
+one after the other in the same sitting, each in a child process of its own (``run.py --child
+NAME``): one that dies (a signal, such as SIGILL from an extension built for another CPU) or raises
+is reported by name with the reason, left out of the tables, targets and plots, and the run goes on
+(exit status 1 at the end).  Output goes to bench/out/ (gitignored) unless --out says otherwise:
+results.json, results.md and the PNG plots (results.json first, so a report that fails loses no
+figure).  bench/results/ holds the reference run (a --full run; its results.md says where and
 when).  --from-json FILE redoes the verdict, tables, targets, plots and markdown of a results.json
 without measuring.
 """
@@ -62,7 +65,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import Config, CpuShare, Progress, loadavg, machine_info  # noqa: E402
 from _experiment import Experiment, load  # noqa: E402
-from _report import report  # noqa: E402
+from _report import compact_json, report  # noqa: E402
 
 # The report's order (the experiments' numbers in results.md) ...
 EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes", "uring", "aio", "frames",
@@ -85,6 +88,7 @@ def targets(res: dict) -> list[tuple[Experiment, list[dict]]]:
 
 def finish(res: dict, out: Path) -> None:
     """The targets into ``res`` (results.json keeps them), then the report."""
+    (out / "results.json").write_text(compact_json(res) + "\n")  # first: a report that fails loses nothing
     groups = targets(res)
     res["targets"] = [c for _, checks in groups for c in checks]
     report(res, experiments(res), groups, out, RUN_ORDER)
@@ -117,9 +121,12 @@ def main() -> int:
         finish(json.loads(Path(args.from_json).read_text()), out)
         return 0
     only = [x.strip() for x in args.only.split(",") if x.strip()]
+    if not only:
+        parser.error(f"--only names no experiment; the experiments are {', '.join(EXPERIMENTS)}")
     unknown = set(only) - set(EXPERIMENTS)
     if unknown:
-        parser.error(f"unknown experiment(s): {', '.join(sorted(unknown))}")
+        parser.error(f"unknown experiment(s): {', '.join(sorted(unknown))}; the experiments are "
+                     f"{', '.join(EXPERIMENTS)}")
     cfg = Config.full() if args.full else Config.quick()
     if args.memory_bytes:
         cfg.memory_bytes = int(args.memory_bytes)
@@ -128,6 +135,7 @@ def main() -> int:
         "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "config": cfg.asdict(),
+        "only": only,
         "loadavg_before": loadavg(),
         "machine": machine_info(),
         "env": {k: v for k, v in os.environ.items()

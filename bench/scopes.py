@@ -95,7 +95,7 @@ from dataclasses import dataclass
 import _scopes_per_scope as per_scope
 import roundtrip
 from _common import BASELINE, Config, Progress, fmt_ns, fmt_size, same_round_ratio, summarize, table
-from _experiment import no_plots, ratio_line
+from _experiment import finding, ratio_line, side, times
 
 TITLE = "5. One arena per scope (issue 14)"
 
@@ -308,7 +308,68 @@ def run(cfg: Config, progress: Progress) -> dict:
 
 # -- reading the results back (targets, tables; also from a results.json) -------------------------
 
-plots = no_plots
+def findings(sc: dict) -> list[dict]:
+    """The verdict's sentences: at how many block sizes one arena per scope beats bytearray(n)+fill per
+    block (the same-round ratios), by how much, and where it does not."""
+    counts, speedups, mixed, losses, kinds, kinds_measured = [], [], [], [], set(), []
+    small = True
+    for key in ARENA_KINDS:
+        pairs = [(n, r["median"]) for n in sc["sizes"] if n != MIXED
+                 and (r := ratio(sc, key, BASELINE, n)) is not None]
+        if not pairs:
+            continue
+        kinds_measured.append(key)
+        faster = [1 / r for _, r in pairs if side(r) == "win"]
+        slower = [(n, r) for n, r in pairs if side(r) == "loss"]
+        small = small and all(n <= 1024 for n, _ in slower)
+        kinds.add("win" if len(faster) > len(pairs) / 2 else "even" if faster else "loss")
+        counts.append((len(faster), len(pairs)))
+        speedups += faster
+        if (m := ratio(sc, key, BASELINE, MIXED)) is not None:
+            mixed.append(1 / m["median"])
+        if slower:
+            losses.append(f"{key} at " + ", ".join(f"{fmt_size(n)} ({times(r).split()[0]})"
+                                                   for n, r in slower[:4])
+                          + (f" and {len(slower) - 4} more sizes" if len(slower) > 4 else ""))
+    if not counts:
+        return [finding("skip", "One arena per scope: no arena kind was measured.")]
+    lo, hi = min(c for c, _ in counts), max(c for c, _ in counts)
+    text = (f"One arena per scope ({', '.join(kinds_measured)}), per block against bytearray(n)+fill: "
+            "faster at "
+            f"{lo}{f'-{hi}' if hi > lo else ''} of {counts[0][1]} block sizes")
+    if speedups:
+        text += f" (up to {max(speedups):.1f}x)"
+    if mixed:
+        text += f", {min(mixed):.1f}x" + (f"-{max(mixed):.1f}x" if max(mixed) > min(mixed) else "") + \
+            " with mixed sizes"
+    kind = "win" if kinds == {"win"} else "loss" if "loss" in kinds else "even"
+    out = [finding(kind, text + ".")]
+    if losses:
+        out.append(finding("loss", "One arena per scope is slower than bytearray(n)+fill: "
+                           + "; ".join(losses) + ".",
+                           "at small blocks the Python calls per block (allocate, fill) cost more than the "
+                           "memory"
+                           if small else None))
+    return out
+
+
+def plots(sc: dict, out, plt) -> list[str]:
+    """Each candidate's time per block over bytearray(n)+fill's against the block size."""
+    from _plot import lines
+
+    sizes = [n for n in sc["sizes"] if n != MIXED]
+    series = {}
+    for key, c in sc["candidates"].items():
+        if c["skipped"] or key not in sc["cells"] or key == BASELINE:
+            continue
+        ratios = [ratio(sc, key, BASELINE, n) for n in sizes]
+        series[c["label"]] = (c["family"], [None if r is None else r["median"] for r in ratios])
+    if not series:
+        return []
+    return lines(plt, out, "scopes_ratio.png", sizes, series,
+                 ylabel="time per block / bytearray(n)+fill's (same round)", logx=True, logy=True, hline=1.0,
+                 title="One arena per scope (k blocks, then close): per block against bytearray(n)+fill "
+                       "(lower is faster)")
 
 
 def ratio(results: dict, key: str, other: str, n: int) -> dict | None:

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 import roundtrip
 from _common import BASELINE, Config, Progress, fmt_size, same_round_ratio, summarize, table
-from _experiment import no_plots
+from _experiment import finding, side, times
 
 TITLE = "3. Threads"
 
@@ -372,7 +372,6 @@ def run(cfg: Config, progress: Progress) -> dict:
 
 # -- reading the results back (tables; also from a results.json) ----------------------------------
 
-plots = no_plots
 
 
 def targets(th: dict) -> list[dict]:
@@ -389,7 +388,8 @@ def targets(th: dict) -> list[dict]:
                                      "build with the GIL off",
                            "candidate": key, "label": c["label"], "size": n, "limit": target["min_scaling"],
                            "ratio": cell["scaling"]["median"],
-                           "status": target["status"] if target["status"] in ("MET", "MISSED") else "n/a"})
+                           "status": target["status"] if target["status"] in ("MET", "MISSED") else "n/a",
+                           "why": None if target["status"] in ("MET", "MISSED") else NOT_FREE_THREADED})
             relative = cell.get("target_to_baseline")
             if relative is not None:
                 status = relative["status"] if relative["status"] in ("MET", "MISSED") else "n/a"
@@ -397,8 +397,67 @@ def targets(th: dict) -> list[dict]:
                                          "run, free-threaded build with the GIL off",
                                "candidate": key, "label": c["label"], "size": n,
                                "limit": relative["min_ratio"], "ratio": cell["scaling_to_baseline"]["median"],
-                               "relative": True, "status": status})
+                               "relative": True, "status": status,
+                               "why": None if status != "n/a" else NOT_FREE_THREADED})
     return checks
+
+
+NOT_FREE_THREADED = ("they need a free-threaded build with the GIL off, where Python threads run in parallel "
+                     "(python3 dev.py bench --python 3.13t)")
+
+
+def findings(th: dict) -> list[dict]:
+    """The verdict's sentences: on a GIL build, that no Python thread scales (arenalib's figures beside
+    bytearray's); free-threaded, arenalib's scaling against bytearray's, per size."""
+    cells, names = th["cells"], th["candidates"]
+    sizes = th["method"]["sizes"]
+    ours = [k for k in ("ConfinedArena", "BufferPool", "Arena_shared") if k in cells]
+    if not ours or BASELINE not in cells:
+        return [finding("skip", "Threads: arenalib or its bytearray peer was not measured.")]
+    interp = th["method"].get("interpreter") or {"gil_enabled": True, "description": "a GIL build"}
+
+    def scaling(key: str) -> str:
+        values = [cells[key][str(n)]["scaling"]["median"] for n in sizes if str(n) in cells[key]]
+        return f"{min(values):.2f}-{max(values):.2f}" if values else "-"
+
+    if interp["gil_enabled"]:
+        return [finding("skip", f"Threads: {interp['description']} runs one Python thread at a time: "
+                                f"2-thread scaling {scaling(ours[0])} for {names[ours[0]]['label']}, "
+                                f"{scaling(BASELINE)} "
+                                f"for {names[BASELINE]['label']}.")]
+    out = []
+    for key in ours:
+        pairs = [(n, cells[key][str(n)]["scaling"]["median"] / cells[BASELINE][str(n)]["scaling"]["median"])
+                 for n in sizes if str(n) in cells[key] and str(n) in cells[BASELINE]]
+        parts, kinds = [], set()
+        for kind, word in (("win", "better"), ("even", "as well"), ("loss", "worse")):
+            shown = [fmt_size(n) + ("" if kind == "even" else f" ({times(r, False).split()[0]})")
+                     for n, r in pairs if side(r, lower_is_faster=False) == kind]
+            if shown:
+                kinds.add(kind)
+                parts.append(f"{word} at {', '.join(shown)}")
+        if not parts:
+            continue
+        kind = "loss" if "loss" in kinds else "win" if "win" in kinds else "even"
+        out.append(finding(kind, f"Two threads, {names[key]['label']}: scaling {scaling(key)} against "
+                                 f"{names[BASELINE]['label']}'s {scaling(BASELINE)}, so it scales "
+                                 f"{'; '.join(parts)}.",
+                           "what the threads share (a lock, reference counts) or the memory "
+                           "bandwidth bounds it" if kind == "loss" else None))
+    return out
+
+
+def plots(th: dict, out, plt) -> list[str]:
+    """The 2-thread scaling of every candidate at each size, bars grouped by size."""
+    from _plot import bars
+
+    keys = [k for k, c in th["candidates"].items() if not c.get("skipped") and k in th["cells"]]
+    sizes = th["method"]["sizes"]
+    values = {th["candidates"][k]["label"]: [th["cells"][k].get(str(n), {}).get("scaling", {}).get("median")
+                                             for n in sizes] for k in keys}
+    return bars(plt, out, "threads_scaling.png", [fmt_size(n) for n in sizes], values,
+                ylabel="ops/s with 2 threads / with 1 thread (median)",
+                title=f"Threads: 2-thread scaling ({title(th)})", line=1.0)
 
 
 def target_line(c: dict) -> str:
@@ -440,12 +499,12 @@ def tables(th: dict, markdown: bool = False) -> str:
                          f"{relative['median']:.2f}" if relative else "",
                          f"{ratio['median']:.2f}" if ratio else "",
                          f"{ratio_repeat['median']:.2f}" if ratio_repeat else "",
-                         f">= {target['min_scaling']}: {target['status']}" if target else ""])
+                         f">= {target['min_scaling']}: {target['status'].split(' ')[0]}" if target else ""])
     heading = (("### " if markdown else "") + f"Threads, {title(th)}.  Total Mops/s with 1 and 2 "
                "threads; scaling = 2 threads / 1 thread (and over bytearray's, by round); 1T/x = time per "
-               "op with 1 thread over x's (same round)")
-    heads = ["candidate", "size", "1 thread", "2 threads", "scaling", "scaling/bytearray's",
-             "1T/bytearray", "1T/bytearray*n", "target (issue 13)"]
+               "op with 1 thread over x's (same round), ba = bytearray(n)+fill, ba*n = bytearray*n")
+    heads = ["candidate", "size", "1 thread", "2 threads", "scaling", "/bytearray's", "1T/ba", "1T/ba*n",
+             "target"]
     keep = [i for i in range(len(heads)) if i < 5 or any(r[i] for r in rows)]  # older JSON lacks some
     text = heading + "\n" + table([heads[i] for i in keep], [[r[i] for i in keep] for r in rows], markdown)
     if markdown:

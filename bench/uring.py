@@ -77,7 +77,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _common import Config, Progress, fmt_size, run_standalone, same_round_ratio, summarize, table
-from _experiment import no_plots
+from _experiment import finding, side, times
 from _uring_loops import BASELINE, DEPTHS, candidates, labels, liburing_loops
 
 import arenalib
@@ -299,7 +299,68 @@ def run(cfg: Config, progress: Progress) -> dict:
 
 # -- reading the results back (targets, tables; also from a results.json) -------------------------
 
-plots = no_plots
+def findings(results: dict) -> list[dict]:
+    """The verdict's sentences: Ring read_fixed against the os.preadv loop (O_DIRECT at QD32, the page
+    cache at the best depth) and against the C loop; the Python overhead per request."""
+    out = []
+    names = results["candidates"]
+    blocks = results["method"]["blocks"]
+    direct = [(b, r["median"]) for b in blocks if (r := speedup(results, "direct", b, "ring_qd32", BASELINE))]
+    if direct:
+        shown = ", ".join(f"{times(r, lower_is_faster=False)} at {fmt_size(b)}" for b, r in direct)
+        out.append(finding(side(max(r for _, r in direct), lower_is_faster=False),
+                           f"io_uring, O_DIRECT: {names['ring_qd32']} against the os.preadv loop: {shown}."))
+    cache, kinds = [], set()
+    for block in blocks:
+        measured = [(r["median"], d) for d in results["method"]["depths"]
+                    if (r := speedup(results, "cache", block, f"ring_qd{d}", BASELINE)) is not None]
+        if not measured:
+            continue
+        r, depth = max(measured)
+        vs_c = speedup(results, "cache", block, f"ring_qd{depth}", f"c_qd{depth}")
+        c_text = f", {vs_c['median']:.0%} of the C liburing loop's throughput" if vs_c else ""
+        kinds.add(side(r, lower_is_faster=False))
+        cache.append(f"{times(r, lower_is_faster=False)} at {fmt_size(block)} (QD{depth}{c_text})")
+    if cache:
+        kind = "win" if kinds == {"win"} else "loss" if "loss" in kinds else "even"
+        out.append(finding(kind, "io_uring, page cache: Ring read_fixed at its best queue depth against the "
+                                 "os.preadv loop: " + ", ".join(cache) + ".",
+                           "a read from the page cache is a memory copy either way: queueing reads saves "
+                           "only "
+                           "system calls" if kind != "win" else None))
+    nop = results.get("nop")
+    if nop:
+        ns = nop["overhead_ns_per_request"]["median"]
+        out.append(finding("even" if ns <= NOP_OVERHEAD_NS else "loss",
+                           f"io_uring from Python: {ns:.0f} ns per request more than the same loop in C "
+                           f"(QD{nop['depth']} NOPs)."))
+    reasons: dict[str, list[str]] = {}
+    for what, why in results.get("skipped", {}).items():
+        reasons.setdefault(why, []).append(names.get(what, what))
+    for why, what in reasons.items():
+        shown = ", ".join(what)
+        if len(what) > 1 and all(", QD" in w for w in what) and len({w.split(", QD")[0] for w in what}) == 1:
+            shown = what[0].split(", QD")[0] + " at QD " + ", ".join(w.split(", QD")[1] for w in what)
+        out.append(finding("skip", f"io_uring: {shown} not measured.", why))
+    return out
+
+
+def plots(results: dict, out, plt) -> list[str]:
+    """Throughput of every loop, grouped by mode and block size."""
+    from _plot import bars
+
+    names = results["candidates"]
+    groups = [(mode, block) for mode in results["cells"] for block in results["method"]["blocks"]]
+    values = {}
+    for key, label in names.items():
+        ys = [results["cells"][mode].get(str(block), {}).get(key, {}).get("gb_per_s", {}).get("median")
+              for mode, block in groups]
+        if any(y is not None for y in ys):
+            values[label] = ys
+    return bars(plt, out, "uring_throughput.png", [f"{MODE_LABELS[m]}, {fmt_size(b)}" for m, b in groups],
+                values, ylabel="GB/s (median)", logy=True,
+                title=f"io_uring: reading a {fmt_size(results['method']['file_bytes'])} file "
+                      "(higher is faster)")
 
 
 def rounds_of(method: dict, mode: str) -> int:

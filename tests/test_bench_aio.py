@@ -39,6 +39,6 @@ def test_aio_experiment_receives_every_frame_and_reports():
                 assert cells[kind]["gb_per_s"]["median"] > 0
             assert cells["ratios"]["throughput"]["median"] > 0
     text = out["targets_text"]
-    assert text.count("aio (issue 15): FrameReader over bytearray(n) per frame, asyncio loop") == 3
+    assert text.count("aio: FrameReader over bytearray(n) per frame, asyncio loop") == 3
     assert "not measured" not in text
     assert "FrameReader (arena), seg.free(deferred=True)" in out["tables"]

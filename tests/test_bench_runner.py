@@ -101,11 +101,24 @@ def test_failed_experiments_are_reported_and_the_run_completes(tmp_path):
     assert "stand-in candidate" in proc.stdout and "1.50" in proc.stdout
     assert "a note from the child" in proc.stderr and "a stray print" in proc.stderr
     assert "Fatal Python error" in proc.stderr  # the child's faulthandler report, passed on
-    # the verdict comes first, counting only what completed, and names what failed
-    words = " ".join(proc.stdout.split())  # (the verdict is wrapped at 120 columns)
-    assert words.startswith("Verdict: 1 of 1 targets met. 3 experiment(s) failed and are left out: "
-                            "memory, pool, native")
-    assert "    MET    stand-in candidate: 1.50" in proc.stdout  # the checklist, as the stand-in words it
+    # the verdict comes first, in plain words, from what completed; it names what failed and was not run
+    lines = proc.stdout.lstrip("\n").splitlines()
+    assert lines[0].startswith("arenalib benchmark, quick mode, ")
+    verdict = "\n".join(lines[:lines.index("")])
+    assert "Where arenalib wins:\n  - a stand-in: 1 of its 1 targets met." in verdict
+    words = " ".join(verdict.split())  # (the verdict is wrapped at 120 columns)
+    assert "Not measured in this run: - Experiments not in this run (--only chose the others): roundtrip, " \
+           "scopes, frames, uring, aio." in words  # in run order
+    for name, why in reasons.items():
+        assert f"Experiment {name} failed, so its figures and targets are left out: {why}." in words
+    assert words.index("Experiment memory failed") < words.index("Experiment pool failed") \
+        < words.index("Experiment native failed")  # in run order
+    assert "Targets the project set itself: 1 of 1 met, 0 missed" in words
+    # the checklist comes last, as the stand-in words its line
+    checklist = proc.stdout.index("Targets the project set itself, checked on this run's figures")
+    assert proc.stdout.index("a stand-in\n==========") < checklist
+    assert "    met    stand-in candidate: 1.50" in proc.stdout[checklist:]
+    assert all(len(line) <= 120 for line in lines)
     results = json.loads((out / "results.json").read_text())
     assert results["failed"] == reasons
     assert set(results) >= {"threads", "failed", "targets"}
@@ -113,7 +126,9 @@ def test_failed_experiments_are_reported_and_the_run_completes(tmp_path):
     assert results["threads"]["scaling"] == 1.5
     assert [c["status"] for c in results["targets"]] == ["MET"]
     markdown = (out / "results.md").read_text()
-    assert markdown.startswith("# arenalib benchmark results\n\nVerdict: 1 of 1 targets met.")
+    assert markdown.startswith("# arenalib benchmark results\n\narenalib benchmark, quick mode, ")
+    assert markdown.index("Where arenalib wins:") < markdown.index("## a stand-in") \
+        < markdown.index("## Targets the project set itself")
     assert "Experiments that failed" in markdown
     for name, why in reasons.items():
         assert f"- **{name}**: {why}" in markdown
@@ -139,4 +154,5 @@ def test_from_json_redoes_the_report_and_refuses_a_module_that_is_no_experiment(
                            "--experiments-dir", str(stand_ins)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "  aio: raised TypeError: " in proc.stdout
-    assert "is not an experiment: it lacks TITLE, plan, targets, target_line, tables, plots" in proc.stdout
+    assert "is not an experiment: it lacks TITLE, plan, targets, target_line, tables, plots" \
+        in " ".join(proc.stdout.split())  # (wrapped at 120 columns)

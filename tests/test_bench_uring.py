@@ -60,5 +60,5 @@ def test_uring_experiment_reads_every_way_and_reports():
         measured = "direct" in modes or "O_DIRECT" not in c["target"]
         assert c["status"] in (("MET", "MISSED") if measured else ("n/a",)), c
     assert "arenalib Ring read_fixed, QD32" in out["tables"] and "C over liburing" in out["tables"]
-    assert "uring (issue 15): Python overhead per request" in out["targets_text"]
+    assert "uring: Python overhead per request" in out["targets_text"]
     assert " ns per request (limit 1000 ns)" in out["targets_text"]

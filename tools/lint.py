@@ -17,15 +17,10 @@ def main() -> int:
         str(p.relative_to(ROOT)) for folder in ("arenalib", "bench", "tests") for ext in ("pyx", "pxd", "pxi")
         for p in ROOT.glob(f"{folder}/**/*.{ext}"))
     allowlist = str(ROOT / "tools" / "stubtest-allowlist.txt")
-    # What differs on older Pythons only (an entry that matches nothing is an error, so these cannot
-    # go in the common file).
-    version_allowlist = []
-    if sys.version_info < (3, 12):
-        version_allowlist = ["--allowlist", str(ROOT / "tools" / "stubtest-allowlist-before-3.12.txt")]
     steps = {
         "ruff": [py, "-m", "ruff", "check", "."],
         "cython-lint": [str(bin_dir / "cython-lint"), *cython_files],
-        "stubtest": [py, "-m", "mypy.stubtest", "arenalib", "--allowlist", allowlist, *version_allowlist],
+        "stubtest": [py, "-m", "mypy.stubtest", "arenalib", "--allowlist", allowlist],
     }
     # cython-lint runs pycodestyle from PATH: the venv's bin must come first.
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
