@@ -149,10 +149,12 @@ def copy(src, src_offset, dst, dst_offset, nbytes, /):
 # -- seg.mismatch, seg == other -------------------------------------------------------------------------
 
 cdef inline Py_ssize_t _first_difference(const char* a, const char* b, Py_ssize_t n) noexcept nogil:
-    """The first i < n with a[i] != b[i], or -1: memcmp finds a differing block, a byte loop the
-    byte in it."""
+    """The first i < n with a[i] != b[i], or -1: one memcmp for equal bytes (the common case, as
+    fast as bytes ==); else memcmp finds a differing block, a byte loop the byte in it."""
     cdef Py_ssize_t start = 0
     cdef Py_ssize_t block
+    if memcmp(a, b, <size_t>n) == 0:
+        return -1
     while start < n:
         block = n - start if n - start < 256 else 256
         if memcmp(a + start, b + start, <size_t>block) != 0:
@@ -168,7 +170,14 @@ cdef Py_ssize_t _segment_mismatch(Segment seg, object other) except -2:
     prefix of the other; -1 when they are equal."""
     cdef Py_buffer view
     cdef void* token
-    cdef Py_ssize_t common, found
+    cdef Py_ssize_t common, found, length
+    if type(other) is bytes:  # without a buffer export, as _segment_equals() does
+        length = len(<bytes>other)
+        seg._pin(&token)
+        common = seg._size if seg._size < length else length
+        found = _first_difference(seg._ptr, PyBytes_AS_STRING(other), common)
+        seg._unpin(token)
+        return common if found < 0 and seg._size != length else found
     _acquire_bytes(other, &view, "mismatch() argument")
     try:
         seg._pin(&token)
