@@ -72,6 +72,7 @@ cdef class Segment:
         void* _accessor         # whose access record names it: see _access.pxi (root only)
         int _free_pending       # free once the last export is released (root only)
         uint64_t _frame_stamp   # carved under a mark of a SlicingArena: its level's stamp (0: none)
+        bint _readonly          # made by readonly() (or sliced from one): no writes, no writable exports
 
     cdef int _check(self) except -1
     cdef int _status(self) noexcept
@@ -124,6 +125,7 @@ cdef class SlicingArena(ArenaBase):
 cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size, bint keep=*)
 cdef Py_ssize_t parse_size(object size, str name) except -1
 cdef size_t parse_align(object align) except 0
+cdef bint parse_flag(object value, str name) except -1
 cdef void* region_allocate(size_t size, size_t align, bint zero) noexcept nogil
 cdef void region_free(void* ptr) noexcept nogil
 cdef void count_open_pools(int delta) noexcept

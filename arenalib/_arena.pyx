@@ -12,6 +12,7 @@ The one extension that links the private jemalloc.  Its parts, in the order they
     _dispatch.pxi     every operation's entry point: check once, switch once on the kind
     _segment.pxi      Segment, and SegmentOwner (what segments need of whoever hands them out)
     _segment_ops.pxi  what Segment's indexing, slice assignment and slice() do
+    _segment_helpers.pxi  the Panama-style helpers: allocate_from, copy, mismatch, ==, hex, readonly
     (this file)       ArenaBase: the lifecycle, stats and Python API every arena kind shares
     _confined.pxi     ConfinedArena: its rule and class (its inline rule: _confined.pxd)
     _shared.pxi       Arena: likewise (_shared.pxd)
@@ -53,6 +54,7 @@ include "_access.pxi"
 include "_dispatch.pxi"
 include "_segment.pxi"
 include "_segment_ops.pxi"
+include "_segment_helpers.pxi"
 
 # Debug mode: arenas record where they were created, for the ResourceWarning of an unclosed arena.
 cdef bint _debug = False
@@ -152,15 +154,25 @@ cdef class ArenaBase(SegmentOwner):
 
     # -- allocation ------------------------------------------------------------------------------
 
-    def allocate(self, size, *, bint zero=True, align=None):
+    def allocate(self, size, *, zero=True, align=None):
         """A new Segment of ``size`` bytes.
 
         zero: True for zero-filled memory (no memset where jemalloc knows the pages are zero),
-        False for memory with whatever it held.  align: a power of two the address is a multiple
-        of (up to 1 GiB).  Raises MemoryError when the memory cannot be had or max_bytes would be
-        exceeded."""
-        return self._allocate(_parse_size(size, "size"), zero,
+        False for memory with whatever it held (a bool, or an int).  align: a power of two the
+        address is a multiple of (up to 1 GiB).  Raises MemoryError when the memory cannot be had
+        or max_bytes would be exceeded."""
+        return self._allocate(_parse_size(size, "size"), parse_flag(zero, "zero"),
                               1 if align is None else parse_align(align))
+
+    def allocate_from(self, data, *, align=None):
+        """A new Segment holding a copy of ``data`` (any bytes-like object; a strided one is
+        copied in C order).  Panama's SegmentAllocator.allocateFrom; in Python, bytearray(data)."""
+        return _allocate_from(self, data, align)
+
+    def allocate_string(self, s, encoding="utf-8", nul=True):
+        """A new Segment holding ``s`` encoded (``s.encode(encoding)``), then a NUL byte when
+        ``nul`` is true (a C string).  Panama's SegmentAllocator.allocateFrom(String)."""
+        return _allocate_string(self, s, encoding, nul)
 
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align,
                            const ArenaMark* frame=NULL):

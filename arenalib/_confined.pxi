@@ -53,7 +53,8 @@ cdef inline void confined_close(ArenaCore* core, size_t* stale, size_t* churn) n
 
 @cython.final
 cdef class ConfinedArena(ArenaBase):
-    """An arena that only its creating thread may use, nor its segments (WrongThreadError).
+    """ConfinedArena(*, max_bytes=None)\n--\n\nAn arena that only its creating thread may use, nor its
+    segments (WrongThreadError).
 
     ConfinedArena(*, max_bytes=None).  Confinement is what lets it skip all locking."""
 

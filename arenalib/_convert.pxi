@@ -9,7 +9,7 @@
 
 from cpython.buffer cimport PyBUF_FULL_RO, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
 from cpython.exc cimport PyErr_Clear
-from cpython.number cimport PyNumber_Index
+from cpython.number cimport PyIndex_Check, PyNumber_Index
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.slice cimport PySlice_Unpack
 
@@ -31,7 +31,9 @@ cdef inline Py_ssize_t _parse_size(object size, str name) except -1:
 
 
 cdef Py_ssize_t _parse_size_slow(object size, str name) except -1:
-    cdef object index = PyNumber_Index(size)  # one __index__ call; TypeError for a non-integer
+    if not PyIndex_Check(size):  # the TypeError names the argument (PyNumber_Index's would not)
+        raise TypeError(f"{name} must be an integer, not {type(size).__name__}")
+    cdef object index = PyNumber_Index(size)  # one __index__ call
     cdef Py_ssize_t n
     try:
         n = index
@@ -48,6 +50,18 @@ cdef Py_ssize_t parse_size(object size, str name) except -1:
     """A size argument as Py_ssize_t: ValueError when negative, MemoryError beyond any address space,
     TypeError when not an integer (for arenalib's other modules)."""
     return _parse_size(size, name)
+
+
+cdef bint parse_flag(object value, str name) except -1:
+    """A flag argument (zero=, nul=): a bool, or an int as C has them; TypeError for any other
+    object, whose truth would be a guess (zero="no" is true, zero=None false)."""
+    if value is True:
+        return True
+    if value is False:
+        return False
+    if isinstance(value, int):
+        return value != 0
+    raise TypeError(f"{name} must be a bool or an int, not {type(value).__name__}")
 
 
 cdef size_t parse_align(object align) except 0:
@@ -119,7 +133,9 @@ cdef inline Py_ssize_t _slice_length(object key, Py_ssize_t size, Py_ssize_t* st
 
 cdef Py_ssize_t _bounded_index(object value, str name) except -1:
     """A non-negative ``value`` as Py_ssize_t; too large for any segment: PY_SSIZE_T_MAX."""
-    cdef object index = PyNumber_Index(value)  # one __index__ call; TypeError for a non-integer
+    if not PyIndex_Check(value):  # the TypeError names the argument (PyNumber_Index's would not)
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
+    cdef object index = PyNumber_Index(value)  # one __index__ call
     cdef Py_ssize_t n
     try:
         n = index

@@ -260,12 +260,12 @@ cdef class Frame:
         self._arena._sync_traced()
         return False
 
-    def allocate(self, size, *, bint zero=True, align=None):
+    def allocate(self, size, *, zero=True, align=None):
         """A new Segment in this frame (as SlicingArena.allocate()); the frame must be the
         innermost one open."""
         if self._state != FRAME_ENTERED:
             raise ValueError("allocate() of a frame that is not open")
-        return self._arena._allocate(_parse_size(size, "size"), zero,
+        return self._arena._allocate(_parse_size(size, "size"), parse_flag(zero, "zero"),
                                      1 if align is None else parse_align(align), &self._mark)
 
     def __reduce__(self):

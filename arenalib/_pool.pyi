@@ -27,7 +27,7 @@ class BufferPool(SegmentOwner):
         count: SupportsIndex,
         *,
         align: SupportsIndex = 4096,
-        zero: bool = False,
+        zero: bool | int = False,
     ) -> Self: ...
     def acquire(self) -> Segment: ...
     # Always raises UnsupportedOperation: a pool hands out its fixed buffers with acquire().

@@ -32,7 +32,7 @@ from arenalib._arena cimport (
     SEG_FREED, TRACE_DOMAIN, PyTraceMalloc_Track, PyTraceMalloc_Untrack, Segment, SegmentOwner,
     count_open_pools,
     count_read, exclusive_begin, exclusive_end, free_begin, free_end, make_segment, parse_align,
-    parse_size,
+    parse_flag, parse_size,
 )
 
 import warnings
@@ -45,7 +45,11 @@ include "_pool_errors.pxi"
 
 
 cdef Py_ssize_t _positive(object value, str name) except -1:
-    cdef Py_ssize_t n = parse_size(value, name)
+    cdef Py_ssize_t n
+    try:
+        n = parse_size(value, name)
+    except ValueError:  # parse_size's message says ">= 0", and 0 is refused here too
+        raise ValueError(f"{name} must be >= 1, not {value!r}") from None
     if n < 1:
         raise ValueError(f"{name} must be >= 1, not {value!r}")
     return n
@@ -53,7 +57,8 @@ cdef Py_ssize_t _positive(object value, str name) except -1:
 
 @cython.final
 cdef class BufferPool(SegmentOwner):
-    """``count`` buffers of ``buffer_size`` bytes, each aligned to ``align``, in one contiguous region.
+    """BufferPool(buffer_size, count, *, align=4096, zero=False)\n--\n\n``count`` buffers of ``buffer_size``
+    bytes, each aligned to ``align``, in one contiguous region.
 
     BufferPool(buffer_size, count, *, align=4096, zero=False)
 
@@ -73,22 +78,23 @@ cdef class BufferPool(SegmentOwner):
     registered.
     """
 
-    def __cinit__(self, buffer_size, count, *, align=4096, bint zero=False):
+    def __cinit__(self, buffer_size, count, *, align=4096, zero=False):
         self._life = &self._lifetime
+        cdef bint zeroed = parse_flag(zero, "zero")
         cdef Py_ssize_t size = _positive(buffer_size, "buffer_size")
         cdef Py_ssize_t n = _positive(count, "count")
         cdef Py_ssize_t a = <Py_ssize_t>parse_align(align)
         cdef size_t stride = pool_stride(size, n, <size_t>a)
         cdef size_t total = stride * <size_t>n
-        if books_init(&self._books, n, zero) != 0:
+        if books_init(&self._books, n, zeroed) != 0:
             raise MemoryError(f"cannot allocate the bookkeeping of {n} buffers "
                               f"({<size_t>n * BOOKKEEPING_PER_BUFFER} bytes)")
         self._buffer_size = size
         self._count = n
         self._stride = stride
         self._align = <size_t>a
-        self._zero = zero
-        self._region = _Region.allocate(total, <size_t>a, zero)
+        self._zero = zeroed
+        self._region = _Region.allocate(total, <size_t>a, zeroed)
         self._base = <char*>self._region.ptr
         # The region is the allocation tracemalloc sees (untracked by close(), as arenas' blocks are).
         self._traced = PyTraceMalloc_Track(TRACE_DOMAIN, <size_t>self._base, total) == 0

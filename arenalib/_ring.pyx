@@ -141,7 +141,8 @@ def check(result):
 @cython.final
 @cython.no_gc_clear  # not Cython's clear (it would drop _pool, still counted): _ring_clear is installed
 cdef class Ring:
-    """An io_uring instance whose requests pin the memory they target until their completion is reaped.
+    """Ring(entries=64, *, flags=0)\n--\n\nAn io_uring instance whose requests pin the memory they target
+    until their completion is reaped.
 
     Ring(entries=64, *, flags=0): ``entries`` submission slots (1 to 32768; the kernel rounds up to a
     power of two), a completion queue twice as large; ``flags`` adds SETUP_* flags of this module.

@@ -17,7 +17,7 @@
 
 cimport cython
 from cpython.object cimport PyObject
-from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.string cimport memcpy, memset
 
@@ -160,10 +160,12 @@ cdef class Segment:
 
     def __getbuffer__(self, Py_buffer* view, int flags):
         cdef void* token
+        if self._readonly and flags & PyBUF_WRITABLE:
+            raise BufferError("this segment is read-only (made by readonly()): no writable buffer")
         self._pin(&token)
         view.buf = self._ptr
         view.len = self._size
-        view.readonly = 0
+        view.readonly = self._readonly
         view.itemsize = 1
         view.format = _FORMAT_BYTE if flags & PyBUF_FORMAT else NULL
         view.ndim = 1
@@ -234,6 +236,8 @@ cdef class Segment:
 
     def fill(self, value):
         """Set every byte to ``value`` (an int in range(0, 256)); returns the segment."""
+        if self._readonly:
+            _refuse_write(self)
         cdef int byte = <int>_as_byte(value)
         cdef void* token
         self._pin(&token)
@@ -303,6 +307,8 @@ cdef class Segment:
         return _segment_getitem(self, key)
 
     def __setitem__(self, key, value):
+        if self._readonly:
+            _refuse_write(self)
         _segment_setitem(self, key, value)
 
     def __delitem__(self, key):
@@ -325,6 +331,45 @@ cdef class Segment:
     def __reduce__(self):
         raise TypeError("a Segment views native memory and cannot be pickled or copied; "
                         "use tobytes()")
+
+    # -- Panama-style helpers (issue 27): their bodies and equivalents are in _segment_helpers.pxi --
+
+    def mismatch(self, other, /):
+        """The first byte offset where this segment and ``other`` (any bytes-like object) differ;
+        the shorter one's length when one is a prefix of the other; -1 when they are equal.
+
+        Panama's MemorySegment.mismatch; in Python, a loop over both (or ``==`` for equality)."""
+        return _segment_mismatch(self, other)
+
+    def __eq__(self, other):
+        # Equal bytes, as bytearray compares with any bytes-like object (and so unhashable).
+        return _segment_equals(self, other)
+
+    def __ne__(self, other):
+        equal = _segment_equals(self, other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # equal by content, which changes: no hash (as bytearray)
+
+    def hex(self, sep=None, bytes_per_sep=1):
+        """The bytes as hexadecimal digits, as Python's ``bytes.hex(sep, bytes_per_sep)`` gives them
+        (sep=None: no separator, which bytes.hex() says by leaving sep out), without a copy to bytes
+        first.  Panama has none (Java's HexFormat.of().formatHex(segment.toArray(JAVA_BYTE)))."""
+        return _segment_hex(self, sep, bytes_per_sep)
+
+    def readonly(self):
+        """A read-only segment of the same memory and lifetime (Panama's asReadOnly; in Python,
+        memoryview.toreadonly()).
+
+        Its buffer exports are read-only (a writable request raises BufferError, as bytes does);
+        fill(), item and slice assignment raise TypeError; slices of it are read-only too."""
+        return _segment_readonly(self)
+
+    def is_accessible_by(self, thread, /):
+        """Whether ``thread`` (a threading.Thread or a threading.get_ident() value) may use this
+        segment now: True while it is alive, unless its arena is a ConfinedArena owned by another
+        thread.  Panama's MemorySegment.isAccessibleBy."""
+        return _segment_accessible_by(self, thread)
 
 
 cdef int segment_dealloc_init() except -1:
@@ -369,5 +414,6 @@ cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size, bint keep=True):
         seg._keeper = arena
     seg._life = arena._life  # never NULL (an owner's __cinit__ sets it first): the dealloc hook's mark
     seg._frame_stamp = 0
+    seg._readonly = False
     shard_add(LIVE_SEGMENTS, 1)
     return seg

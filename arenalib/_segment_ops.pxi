@@ -115,6 +115,7 @@ cdef Segment _segment_slice(Segment seg, object offset, object size):
     child._root = seg._owner_segment()
     child._generation = seg._generation
     child._frame_stamp = seg._frame_stamp
+    child._readonly = seg._readonly  # a slice of a readonly() segment is read-only too
     return child
 
 

@@ -405,7 +405,7 @@ cdef int shared_make_anchor(ArenaBase arena) except -1:
 
 @cython.final
 cdef class Arena(ArenaBase):
-    """An arena any thread may allocate from, free into and close.
+    """Arena(*, max_bytes=None)\n--\n\nAn arena any thread may allocate from, free into and close.
 
     Arena(*, max_bytes=None).  Every segment's memory is freed at once by close() (or the end of a
     with-block); seg.free() gives one segment back early.  Each thread allocates through its own

@@ -306,7 +306,8 @@ cdef void slicing_close(ArenaCore* core, size_t* stale, size_t* churn, bint hold
 
 @cython.final
 cdef class SlicingArena(ArenaBase):
-    """Bump-pointer allocation inside chunks taken from jemalloc (Panama's slicingAllocator).
+    """SlicingArena(*, chunk_size=None, max_bytes=None)\n--\n\nBump-pointer allocation inside chunks taken
+    from jemalloc (Panama's slicingAllocator).
 
     SlicingArena(*, chunk_size=None, max_bytes=None).  No per-segment free: reset() invalidates every
     segment and keeps the chunks for reuse; close() gives them back.  Requests larger than a chunk

@@ -27,6 +27,8 @@ Experiments, one module each (its docstring says what it measures and how; each 
                    the same loop in C)
     aio.py         asyncio frames over loopback between two processes, 1 MiB and 64 MiB: FrameReader
                    into arena segments vs a bytearray(n) per frame; throughput and server CPU per frame
+    helpers.py     the Panama-style helpers (allocate_from, copy, mismatch, ==, hex, allocate_string), each
+                   against its fastest Python equivalent at 64 B, 4 KiB and 64 KiB: ratios
 
 This module only orchestrates: every experiment module has the members of _experiment.Experiment
 (plan, run, targets, target_line, tables, plots; findings, the verdict's sentences, where it has
@@ -66,10 +68,12 @@ from _experiment import Experiment, load  # noqa: E402
 from _report import compact_json, report  # noqa: E402
 
 # The report's order (the experiments' numbers in results.md) ...
-EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes", "uring", "aio", "frames")
+EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes", "uring", "aio", "frames",
+               "helpers")
 # ... and the run's: the memory experiment after the Python-level timings, so the kernel's reclaiming
 # of its 1.5 GB children does not disturb them (scopes counts page faults); the I/O of uring and aio last.
-RUN_ORDER = ("roundtrip", "threads", "scopes", "frames", "memory", "pool", "native", "uring", "aio")
+RUN_ORDER = ("roundtrip", "threads", "scopes", "frames", "helpers", "memory", "pool", "native", "uring",
+             "aio")
 
 
 def experiments(res: dict) -> list[tuple[str, Experiment]]:

@@ -173,10 +173,28 @@ ENTRIES = [
     ("setslice_step", "class_property"), ("setslice_step", "buffer"),
     ("setslice_step", "finalizer"),
     ("slice", "index_offset"), ("slice", "index_size"), ("slice", "finalizer"),
+    # The helpers of issue 27: arenalib.copy into and out of the segment (an offset's __index__,
+    # the other buffer's __buffer__), the comparisons, hex(), and allocate_from(seg) of a helper
+    # arena (its align's __index__).
+    ("copy_into", "index_offset"), ("copy_into", "buffer"), ("copy_into", "finalizer"),
+    ("copy_from", "index_offset"), ("copy_from", "buffer"), ("copy_from", "finalizer"),
+    ("mismatch", "buffer"), ("mismatch", "finalizer"),
+    ("equals", "buffer"), ("equals", "finalizer"),
+    ("hex", "index_bytes_per_sep"), ("hex", "finalizer"),
+    ("allocate_from", "index_align"), ("allocate_from", "finalizer"),
 ]
 POOL_ENTRIES = [("pool_index", "finalizer"), ("pool_release", "finalizer")]
-READS = {"getitem", "getslice", "getslice_step"}
-WRITES = {"fill", "setitem", "setslice", "setslice_step"}
+READS = {"getitem", "getslice", "getslice_step", "copy_from", "mismatch", "equals", "hex", "allocate_from"}
+WRITES = {"fill", "setitem", "setslice", "setslice_step", "copy_into"}
+_helper_arena = None
+
+
+def helper_arena():
+    """The arena allocate_from() cells copy the segment into (a BufferPool has no allocate_from)."""
+    global _helper_arena
+    if _helper_arena is None:
+        _helper_arena = arenalib.Arena()
+    return _helper_arena
 
 
 def cells(kind: str) -> list[tuple[str, str, str, str]]:
@@ -294,6 +312,35 @@ def build_call(entry: str, trigger: str, seg, pool, fire):
         else:
             offset, size = AllocIndex(0), 8
         return lambda: seg.slice(offset, size)
+    if entry == "copy_into":
+        at = Index(0, fire) if trigger == "index_offset" else AllocIndex(0) if fin else 0
+        source = BufferValue(PAYLOAD, fire) if trigger == "buffer" else PAYLOAD
+        return lambda: arenalib.copy(source, 0, seg, at, len(PAYLOAD))
+    if entry == "copy_from":
+        at = Index(0, fire) if trigger == "index_offset" else AllocIndex(0) if fin else 0
+        out = bytearray(len(PAYLOAD))
+        target = BufferValue(out, fire) if trigger == "buffer" else out
+
+        def copy_from():
+            arenalib.copy(seg, at, target, 0, len(out))
+            return bytes(out)  # what was read
+        return copy_from
+    if entry in ("mismatch", "equals"):
+        # Bytes of VICTIM: were the victim's bytes read, they would compare equal.
+        other = bytes([VICTIM]) * SIZE
+        if trigger == "buffer":
+            other = BufferValue(other, fire)
+        if entry == "mismatch":
+            return lambda: bytes([VICTIM]) if seg.mismatch(other) == -1 else b""
+        return lambda: bytes([VICTIM]) if seg == other else b""
+    if entry == "hex":
+        per = Index(1, fire) if trigger == "index_bytes_per_sep" else 1
+        if fin:
+            return lambda: bytes.fromhex(seg.hex())
+        return lambda: bytes.fromhex(seg.hex(":", per).replace(":", ""))
+    if entry == "allocate_from":
+        align = Index(8, fire) if trigger == "index_align" else AllocIndex(8) if fin else 8
+        return lambda: helper_arena().allocate_from(seg, align=align).tobytes()
     if entry == "pool_index":
         return lambda: pool.index(seg)
     if entry == "pool_release":

@@ -1,0 +1,287 @@
+# The Panama-style helpers of issue 27: what a Java FFM (Panama) or a bytes/bytearray user looks for,
+# as module-level cdef functions the thin methods of Segment and ArenaBase call (Cython refuses an
+# include in a class body, so each method there is one line that calls its function here).
+#
+#   arena.allocate_from(data)        MemorySegment allocateFrom(...)   bytearray(data)
+#   arena.allocate_string(s)         allocateFrom(String)               s.encode() (+ a NUL)
+#   arenalib.copy(src, so, dst, do, n)  MemorySegment.copy              dst[do:do+n] = src[so:so+n]
+#   seg.mismatch(other)              MemorySegment.mismatch             (no equivalent)
+#   seg == other                     MemorySegment.equals is identity   bytearray == other
+#   seg.hex(sep, bytes_per_sep)      (HexFormat.of().formatHex)         bytes.hex
+#   seg.readonly()                   MemorySegment.asReadOnly           memoryview.toreadonly
+#   seg.is_accessible_by(thread)     MemorySegment.isAccessibleBy       (no equivalent)
+#
+# Every function keeps THE RULE of _segment.pxi: convert the arguments (any __index__), acquire the
+# other objects' buffers (any __buffer__; a buffer of a Segment is an export of it, which its free,
+# reset or close refuse to break, so it needs no pin of its own), make the result object, and only
+# then pin the segment being touched (its last liveness check), touch, unpin.
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyObject_CheckBuffer
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+from libc.limits cimport ULONG_MAX
+from libc.string cimport memcmp
+
+cdef extern from "Python.h":
+    # A new str of ``size`` code points below ``maxchar`` (127: one byte each, PyUnicode_DATA).
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    void* PyUnicode_DATA(object text) noexcept
+
+cdef const char* _HEX_DIGITS = b"0123456789abcdef"
+
+
+cdef int _acquire_bytes(object value, Py_buffer* view, str what) except -1:
+    """The contiguous bytes of any bytes-like ``value`` (as bytes' methods take them); the caller
+    releases ``view``.  May run Python code (a __buffer__): a step of the conversion."""
+    if not PyObject_CheckBuffer(value):
+        raise TypeError(f"{what} must be a bytes-like object, not {type(value).__name__}")
+    PyObject_GetBuffer(value, view, PyBUF_SIMPLE)
+    return 0
+
+
+# -- arena.allocate_from, arena.allocate_string ------------------------------------------------------
+
+cdef Segment _allocate_from(ArenaBase arena, object data, object align):
+    """A new segment of ``arena`` holding a copy of the bytes of ``data`` (any buffer; a strided
+    one is copied in C order, as bytearray(data) does)."""
+    cdef size_t alignment = 1 if align is None else parse_align(align)
+    cdef Py_buffer source
+    cdef Segment seg
+    cdef void* token
+    if not PyObject_CheckBuffer(data):
+        raise TypeError(f"allocate_from() needs a bytes-like object, not {type(data).__name__}")
+    PyObject_GetBuffer(data, &source, PyBUF_FULL_RO)
+    try:
+        # The segment (and any GC its objects start) before the copy; the source's buffer is held
+        # all along, so a finalizer can neither free it nor, when it is a Segment, kill it.
+        seg = arena._allocate(source.len, False, alignment)
+        seg._pin(&token)
+        if PyBuffer_IsContiguous(&source, b"C"):
+            memcpy(seg._ptr, source.buf, <size_t>source.len)
+        else:
+            PyBuffer_ToContiguous(seg._ptr, &source, source.len, b"C")
+        seg._unpin(token)
+    finally:
+        PyBuffer_Release(&source)
+    return seg
+
+
+cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, object nul):
+    """A new segment of ``arena`` holding ``text`` encoded, and a NUL byte after it when ``nul``."""
+    cdef bint terminated = parse_flag(nul, "nul")
+    cdef const char* data
+    cdef Py_ssize_t length
+    cdef object encoded
+    cdef Segment seg
+    cdef void* token
+    if type(text) is not str:
+        raise TypeError(f"allocate_string() needs a str, not {type(text).__name__}")
+    if encoding == "utf-8" or encoding == "utf8":
+        # str's own UTF-8 (an ASCII string's very characters; cached in it otherwise): no copy.
+        data = PyUnicode_AsUTF8AndSize(text, &length)
+        encoded = text  # what keeps ``data``
+    else:
+        encoded = text.encode(encoding)
+        if type(encoded) is not bytes:
+            raise TypeError(f"encoding {encoding!r} gave {type(encoded).__name__}, not bytes")
+        data = PyBytes_AS_STRING(encoded)
+        length = len(<bytes>encoded)
+    seg = arena._allocate(length + terminated, False, 1)
+    seg._pin(&token)
+    memcpy(seg._ptr, data, <size_t>length)
+    if terminated:
+        seg._ptr[length] = 0
+    seg._unpin(token)
+    return seg
+
+
+# -- arenalib.copy -----------------------------------------------------------------------------------
+
+cdef inline Py_ssize_t _offset(object value, str name) except -1:
+    """_bounded_index() with the common case first: an int that fits, without its try block (the
+    cost of three conversions shows in copy() of small buffers)."""
+    cdef Py_ssize_t n
+    if type(value) is int:
+        n = _long_as_ssize(value)
+        if n >= 0:
+            return n
+        PyErr_Clear()  # negative or too large: the general path says which
+    return _bounded_index(value, name)
+
+
+def copy(src, src_offset, dst, dst_offset, nbytes, /):
+    """Copy ``nbytes`` bytes from ``src`` at byte ``src_offset`` to ``dst`` at byte ``dst_offset``.
+
+    Any contiguous buffers (segments, bytes, bytearray, memoryview, mmap, NumPy arrays); the two may
+    be the same object and the ranges may overlap (as memmove).  Panama's MemorySegment.copy; in
+    Python, ``memoryview(dst).cast("B")[d:d + n] = memoryview(src).cast("B")[s:s + n]``.
+
+    Raises ValueError for a negative offset or size, IndexError when a range is out of bounds,
+    TypeError when ``dst`` is read-only (bytes, a readonly() segment), BufferError for a buffer
+    that is not contiguous, ArenaClosedError for a dead segment."""
+    cdef Py_ssize_t source_at = _offset(src_offset, "src_offset")
+    cdef Py_ssize_t target_at = _offset(dst_offset, "dst_offset")
+    cdef Py_ssize_t length = _offset(nbytes, "nbytes")
+    cdef Py_buffer source
+    cdef Py_buffer target
+    _acquire_bytes(src, &source, "src")
+    try:
+        # Read-only first, then the flag: a read-only dst is a TypeError, as for
+        # memoryview(b"..")[0:1] = b"x", not the BufferError a writable request would raise.
+        _acquire_bytes(dst, &target, "dst")
+        try:
+            if target.readonly:
+                raise TypeError(f"copy() cannot write to read-only memory ({type(dst).__name__})")
+            if source_at > source.len or length > source.len - source_at:
+                raise IndexError(f"copy() reads [{source_at}:{source_at}+{length}] of a "
+                                 f"{source.len}-byte src")
+            if target_at > target.len or length > target.len - target_at:
+                raise IndexError(f"copy() writes [{target_at}:{target_at}+{length}] of a "
+                                 f"{target.len}-byte dst")
+            # Both buffers are held: nothing can free either until they are released.
+            memmove(<char*>target.buf + target_at, <const char*>source.buf + source_at,
+                    <size_t>length)
+        finally:
+            PyBuffer_Release(&target)
+    finally:
+        PyBuffer_Release(&source)
+
+
+# -- seg.mismatch, seg == other -------------------------------------------------------------------------
+
+cdef inline Py_ssize_t _first_difference(const char* a, const char* b, Py_ssize_t n) noexcept nogil:
+    """The first i < n with a[i] != b[i], or -1: one memcmp for equal bytes (the common case, as
+    fast as bytes ==); else memcmp finds a differing block, a byte loop the byte in it."""
+    cdef Py_ssize_t start = 0
+    cdef Py_ssize_t block
+    if memcmp(a, b, <size_t>n) == 0:
+        return -1
+    while start < n:
+        block = n - start if n - start < 256 else 256
+        if memcmp(a + start, b + start, <size_t>block) != 0:
+            while a[start] == b[start]:
+                start += 1
+            return start
+        start += block
+    return -1
+
+
+cdef Py_ssize_t _segment_mismatch(Segment seg, object other) except -2:
+    """The first offset where ``seg`` and ``other`` differ; the shorter's length when one is a
+    prefix of the other; -1 when they are equal."""
+    cdef Py_buffer view
+    cdef void* token
+    cdef Py_ssize_t common, found, length
+    if type(other) is bytes:  # without a buffer export, as _segment_equals() does
+        length = len(<bytes>other)
+        seg._pin(&token)
+        common = seg._size if seg._size < length else length
+        found = _first_difference(seg._ptr, PyBytes_AS_STRING(other), common)
+        seg._unpin(token)
+        return common if found < 0 and seg._size != length else found
+    _acquire_bytes(other, &view, "mismatch() argument")
+    try:
+        seg._pin(&token)
+        common = seg._size if seg._size < view.len else view.len
+        found = _first_difference(seg._ptr, <const char*>view.buf, common)
+        seg._unpin(token)
+    finally:
+        PyBuffer_Release(&view)
+    if found < 0 and seg._size != view.len:
+        return common
+    return found
+
+
+cdef object _segment_equals(Segment seg, object other):
+    """seg == other as bytearray has it: equal bytes, with any contiguous bytes-like object;
+    NotImplemented for anything else (a str, an int, a strided memoryview)."""
+    cdef Py_buffer view
+    cdef void* token
+    cdef bint equal
+    cdef Py_ssize_t length
+    if type(other) is bytes:
+        # The common case without a buffer export: a bytes object's memory is immutable and held
+        # by the reference the caller holds.
+        length = len(<bytes>other)
+        seg._pin(&token)
+        equal = seg._size == length and memcmp(seg._ptr, PyBytes_AS_STRING(other), <size_t>length) == 0
+        seg._unpin(token)
+        return equal
+    if not PyObject_CheckBuffer(other):
+        return NotImplemented
+    try:
+        PyObject_GetBuffer(other, &view, PyBUF_SIMPLE)
+    except BufferError:
+        return NotImplemented  # not contiguous (bytearray says NotImplemented too)
+    try:
+        seg._pin(&token)
+        equal = seg._size == view.len and memcmp(seg._ptr, view.buf, <size_t>seg._size) == 0
+        seg._unpin(token)
+    finally:
+        PyBuffer_Release(&view)
+    return equal
+
+
+# -- seg.hex ---------------------------------------------------------------------------------------
+
+cdef str _segment_hex(Segment seg, object sep, object bytes_per_sep):
+    """bytes.hex() of the segment's bytes, without copying them to a bytes first."""
+    cdef str text
+    cdef unsigned char* out
+    cdef const unsigned char* data
+    cdef Py_ssize_t i
+    cdef void* token
+    if sep is not None:
+        # The separated forms through memoryview.hex(), which judges sep and bytes_per_sep as
+        # bytes.hex() does; the memoryview holds an export, so no free can run under it.
+        with memoryview(seg) as view:
+            return view.hex(sep, bytes_per_sep)
+    if seg._size > PY_SSIZE_T_MAX // 2:
+        raise MemoryError(f"the hex of {seg._size} bytes is longer than any str")
+    text = PyUnicode_New(2 * seg._size, 127)
+    out = <unsigned char*>PyUnicode_DATA(text)
+    seg._pin(&token)
+    data = <const unsigned char*>seg._ptr
+    for i in range(seg._size):
+        out[2 * i] = _HEX_DIGITS[data[i] >> 4]
+        out[2 * i + 1] = _HEX_DIGITS[data[i] & 15]
+    seg._unpin(token)
+    return text
+
+
+# -- seg.readonly, seg.is_accessible_by ------------------------------------------------------------
+
+cdef Segment _segment_readonly(Segment seg):
+    """A read-only segment of the same memory and lifetime (what slice() makes, marked read-only)."""
+    cdef Segment view = _segment_slice(seg, 0, seg._size)
+    view._readonly = True
+    return view
+
+
+cdef int _refuse_write(Segment seg) except -1:
+    """TypeError for a write to a read-only segment (what bytes and a read-only memoryview raise)."""
+    raise TypeError("this segment is read-only (made by readonly()): it cannot be written")
+
+
+cdef bint _segment_accessible_by(Segment seg, object thread) except -1:
+    """Whether ``thread`` (a threading.Thread, or an ident as threading.get_ident() gives) may use
+    the segment now: it is alive, and its owner is not confined to another thread."""
+    cdef unsigned long ident
+    if isinstance(thread, int) and not isinstance(thread, bool):
+        if thread < 0 or thread > <object>ULONG_MAX:
+            return False  # no thread has that ident (threading.get_ident() is an unsigned long)
+        ident = thread
+    else:
+        import threading  # already imported by any program that has a Thread to pass
+        if not isinstance(thread, threading.Thread):
+            raise TypeError(f"is_accessible_by() needs a threading.Thread or a thread ident (int), "
+                            f"not {type(thread).__name__}")
+        if thread.ident is None:
+            return False  # not started: it may not be the owner, whoever that is
+        ident = thread.ident
+    cdef Lifetime* life = seg._life
+    if life == NULL:
+        return False
+    cdef void* token = access_enter(life)
+    cdef bint alive = seg._current() and not seg._dead_root()
+    access_exit(token)
+    return alive and (life.owner == 0 or life.owner == ident)

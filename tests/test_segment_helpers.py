@@ -1,0 +1,596 @@
+"""The Panama-style helpers of issue 27 (allocate_from, allocate_string, arenalib.copy, mismatch, ==,
+hex, readonly, is_accessible_by) against bytes/bytearray, their Python equivalents; the argument
+slips of the same issue; Python code run inside the helpers (an __index__ or __buffer__ that kills
+the segment, a collection at every allocation).  The child-process re-entrancy matrix has them
+too (tests/safety_child.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import io
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from support import KINDS
+
+import arenalib
+from arenalib import ArenaClosedError, UnsupportedOperation
+
+PATTERN = bytes(range(256)) * 4  # 1024 bytes
+
+
+def filled(arena, data: bytes):
+    seg = arena.allocate(len(data), zero=False)
+    seg[:] = data
+    return seg
+
+
+# -- allocate_from ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [bytes, bytearray, memoryview, lambda b: np.frombuffer(b, np.uint8)])
+def test_allocate_from_copies_any_buffer(arena, make):
+    source = make(PATTERN)
+    seg = arena.allocate_from(source)
+    assert seg.tobytes() == PATTERN
+    assert seg.arena is arena
+
+
+def test_allocate_from_is_a_copy_not_a_view(arena):
+    source = bytearray(PATTERN)
+    seg = arena.allocate_from(source)
+    source[0] = 99
+    assert seg[0] == PATTERN[0]
+    seg[1] = 77
+    assert source[1] == PATTERN[1]
+
+
+def test_allocate_from_copies_a_strided_or_multidimensional_buffer_in_c_order(arena):
+    strided = memoryview(PATTERN)[::3]
+    assert arena.allocate_from(strided).tobytes() == bytes(strided)
+    matrix = np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2]  # not contiguous
+    seg = arena.allocate_from(matrix)
+    assert seg.tobytes() == matrix.tobytes() == bytearray(matrix)
+    assert len(seg) == matrix.nbytes
+
+
+def test_allocate_from_a_segment_of_the_same_arena_and_with_align(arena):
+    first = filled(arena, PATTERN)
+    second = arena.allocate_from(first, align=4096)
+    assert second.address % 4096 == 0
+    assert second == first and second.address != first.address
+    assert first.exports == 0  # the source's export was released
+
+
+def test_allocate_from_refuses_what_bytearray_refuses(arena):
+    for bad in ("text", 12, None, [1, 2]):
+        with pytest.raises(TypeError):
+            arena.allocate_from(bad)
+    with pytest.raises(ValueError):
+        arena.allocate_from(b"x", align=3)
+    dead = arena.allocate(8)
+    arena.reset()
+    with pytest.raises(ArenaClosedError):
+        arena.allocate_from(dead)
+    arena.close()
+    with pytest.raises(ArenaClosedError):
+        arena.allocate_from(b"abc")
+
+
+def test_allocate_from_empty(arena):
+    seg = arena.allocate_from(b"")
+    assert len(seg) == 0 and seg.tobytes() == b""
+
+
+# -- allocate_string -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["", "hello", "żółw 🐢", "a\x00b"])
+def test_allocate_string_is_encode_plus_a_nul(arena, text):
+    assert arena.allocate_string(text).tobytes() == text.encode() + b"\x00"
+    assert arena.allocate_string(text, nul=False).tobytes() == text.encode()
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-16-le", "UTF-8", "ascii"])
+def test_allocate_string_other_encodings(arena, encoding):
+    text = "caf\xe9" if encoding != "ascii" else "cafe"
+    assert arena.allocate_string(text, encoding).tobytes() == text.encode(encoding) + b"\x00"
+
+
+def test_allocate_string_errors_are_encodes(arena):
+    with pytest.raises(UnicodeEncodeError):
+        arena.allocate_string("\ud800")  # a lone surrogate, as "\ud800".encode() raises
+    with pytest.raises(UnicodeEncodeError):
+        arena.allocate_string("\xe9", "ascii")
+    with pytest.raises(LookupError):
+        arena.allocate_string("x", "no-such-codec")
+    with pytest.raises(TypeError):
+        arena.allocate_string(b"bytes")
+    with pytest.raises(TypeError, match="nul"):
+        arena.allocate_string("x", nul="yes")
+
+
+# -- arenalib.copy ---------------------------------------------------------------------------------
+
+
+def test_copy_between_segments_and_builtins(arena):
+    seg = arena.allocate(64)
+    arenalib.copy(PATTERN, 10, seg, 4, 20)
+    model = bytearray(64)
+    model[4:24] = PATTERN[10:30]
+    assert seg.tobytes() == model
+    out = bytearray(64)
+    arenalib.copy(seg, 0, out, 0, 64)
+    assert out == model
+    array = np.zeros(16, np.uint32)  # offsets are in bytes, whatever the item size
+    arenalib.copy(seg, 4, array, 2, 20)
+    assert array.tobytes()[2:22] == model[4:24]
+
+
+@pytest.mark.parametrize(("src_at", "dst_at", "n"),
+                         [(0, 5, 40), (5, 0, 40), (3, 3, 50), (0, 0, 64), (7, 60, 4)])
+def test_copy_within_one_segment_is_memmove(arena, src_at, dst_at, n):
+    seg = filled(arena, PATTERN[:64])
+    model = bytearray(PATTERN[:64])
+    arenalib.copy(seg, src_at, seg, dst_at, n)
+    model[dst_at:dst_at + n] = model[src_at:src_at + n]
+    assert seg.tobytes() == model
+    assert seg.exports == 0
+
+
+def test_copy_overlapping_slices_of_one_segment(arena):
+    seg = filled(arena, PATTERN[:64])
+    model = bytearray(PATTERN[:64])
+    arenalib.copy(seg.slice(0, 40), 0, seg.slice(8, 40), 0, 32)
+    model[8:40] = model[0:32]
+    assert seg.tobytes() == model
+
+
+def test_copy_bounds_and_argument_errors(arena):
+    seg = arena.allocate(16)
+    with pytest.raises(IndexError):
+        arenalib.copy(b"abc", 0, seg, 14, 3)
+    with pytest.raises(IndexError):
+        arenalib.copy(b"abc", 1, seg, 0, 3)
+    with pytest.raises(IndexError):
+        arenalib.copy(b"abc", 1 << 70, seg, 0, 0)
+    arenalib.copy(b"abc", 3, seg, 16, 0)  # empty ranges at the ends are in bounds
+    for args in ((b"abc", -1, seg, 0, 1), (b"abc", 0, seg, -1, 1), (b"abc", 0, seg, 0, -1)):
+        with pytest.raises(ValueError):
+            arenalib.copy(*args)
+    with pytest.raises(TypeError, match="dst_offset"):
+        arenalib.copy(b"abc", 0, seg, "0", 1)
+    with pytest.raises(TypeError, match="read-only"):
+        arenalib.copy(seg, 0, b"abcdef", 0, 1)
+    with pytest.raises(TypeError, match="read-only"):
+        arenalib.copy(b"a", 0, seg.readonly(), 0, 1)
+    with pytest.raises(TypeError):
+        arenalib.copy("text", 0, seg, 0, 1)
+    with pytest.raises(BufferError):
+        arenalib.copy(memoryview(PATTERN)[::2], 0, seg, 0, 1)
+    assert seg.tobytes() == bytes(16)  # nothing was written by a refused copy
+    seg.free() if type(arena) is not arenalib.SlicingArena else arena.reset()
+    with pytest.raises(ArenaClosedError):
+        arenalib.copy(b"abc", 0, seg, 0, 3)
+
+
+# -- mismatch, ==, hex -----------------------------------------------------------------------------
+
+
+def test_mismatch_is_panamas(arena):
+    seg = filled(arena, PATTERN)
+    assert seg.mismatch(PATTERN) == -1
+    assert seg.mismatch(bytearray(PATTERN)) == -1
+    assert seg.mismatch(seg) == -1
+    assert seg.mismatch(PATTERN[:100]) == 100  # a prefix: the shorter one's length
+    assert seg.mismatch(PATTERN + b"x") == len(PATTERN)
+    assert seg.mismatch(b"") == 0
+    for where in (0, 1, 255, 256, 257, 700, len(PATTERN) - 1):
+        other = bytearray(PATTERN)
+        other[where] ^= 0xFF
+        assert seg.mismatch(other) == where
+        assert seg.mismatch(np.frombuffer(bytes(other), np.uint8)) == where
+    with pytest.raises(TypeError):
+        seg.mismatch("text")
+
+
+def test_equality_is_bytearrays(arena):
+    seg = filled(arena, PATTERN[:32])
+    other = filled(arena, PATTERN[:32])
+    assert seg == PATTERN[:32] and PATTERN[:32] == seg
+    assert seg == bytearray(PATTERN[:32]) and seg == memoryview(PATTERN[:32])
+    assert seg == other and not seg != other
+    assert seg != PATTERN[:31] and seg != PATTERN[1:33]
+    other[5] = 0
+    assert seg != other and not seg == other
+    for unlike in ("text", 3, None, [1, 2]):
+        assert seg != unlike and not seg == unlike
+        assert (bytearray(PATTERN[:32]) == unlike) is (seg == unlike)
+    strided = memoryview(PATTERN[:64])[::2]
+    assert (seg == strided) is (bytearray(PATTERN[:32]) == strided)  # both NotImplemented: False
+    assert seg.readonly() == seg
+
+
+def test_segment_is_unhashable(arena):
+    seg = arena.allocate(8)
+    assert Segment_hash_is_none()
+    with pytest.raises(TypeError):
+        hash(seg)
+    with pytest.raises(TypeError):
+        {seg}  # noqa: B018
+
+
+def Segment_hash_is_none():
+    return arenalib.Segment.__hash__ is None
+
+
+def test_comparing_a_dead_segment_raises(arena):
+    seg = arena.allocate(8)
+    arena.reset()
+    with pytest.raises(ArenaClosedError):
+        seg == b"\0" * 8  # noqa: B015
+    with pytest.raises(ArenaClosedError):
+        seg.mismatch(b"")
+    with pytest.raises(ArenaClosedError):
+        seg.hex()
+    live = arena.allocate(8)
+    with pytest.raises(ArenaClosedError):
+        live == seg  # noqa: B015
+
+
+@pytest.mark.parametrize("args", [(), (":",), ("-", 2), (b" ", -3), ("_", 100), ("|", -1)])
+def test_hex_is_bytes_hex(arena, args):
+    seg = filled(arena, PATTERN[:37])
+    assert seg.hex(*args) == PATTERN[:37].hex(*args)
+    assert arena.allocate(0).hex(*args) == b"".hex(*args)
+
+
+def test_hex_argument_errors_are_bytes_hex(arena):
+    seg = filled(arena, PATTERN[:8])
+    for args in (("ab",), ("é",), (1,), (":", "2")):
+        with pytest.raises((TypeError, ValueError)) as caught:
+            seg.hex(*args)
+        with pytest.raises(caught.type):
+            PATTERN[:8].hex(*args)
+    assert seg.exports == 0
+
+
+# -- readonly --------------------------------------------------------------------------------------
+
+
+def writable_buffer_request(obj) -> None:
+    """PyObject_GetBuffer(obj, PyBUF_WRITABLE), as C code asking for a writable buffer makes it."""
+    view = (ctypes.c_char * 256)()  # room for a Py_buffer
+    get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+    get_buffer.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.c_int]
+    get_buffer(obj, ctypes.addressof(view), 0x0001)  # raises what the exporter raised
+    ctypes.pythonapi.PyBuffer_Release.argtypes = [ctypes.c_void_p]
+    ctypes.pythonapi.PyBuffer_Release(ctypes.addressof(view))
+
+
+def test_readonly_shares_the_memory_and_refuses_writes(arena):
+    seg = filled(arena, PATTERN[:64])
+    view = seg.readonly()
+    assert view == seg and len(view) == 64 and view.address == seg.address
+    seg[0] = 200
+    assert view[0] == 200  # the same memory
+    with memoryview(view) as mv:
+        assert mv.readonly
+        with pytest.raises(TypeError):
+            mv[0] = 1
+    assert np.frombuffer(view, np.uint8).flags.writeable is False
+    with pytest.raises(TypeError):
+        view.fill(1)
+    with pytest.raises(TypeError):
+        view[0] = 1
+    with pytest.raises(TypeError):
+        view[0:2] = b"ab"
+    for readonly in (view, b"bytes"):
+        with pytest.raises(BufferError):
+            writable_buffer_request(readonly)
+        with pytest.raises(TypeError):
+            ctypes.c_char.from_buffer(readonly)
+    with pytest.raises(TypeError):
+        io.BytesIO(b"data").readinto(view)  # "w*": a read-write buffer is required
+    with pytest.raises(TypeError):
+        view.slice(0, 8).fill(0)  # its slices are read-only too
+    with pytest.raises(UnsupportedOperation):
+        view.free()
+    assert seg.tobytes() == bytes([200]) + PATTERN[1:64]
+    writable_buffer_request(seg)  # the source stays writable
+    ctypes.c_char.from_buffer(seg)
+    seg.fill(3)
+    assert view.tobytes() == bytes([3]) * 64
+
+
+def test_readonly_shares_the_lifetime(arena):
+    seg = arena.allocate(16)
+    view = seg.readonly()
+    with memoryview(view):
+        assert seg.exports == 1  # an export of the view is one of its source
+        with pytest.raises(BufferError):
+            arena.reset()
+    arena.reset()
+    assert not view.alive
+    with pytest.raises(ArenaClosedError):
+        view.tobytes()
+    with pytest.raises(ArenaClosedError):
+        seg.readonly()
+
+
+# -- is_accessible_by ------------------------------------------------------------------------------
+
+
+def _other_thread() -> threading.Thread:
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+    return thread
+
+
+def test_is_accessible_by(kind):
+    other = _other_thread()
+    unstarted = threading.Thread(target=lambda: None)
+    with kind() as arena:
+        seg = arena.allocate(8)
+        confined = kind is arenalib.ConfinedArena
+        assert seg.is_accessible_by(threading.current_thread())
+        assert seg.is_accessible_by(threading.get_ident())
+        assert seg.is_accessible_by(other) is not confined
+        assert seg.is_accessible_by(other.ident) is not confined
+        assert not seg.is_accessible_by(unstarted)
+        assert not seg.is_accessible_by(-1) and not seg.is_accessible_by(1 << 64)
+        assert seg.readonly().is_accessible_by(threading.get_ident())
+        for bad in ("main", None, 1.5, True):
+            with pytest.raises(TypeError):
+                seg.is_accessible_by(bad)
+    assert not seg.is_accessible_by(threading.current_thread())  # dead: accessible by none
+
+
+def test_is_accessible_by_from_the_other_side():
+    with arenalib.ConfinedArena() as arena:
+        seg = arena.allocate(8)
+        main = threading.current_thread()
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append((seg.is_accessible_by(main),
+                                                              seg.is_accessible_by(threading.current_thread()))))
+        thread.start()
+        thread.join()
+        assert seen == [(True, False)]
+
+
+# -- the slips of issue 27 -------------------------------------------------------------------------
+
+
+def test_allocate_type_errors_name_the_argument(arena):
+    with pytest.raises(TypeError, match="size"):
+        arena.allocate("10")
+    with pytest.raises(TypeError, match="size"):
+        arena.allocate(1.5)
+    with pytest.raises(TypeError, match="offset"):
+        arena.allocate(8).slice("0", 1)
+
+
+@pytest.mark.parametrize("bad", ["no", None, 1.0, b""])
+def test_zero_is_a_bool_or_an_int(arena, bad):
+    with pytest.raises(TypeError, match="zero"):
+        arena.allocate(8, zero=bad)
+    with pytest.raises(TypeError, match="zero"):
+        arenalib.BufferPool(64, 2, zero=bad)
+
+
+def test_zero_takes_bools_and_ints(arena):
+    for flag in (True, False, 0, 1, 2):
+        seg = arena.allocate(64, zero=flag)
+        if flag:
+            assert seg.tobytes() == bytes(64)
+    with arenalib.SlicingArena() as slicing, slicing.frame() as frame:
+        assert frame.allocate(8, zero=1).tobytes() == bytes(8)
+        with pytest.raises(TypeError, match="zero"):
+            frame.allocate(8, zero="yes")
+    arenalib.BufferPool(64, 2, zero=1).close()
+
+
+@pytest.mark.parametrize("value", [-1, 0])
+def test_buffer_pool_sizes_say_what_is_accepted(value):
+    for args in ((value, 4), (64, value)):
+        with pytest.raises(ValueError) as caught:
+            arenalib.BufferPool(*args)
+        assert ">= 1" in str(caught.value) and ">= 0" not in str(caught.value)
+
+
+# -- Python code run inside the helpers ------------------------------------------------------------
+
+
+class Killing:
+    """An int whose __index__ runs ``kill`` first (reset/close/free of the segment's arena)."""
+
+    def __init__(self, value, kill):
+        self.value, self.kill = value, kill
+
+    def __index__(self):
+        self.kill()
+        return self.value
+
+
+def _kills(arena, seg):
+    ways = [arena.reset, arena.close]
+    if type(arena) is not arenalib.SlicingArena:
+        ways.append(seg.free)
+    return ways
+
+
+@pytest.mark.parametrize("way", [0, 1, 2])
+def test_an_index_killing_the_segment_mid_copy_raises(kind, way):
+    for direction in ("into", "from"):
+        arena = kind()
+        seg = filled(arena, b"\x11" * 64)
+        ways = _kills(arena, seg)
+        if way >= len(ways):
+            arena.close()
+            pytest.skip("SlicingArena segments are not freed one by one")
+        kill = ways[way]
+        out = bytearray(8)
+        with pytest.raises(ArenaClosedError):
+            if direction == "into":
+                arenalib.copy(b"\x41" * 8, 0, seg, Killing(0, kill), 8)
+            else:
+                arenalib.copy(seg, Killing(0, kill), out, 0, 8)
+        assert out == bytearray(8) and not seg.alive
+        arena.close()
+
+
+def test_a_buffer_killing_its_own_segment_is_refused(arena):
+    """A __buffer__ (3.12+) of the second buffer runs after the first is acquired: a kill of the
+    first's arena is refused (BufferError in the callback), the copy goes ahead on live memory.
+    mismatch() takes the other's buffer before it checks its own segment: the reset there works,
+    and the segment says it is dead."""
+    seg = filled(arena, b"\x11" * 16)
+    refused = []
+
+    class Exporter:
+        def __buffer__(self, flags):
+            try:
+                arena.reset()
+            except BufferError as exc:
+                refused.append(exc)
+            return memoryview(bytearray(16))
+
+    if not hasattr(memoryview, "__buffer__"):
+        pytest.skip("__buffer__ is 3.12+")
+    target = Exporter()
+    arenalib.copy(seg, 0, target, 0, 16)
+    assert refused and seg.alive
+    with pytest.raises(ArenaClosedError):
+        seg.mismatch(Exporter())
+    assert len(refused) == 1 and not seg.alive
+
+
+def test_helpers_with_a_collection_at_every_allocation(kind):
+    """gc.set_threshold(1): a finalizer closes the arena at whatever allocation the helper makes;
+    each call either works on live memory or raises ArenaClosedError."""
+    saved = gc.get_threshold()
+    outcomes = set()
+    try:
+        for round_ in range(40):
+            arena = kind()
+            seg = filled(arena, PATTERN[:64])
+
+            class Closer:
+                def __del__(self, arena=arena, seg=seg):
+                    if not seg.exports:  # a close refused from __del__ would be unraisable
+                        arena.close()
+
+            def plant():
+                closer = Closer()
+                closer.cycle = closer
+
+            gc.collect()
+            plant()
+            gc.set_threshold(1)
+            try:
+                call = round_ % 5
+                if call == 0:
+                    result = arena.allocate_from(seg).tobytes()
+                elif call == 1:
+                    result = arena.allocate_string("x" * 64).tobytes()
+                elif call == 2:
+                    result = seg.hex()
+                elif call == 3:
+                    result = seg.mismatch(bytearray(PATTERN[:64]))
+                else:
+                    result = seg == PATTERN[:64]
+                outcomes.add("returned")
+                assert result in (PATTERN[:64], b"x" * 64 + b"\0", PATTERN[:64].hex(), -1, True)
+            except ArenaClosedError:
+                outcomes.add("closed")
+            finally:
+                gc.set_threshold(*saved)
+                gc.collect()
+                arena.close()
+    finally:
+        gc.set_threshold(*saved)
+    assert outcomes  # at least one round ran
+
+
+# -- the helpers against a bytearray model ---------------------------------------------------------
+
+SIZE = 48
+offsets = st.integers(0, SIZE)
+operations = st.one_of(
+    st.tuples(st.just("copy_within"), offsets, offsets, offsets),
+    st.tuples(st.just("copy_in"), st.binary(max_size=SIZE), offsets, offsets),
+    st.tuples(st.just("copy_out"), offsets, offsets),
+    st.tuples(st.just("mismatch"), st.binary(max_size=SIZE + 4)),
+    st.tuples(st.just("flip"), st.integers(0, SIZE - 1)),
+    st.tuples(st.just("hex"), st.sampled_from(["", ":", "-"]), st.integers(-5, 5).filter(bool)),
+    st.tuples(st.just("copy_of")),
+    st.tuples(st.just("readonly_slice"), offsets, offsets),
+)
+
+
+@given(kind_index=st.integers(0, len(KINDS) - 1), start=st.binary(min_size=SIZE, max_size=SIZE),
+       ops=st.lists(operations, max_size=25))
+def test_helpers_against_a_bytearray_model(kind_index, start, ops):
+    with KINDS[kind_index]() as arena:
+        seg = arena.allocate_from(start)
+        model = bytearray(start)
+        for op in ops:
+            name = op[0]
+            if name == "copy_within":
+                _, src_at, dst_at, n = op
+                fits = src_at + n <= SIZE and dst_at + n <= SIZE
+                try:
+                    arenalib.copy(seg, src_at, seg, dst_at, n)
+                except IndexError:
+                    assert not fits
+                else:
+                    assert fits
+                    model[dst_at:dst_at + n] = model[src_at:src_at + n]
+            elif name == "copy_in":
+                _, data, dst_at, n = op
+                fits = n <= len(data) and dst_at + n <= SIZE
+                try:
+                    arenalib.copy(data, 0, seg, dst_at, n)
+                except IndexError:
+                    assert not fits
+                else:
+                    assert fits
+                    model[dst_at:dst_at + n] = data[:n]
+            elif name == "copy_out":
+                _, src_at, n = op
+                out = bytearray(SIZE)
+                if src_at + n <= SIZE:
+                    arenalib.copy(seg, src_at, out, 0, n)
+                    assert out[:n] == model[src_at:src_at + n]
+            elif name == "mismatch":
+                other = op[1]
+                pairs = enumerate(zip(model, other, strict=False))
+                expected = next((i for i, (a, b) in pairs if a != b), None)
+                if expected is None:
+                    expected = -1 if len(other) == SIZE else min(len(other), SIZE)
+                assert seg.mismatch(other) == expected
+                assert (seg == other) is (model == other)
+                assert (seg != other) is (model != other)
+            elif name == "flip":
+                model[op[1]] ^= 1
+                seg[op[1]] ^= 1
+            elif name == "hex":
+                _, sep, per = op
+                args = (sep, per) if sep else ()
+                assert seg.hex(*args) == model.hex(*args)
+            elif name == "copy_of":
+                copied = arena.allocate_from(seg)
+                assert copied == model and copied.address != seg.address
+            else:
+                _, offset, n = op
+                if offset + n <= SIZE:
+                    part = seg.readonly().slice(offset, n)
+                    assert part == model[offset:offset + n]
+                    with pytest.raises(TypeError):
+                        part.fill(0)
+        assert seg == model and seg.tobytes() == model and seg.exports == 0
