@@ -38,11 +38,12 @@ cdef void confined_reset(ArenaCore* core) noexcept nogil:
     core.confined.recent_overflowed = False
 
 
-cdef inline void confined_close(ArenaCore* core, size_t* stale, size_t* churn) noexcept:
+cdef inline void confined_close(ArenaCore* core, size_t* stale, size_t* churn, bint holding) noexcept:
     """What a closing ConfinedArena leaves to its slot: ``stale`` bytes still allocated, ``churn``
-    bytes allocated in all."""
+    bytes allocated in all.  ``holding``: exports are alive, no block goes back (not even to the
+    cache, which frees what it cannot keep)."""
     churn[0] = core.books.allocated_total
-    if core.confined.recent_overflowed:
+    if core.confined.recent_overflowed or holding:
         stale[0] = <size_t>core.books.live_bytes  # dropped in bulk by a reset of the slot
     else:
         # A small scope: its few blocks go straight back to the slot's cache, warm for the next

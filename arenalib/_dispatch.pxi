@@ -208,7 +208,7 @@ cdef void _core_shut(ArenaCore* core, size_t* stale, size_t* churn, bint holding
     core.life.generation += 1
     count_add(&_inline_state.arenas_closed, 1)
     if core.kind == ARENA_KIND_CONFINED:
-        confined_close(core, stale, churn)
+        confined_close(core, stale, churn, holding)
     elif core.kind == ARENA_KIND_SHARED:
         shared_close(core, stale, churn)
     else:
