@@ -304,6 +304,12 @@ cdef inline void books_add(Books* books, size_t size) noexcept nogil:
     store_size(&books.allocated_total, books.allocated_total + size)
 
 
+cdef inline void books_resize(Books* books, size_t old, size_t new, bint moved) noexcept nogil:
+    """Count one allocation of ``old`` bytes resized to ``new`` (``moved``: into a new block)."""
+    store_ssize(&books.live_bytes, books.live_bytes + <Py_ssize_t>new - <Py_ssize_t>old)
+    store_size(&books.allocated_total, books.allocated_total + (new if moved else new - min(old, new)))
+
+
 cdef inline void books_note_peak(Books* books) noexcept nogil:
     """Bring peak_bytes up to live_bytes."""
     if books.live_bytes > books.peak_bytes:

@@ -56,6 +56,7 @@ cdef class SegmentOwner:
     cdef int _free_segment(self, Segment seg) except -1
     cdef int _check_freeable(self) except -1
     cdef void _exports_released(self) noexcept
+    cdef Segment _resize_segment(self, Segment seg, Py_ssize_t size, bint zero)
 
 
 cdef class Segment:
@@ -73,6 +74,8 @@ cdef class Segment:
         int _free_pending       # free once the last export is released (root only)
         uint64_t _frame_stamp   # carved under a mark of a SlicingArena: its level's stamp (0: none)
         bint _readonly          # made by readonly() (or sliced from one): no writes, no writable exports
+        unsigned char _lg_align  # log2 of the align it was allocated at (0: none asked): resize keeps it
+        bint _resized           # resize() moved its memory to another Segment (root only)
 
     cdef int _check(self) except -1
     cdef int _status(self) noexcept

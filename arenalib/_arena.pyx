@@ -185,6 +185,8 @@ cdef class ArenaBase(SegmentOwner):
         # one (see _shared.pxi), chosen below: no reference taken on it meanwhile.
         cdef bint owned = owned_here(self)
         cdef Segment seg = make_segment(self, size, owned)
+        if align > 1:
+            seg._lg_align = <unsigned char>arenalib_ctz(align)
         cdef void* ptr
         cdef void* anchor = NULL
         # Another thread's reset or close waits until the segment is bound to this generation.
@@ -256,6 +258,60 @@ cdef class ArenaBase(SegmentOwner):
         if self._debug_blocks is not None:
             self._debug_blocks.pop(<size_t>seg._ptr, None)
         return 0
+
+    cdef Segment _resize_segment(self, Segment seg, Py_ssize_t size, bint zero):
+        # As _free_segment(): the new segment object first (it may start a GC), then the segment
+        # is claimed against its accesses and the arena against reset and close, judged again,
+        # and resized with nothing in between that calls back.
+        if self._traced is None and PyTraceMalloc_Untrack(TRACE_DOMAIN, 0) == 0:
+            self._start_tracing()
+        cdef Segment resized = make_segment(self, size, False)
+        resized._keeper = seg._keeper  # what keeps the arena alive for seg (no call back)
+        resized._lg_align = seg._lg_align
+        resized._frame_stamp = seg._frame_stamp  # a resize never moves a carve to another level
+        cdef Lifetime* life = &self._core.life
+        if not free_begin(life, seg, NULL):
+            seg._raise_status(SEGMENT_DEAD)
+        cdef void* token = access_enter(life)
+        if not seg._current():
+            free_end(seg, False)
+            access_exit(token)
+            seg._raise_status(SEGMENT_DEAD)
+        cdef size_t old_size = <size_t>seg._size
+        cdef void* ptr = NULL
+        cdef Py_ssize_t exports = count_read(&seg._exports)
+        cdef int err = ARENA_EEXPORTED if exports else ARENA_OK
+        while not err:
+            err = arena_resize_checked(&self._core, seg._ptr, old_size, <size_t>size,
+                                       <size_t>1 << seg._lg_align, zero, seg._frame_stamp, &ptr)
+            if err == ARENA_EBUSY and FREE_THREADED:
+                arenalib_yield()  # another thread is carving from this SlicingArena (see _allocate)
+                err = ARENA_OK
+                continue
+            break
+        if not err:
+            resized._ptr = <char*>ptr
+            resized._generation = seg._generation
+            seg._resized = True
+        free_end(seg, err == ARENA_OK)  # resized: the old handle (and its slices) die
+        access_exit(token)
+        if err == ARENA_EEXPORTED:
+            raise BufferError(
+                f"cannot resize a segment while {exports} buffer export(s) of it or of its slices "
+                "(memoryview, NumPy array, io_uring request in flight ...) are alive; release them first")
+        if err == ARENA_EINVAL:
+            raise ValueError("cannot grow this SlicingArena segment: it would move into a mark or frame "
+                             "opened after it was carved, and die at its rewind; resize it there")
+        if err:
+            self._raise(err, f"cannot resize a segment of {old_size} bytes to {size}")
+        if self._traced is not None:
+            self._trace(<size_t>seg._ptr, 0, False)
+            self._trace(<size_t>ptr, <size_t>size, True, resized._frame_stamp)
+        if self._debug_blocks is not None:
+            self._debug_blocks.pop(<size_t>seg._ptr, None)
+        if _debug:
+            _debug_note_allocation(self, <size_t>ptr, size)
+        return resized
 
     cdef void _start_tracing(self) noexcept:
         with cython.critical_section(self):  # several threads may allocate at once

@@ -7,7 +7,9 @@ from arenalib._abi cimport (
     arenalib_compiler_fence,
 )
 from arenalib._blocks cimport cache_bin, cache_bin_size, cache_pop, cache_push
-from arenalib._jemalloc cimport MALLOCX_LG_ALIGN, MALLOCX_ZERO, je_dallocx, je_mallocx
+from arenalib._jemalloc cimport (
+    MALLOCX_LG_ALIGN, MALLOCX_ZERO, je_dallocx, je_mallocx, je_rallocx, je_sallocx, je_xallocx,
+)
 
 
 # zero=True blocks up to this size are zeroed by memset, not by jemalloc (see DESIGN.md).
@@ -98,6 +100,49 @@ cdef inline void cached_free(FreeBlocks* cache, int flags, void* ptr, size_t siz
     """Keep a freed block for reuse, or give it to jemalloc when the cache is full."""
     if size > CACHE_MAX_SIZE or not cache_push(cache, ptr, size):
         je_dallocx(ptr, flags)
+
+
+cdef enum:  # what cached_resize() did
+    RESIZE_FAILED = 0       # no memory: the block is as it was
+    RESIZE_IN_PLACE = 1
+    RESIZE_MOVED = 2        # to a new block, the bytes copied, the old block freed
+
+
+cdef int cached_resize(FreeBlocks* cache, int flags, void* ptr, size_t old, size_t new,
+                       size_t align, bint zero, void** out) noexcept nogil:
+    """Resize the block ``ptr`` of ``old`` bytes, from cached_allocate() at ``align``, to ``new``
+    bytes (``zero``: the bytes past ``old`` zeroed); out[0] is where the bytes are now."""
+    cdef void* moved = ptr
+    cdef size_t zero_from = old    # where the bytes to zero here begin
+    cdef size_t zero_to = new
+    cdef bint both_large = old > CACHE_MAX_SIZE and new > CACHE_MAX_SIZE
+    if both_large:
+        # jemalloc's own extents: in place (xallocx) when the pages after it are free or the size
+        # shrinks, else jemalloc moves it (rallocx), where a large extent's pages may be remapped.
+        if align > 1:
+            flags |= MALLOCX_LG_ALIGN(arenalib_ctz(align))
+        if zero and new - old > EAGER_ZERO_LIMIT:
+            # As jemalloc_allocate(): zero pages from jemalloc rather than a memset of them all.
+            # It zeroes from the extent's usable size on; the slack before it is memset here.
+            zero_to = min(je_sallocx(ptr, 0), new)
+            flags |= MALLOCX_ZERO
+        if je_xallocx(ptr, new, 0, flags) < new:
+            moved = je_rallocx(ptr, new, flags)
+            if moved == NULL:
+                return RESIZE_FAILED
+    elif old > CACHE_MAX_SIZE or new > CACHE_MAX_SIZE or cache_bin(old) != cache_bin(new):
+        # Another size class of the cache (whose blocks hold their whole class), or across the
+        # cache's bound: a block of the new size, as an allocation would take it.
+        moved = cached_allocate(cache, flags, new, align, False)
+        if moved == NULL:
+            return RESIZE_FAILED
+        memcpy(moved, ptr, min(old, new))
+        cached_free(cache, flags, ptr, old)
+    # Else the same size class: the block already holds ``new`` bytes.
+    if zero and zero_to > zero_from:
+        memset(<char*>moved + zero_from, 0, zero_to - zero_from)
+    out[0] = moved
+    return RESIZE_IN_PLACE if moved == ptr else RESIZE_MOVED
 
 
 cdef void* region_allocate(size_t size, size_t align, bint zero) noexcept nogil:

@@ -7,7 +7,7 @@
 
 cimport cython
 
-from arenalib._abi cimport ArenaCore
+from arenalib._abi cimport ArenaCore, ConfinedState, books_note_peak, books_resize
 from arenalib._confined cimport confined_count_allocation, confined_count_free, recent_blocks_to_cache
 from arenalib._table cimport ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_CONFINED, ARENA_OK
 
@@ -27,6 +27,29 @@ cdef inline int confined_allocate(ArenaCore* core, size_t size, size_t align, bi
 cdef inline int confined_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
     cached_free(&core.slot.cache, slot_flags(core.slot), ptr, size)
     confined_count_free(core, ptr, size)
+    return ARENA_OK
+
+
+cdef inline int confined_resize(ArenaCore* core, void* ptr, size_t old, size_t new, size_t align,
+                                bint zero, void** out) noexcept nogil:
+    if new > old and over_limit(core, new - old):
+        return ARENA_ELIMIT
+    cdef int done = cached_resize(&core.slot.cache, slot_flags(core.slot), ptr, old, new, align,
+                                  zero, out)
+    if done == RESIZE_FAILED:
+        return ARENA_ENOMEM
+    # The block stays the one remembered for close, at its new place and size (a free and a new
+    # allocation would take a second entry of the few there are).
+    cdef ConfinedState* confined = &core.confined
+    cdef int i
+    if not confined.recent_overflowed:
+        for i in range(confined.recent_count):
+            if confined.recent[i] == ptr:
+                confined.recent[i] = out[0]
+                confined.recent_sizes[i] = new
+                break
+    books_resize(&core.books, old, new, done == RESIZE_MOVED)
+    books_note_peak(&core.books)
     return ARENA_OK
 
 

@@ -89,6 +89,23 @@ cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil
     return ARENA_EUNSUPPORTED
 
 
+cdef int arena_resize_checked(ArenaCore* core, void* ptr, size_t old, size_t new, size_t align,
+                              bint zero, uint64_t stamp, void** out) noexcept nogil:
+    """Resize the live allocation ``ptr`` of ``old`` bytes, made at ``align`` (and, in a
+    SlicingArena, under the level of marks of ``stamp``), to ``new`` bytes; out[0]: where it is
+    now (``ptr`` when resized in place).  The caller keeps reset, close and other accesses out."""
+    cdef int err = _usable(core)
+    if err:
+        return err
+    if new > MAX_SIZE:
+        return ARENA_ENOMEM
+    if core.kind == ARENA_KIND_SHARED:
+        return shared_resize(core, ptr, old, new, align, zero, out)
+    if core.kind == ARENA_KIND_CONFINED:
+        return confined_resize(core, ptr, old, new, align, zero, out)
+    return slicing_resize(core, ptr, old, new, align, zero, stamp, out)
+
+
 # -- reset -------------------------------------------------------------------------------------------
 
 cdef int arena_reset_checked(ArenaCore* core) noexcept nogil:

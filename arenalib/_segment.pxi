@@ -73,6 +73,9 @@ cdef class SegmentOwner:
         """The last export of a segment of this owner, closed deferred, was released: let go of
         the memory (see ArenaBase.close)."""
 
+    cdef Segment _resize_segment(self, Segment seg, Py_ssize_t size, bint zero):
+        raise UnsupportedOperation(f"segments of {type(self).__name__} have a fixed size")
+
 
 @cython.final
 @cython.freelist(1024)
@@ -279,6 +282,27 @@ cdef class Segment:
         else:
             self._arena._free_segment(self)  # the owner's rule (and its refusal while exports live)
 
+    def resize(self, size, *, zero=True):
+        """A segment of ``size`` bytes holding this one's bytes (up to the smaller size), from
+        the same arena; this segment dies (ArenaClosedError), as a pointer passed to C's
+        realloc() does.  A segment's length never changes, so that no length a caller or another
+        thread has checked turns false.
+
+        In place when the arena can (the returned segment's address is this one's: jemalloc's
+        xallocx(), the last carve of a SlicingArena), else the bytes move (jemalloc's rallocx(), a
+        new carve).  zero: the bytes past the old size are zero-filled (False: left as they
+        are).  The alignment asked at allocation is kept.  Raises BufferError while a buffer
+        export of the segment or of a slice of it is alive, UnsupportedOperation for a slice or
+        a BufferPool's buffer, MemoryError when the memory cannot be had or max_bytes would be
+        exceeded (the segment then unchanged and alive)."""
+        cdef Py_ssize_t n = _parse_size(size, "size")
+        cdef bint fill_zero = parse_flag(zero, "zero")
+        self._check()
+        if self._root is not None:
+            raise UnsupportedOperation(
+                "a slice (or readonly() view) shares its parent's memory: resize the parent")
+        return self._arena._resize_segment(self, n, fill_zero)
+
     cdef int _free_when_unexported(self) except -1:
         """Free this checked root segment now if no export of it is alive, else mark it for the
         last export's release (see __releasebuffer__)."""
@@ -415,5 +439,7 @@ cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size, bint keep=True):
     seg._life = arena._life  # never NULL (an owner's __cinit__ sets it first): the dealloc hook's mark
     seg._frame_stamp = 0
     seg._readonly = False
+    seg._lg_align = 0
+    seg._resized = False
     shard_add(LIVE_SEGMENTS, 1)
     return seg

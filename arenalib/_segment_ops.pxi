@@ -127,7 +127,8 @@ cdef object _dead_segment_error(Segment seg):
     if not arena_open:
         why = f"its {type(arena).__name__} is closed"
     elif seg._dead_root():
-        why = "it was freed or released"
+        why = ("it was resized (use the segment resize() returned)" if seg._owner_segment()._resized
+               else "it was freed or released")
     elif seg._generation == seg._life.generation:
         why = f"its {type(arena).__name__} was rewound to a mark made before it"
     else:

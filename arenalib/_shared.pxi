@@ -18,8 +18,8 @@ from cpython.pythread cimport (
 from libc.stdint cimport uint64_t
 
 from arenalib._abi cimport (
-    ArenaCore, ArenaSlot, Books, ThreadCache, books_clear, books_remove, load_first_cache, load_size,
-    load_ssize, store_first_cache,
+    ArenaCore, ArenaSlot, Books, ThreadCache, books_clear, books_remove, books_resize, load_first_cache,
+    load_size, load_ssize, store_first_cache, store_ssize,
 )
 from arenalib._blocks cimport cache_held_bytes
 from arenalib._shared cimport shared_count_allocation
@@ -153,6 +153,28 @@ cdef inline int shared_free(ArenaCore* core, void* ptr, size_t size) noexcept no
         books_remove(&tc.books, size)
     if core.max_bytes >= 0:
         arenalib_atomic_add(&core.shared.reserved_bytes, -<Py_ssize_t>size)
+    return ARENA_OK
+
+
+cdef inline int shared_resize(ArenaCore* core, void* ptr, size_t old, size_t new, size_t align,
+                              bint zero, void** out) noexcept nogil:
+    cdef ThreadCache* tc = _thread_cache(core)
+    if tc == NULL:
+        return ARENA_ENOMEM
+    cdef Py_ssize_t grow = <Py_ssize_t>new - <Py_ssize_t>old
+    if core.max_bytes >= 0 and grow > 0 and not arenalib_reserve(&core.shared.reserved_bytes,
+                                                                 <size_t>grow, core.max_bytes):
+        return ARENA_ELIMIT
+    cdef int done = cached_resize(&tc.cache, _thread_flags(core, tc), ptr, old, new, align, zero, out)
+    if done == RESIZE_FAILED:
+        if core.max_bytes >= 0 and grow > 0:
+            arenalib_atomic_add(&core.shared.reserved_bytes, -grow)
+        return ARENA_ENOMEM
+    if core.max_bytes >= 0 and grow < 0:
+        arenalib_atomic_add(&core.shared.reserved_bytes, grow)
+    books_resize(&tc.books, old, new, done == RESIZE_MOVED)  # this thread's share, as a free's
+    if tc.books.live_bytes > tc.high_water:
+        store_ssize(&tc.high_water, tc.books.live_bytes)
     return ARENA_OK
 
 

@@ -258,6 +258,47 @@ cdef int slicing_allocate(ArenaCore* core, size_t size, size_t align, bint zero,
     return err
 
 
+cdef int slicing_resize(ArenaCore* core, void* ptr, size_t old, size_t new, size_t align, bint zero,
+                        uint64_t stamp, void** out) noexcept nogil:
+    """Resize the carve ``ptr`` of ``old`` bytes (carved at ``align`` under the level of ``stamp``).
+    The last carve of the current chunk, at the innermost level of marks, grows or shrinks in place
+    (its end is the cursor); any other shrinks in place, and grows into a new carve with its bytes
+    copied, the old one left carved until the next reset or rewind.  ARENA_EINVAL: it would move
+    into a level of marks opened after its carve, whose rewind would take it."""
+    cdef int err = slicing_lock(core)
+    if err:
+        return err
+    cdef SlicingState* slicing = &core.slicing
+    cdef size_t start = <size_t>ptr
+    cdef uint64_t version
+    cdef bint innermost = frame_stamp_now(&core.life, &version) == stamp
+    cdef bint last = (innermost and slicing.nchunks and start + old == slicing.cursor
+                      and start >= <size_t>slicing.chunks[slicing.current])
+    out[0] = ptr
+    if last and new <= slicing.cursor_end - start:
+        if new > old and over_limit(core, new - old):
+            err = ARENA_ELIMIT
+        else:
+            slicing.cursor = start + new
+            core.books.live_bytes += <Py_ssize_t>new - <Py_ssize_t>old
+            if zero and new > old:
+                memset(<char*>ptr + old, 0, new - old)
+    elif new > old and not innermost:
+        err = ARENA_EINVAL
+    elif new > old:
+        err = _carve(core, new, align, False, out)
+        if not err:
+            memcpy(out[0], ptr, old)
+            if zero:
+                memset(<char*>out[0] + old, 0, new - old)
+            core.books.live_segments -= 1  # the old carve's segment is the one that dies
+    if err:
+        arenalib_unlock(&slicing.busy)
+    else:
+        slicing_unlock(core)
+    return err
+
+
 cdef void slicing_open(ArenaCore* core, size_t chunk_size) noexcept nogil:
     """A SlicingArena opens with no chunk: its first carve takes one."""
     memset(&core.slicing, 0, sizeof(SlicingState))

@@ -11,6 +11,13 @@ ops per inner batch, the garbage collector off), per op at 64 B, 4 KiB and 64 Ki
 * ``hx()`` (``hx = seg.hex``) against ``bh()`` (``bh = b.hex``);
 * ``st(s)`` (``st = arena.allocate_string``, NUL included) against ``s.encode()``, ``s`` an ASCII str.
 
+``seg.resize(n)`` in place (issue 27's target: <= 1.5x one allocate) is measured at more sizes, the
+cache's size classes and jemalloc's large extents (RESIZE_SIZES): ``h[0] = h[0].resize(m)`` then
+back to ``n``, ``m`` the smallest size of n's 16-byte step (both in place: one size class), against
+``al(m).free()`` then ``al(n).free()`` of another ConfinedArena (``al = arena.allocate``; zero=False
+for both): one allocation's cost in a steady state, where the block freed is the next one's (a reset
+per batch instead would charge the large sizes a jemalloc arena reset per call).  ns per pair.
+
 The allocating helpers allocate from a SlicingArena reset after every inner batch (its cheapest use:
 the carve reuses the same chunk, each Segment object is dropped at once, as the bytearray or bytes of
 the peer is); the others work on one long-lived ConfinedArena segment.  Candidates interleave over
@@ -28,6 +35,9 @@ TITLE = "9. Panama-style helpers against their Python equivalents (issue 27)"
 SIZES = [64, 4096, 65536]
 SETTINGS = {"quick": {"rounds": 7, "target_ms": 8.0}, "full": {"rounds": 21, "target_ms": 30.0}}
 LIMIT = 1.2
+RESIZE_SIZES = [64, 200, 1000, 3000, 4096, 24_000, 65536, 100_000, 1_000_000, 3_000_000]
+RESIZE_LIMIT = 1.5
+RESIZE_PAIR = ("seg.resize(n) in place", "arena.allocate(n).free()")
 # helper key -> (its label, its peer's key)
 PAIRS = {
     "allocate_from": ("arena.allocate_from(b)", "bytearray(b)"),
@@ -77,49 +87,75 @@ def candidates(slicing, confined) -> list[roundtrip.Candidate]:
     ]
 
 
+def _step_start(n: int) -> int:
+    return n - (n - 1) % 16
+
+
+def resize_candidates(resizing, allocating) -> list[roundtrip.Candidate]:
+    return [
+        roundtrip.Candidate("resize", RESIZE_PAIR[0], "arenalib",
+                            "h[0] = h[0].resize(m, zero=False); h[0] = h[0].resize(n, zero=False)",
+                            lambda n: {"h": [resizing.allocate(n, zero=False)], "m": _step_start(n), "n": n}),
+        roundtrip.Candidate("allocate", RESIZE_PAIR[1], "arenalib",
+                            "al(m, zero=False).free(); al(n, zero=False).free()",
+                            lambda n: {"al": allocating.allocate, "m": _step_start(n), "n": n}),
+    ]
+
+
 def plan(cfg: Config) -> float:
     s = SETTINGS[cfg.mode]
-    return s["target_ms"] * (s["rounds"] + 3) * len(SIZES) * 11
+    return s["target_ms"] * (s["rounds"] + 3) * (len(SIZES) * 11 + len(RESIZE_SIZES) * 2)
+
+
+def _measure(cands, n: int, s: dict, progress: Progress, what: str) -> dict[str, list[float]]:
+    """ns per op of each candidate at size n, per round (the starting one rotating)."""
+    target_ns = s["target_ms"] * 1e6
+    envs = {c.key: c.setup(n) for c in cands}
+    runners = {c.key: roundtrip.make_runner(c, n, envs[c.key]) for c in cands}
+    for run_ in runners.values():
+        run_(3)
+    outers = {key: roundtrip.calibrate(r, n, target_ns) for key, r in runners.items()}
+    ops = {key: outers[key] * roundtrip.inner_count(n) for key in runners}
+    keys = list(runners)
+    per_round: dict[str, list[float]] = {key: [] for key in keys}
+    for rnd in range(s["rounds"]):
+        shift = rnd % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            per_round[key].append(roundtrip.timed(runners[key], outers[key]) / ops[key])
+        progress.step(f"{what} {fmt_size(n)}, round {rnd + 1}/{s['rounds']}", s["target_ms"] * len(keys))
+    for c in cands:
+        if c.teardown is not None:
+            c.teardown(envs[c.key])
+    return per_round
 
 
 def run(cfg: Config, progress: Progress) -> dict:
     import arenalib
 
     s = SETTINGS[cfg.mode]
-    target_ns = s["target_ms"] * 1e6
     slicing = arenalib.SlicingArena()
     confined = arenalib.ConfinedArena()
-    sizes = {}
+    allocating = arenalib.ConfinedArena()
+    sizes, resize = {}, {}
     try:
         for n in SIZES:
-            cands = candidates(slicing, confined)
-            envs = {c.key: c.setup(n) for c in cands}
-            runners = {c.key: roundtrip.make_runner(c, n, envs[c.key]) for c in cands}
-            for run_ in runners.values():
-                run_(3)
-            outers = {key: roundtrip.calibrate(r, n, target_ns) for key, r in runners.items()}
-            ops = {key: outers[key] * roundtrip.inner_count(n) for key in runners}
-            keys = list(runners)
-            per_round: dict[str, list[float]] = {key: [] for key in keys}
-            for rnd in range(s["rounds"]):
-                shift = rnd % len(keys)
-                for key in keys[shift:] + keys[:shift]:
-                    per_round[key].append(roundtrip.timed(runners[key], outers[key]) / ops[key])
-                progress.step(f"helpers {fmt_size(n)}, round {rnd + 1}/{s['rounds']}",
-                              s["target_ms"] * len(keys))
-            for c in cands:
-                if c.teardown is not None:
-                    c.teardown(envs[c.key])
+            per_round = _measure(candidates(slicing, confined), n, s, progress, "helpers")
             slicing.reset()
             sizes[str(n)] = {
                 "cells": {key: {"ns_per_op": summarize(v)} for key, v in per_round.items()},
                 "ratios": {key: same_round_ratio(per_round[key], per_round[peer])
                            for key, (_, peer) in PAIRS.items()},
             }
+        for n in RESIZE_SIZES:
+            per_round = _measure(resize_candidates(confined, allocating), n, s, progress, "resize")
+            resize[str(n)] = {key: {"ns_per_op": summarize(v)} for key, v in per_round.items()}
+            resize[str(n)]["ratio"] = same_round_ratio(per_round["resize"], per_round["allocate"])
     finally:
         slicing.close()
         confined.close()
-    return {"sizes": sizes, "rounds": s["rounds"], "pairs": {k: list(v) for k, v in PAIRS.items()}}
+        allocating.close()
+    return {"sizes": sizes, "rounds": s["rounds"], "pairs": {k: list(v) for k, v in PAIRS.items()},
+            "resize": resize}
 
 
 def targets(results: dict) -> list[dict]:
@@ -128,6 +164,10 @@ def targets(results: dict) -> list[dict]:
         for n, cell in results["sizes"].items():
             checks.append(ratio_item(f"each helper <= {LIMIT}x its fastest Python equivalent (issue 27)",
                                      key, label, int(n), peer, peer, LIMIT, cell["ratios"].get(key)))
+    for n, cell in results.get("resize", {}).items():
+        checks.append(ratio_item(f"resize in place <= {RESIZE_LIMIT}x one allocate (issue 27)", "resize",
+                                 RESIZE_PAIR[0], int(n), "allocate", RESIZE_PAIR[1], RESIZE_LIMIT,
+                                 cell["ratio"]))
     return checks
 
 
@@ -148,9 +188,18 @@ def tables(results: dict, markdown: bool = False) -> str:
                          peer, fmt_ns(cell["cells"][peer]["ns_per_op"]["median"]),
                          f"{r['median']:.2f}x ({r['q1']:.2f}-{r['q3']:.2f})"])
     h = "### " if markdown else ""
-    return "\n".join([f"{h}Helpers against their peers: ns per op, ratio (median of {results['rounds']} "
-                      "same-round ratios, quartiles)",
-                      table(["helper", "size", "ns", "peer", "peer ns", "ratio"], rows, markdown)])
+    parts = [f"{h}Helpers against their peers: ns per op, ratio (median of {results['rounds']} "
+             "same-round ratios, quartiles)",
+             table(["helper", "size", "ns", "peer", "peer ns", "ratio"], rows, markdown)]
+    resize = results.get("resize")
+    if resize:
+        rows = [[fmt_size(int(n)), fmt_ns(c["resize"]["ns_per_op"]["median"]),
+                 fmt_ns(c["allocate"]["ns_per_op"]["median"]),
+                 f"{c['ratio']['median']:.2f}x ({c['ratio']['q1']:.2f}-{c['ratio']['q3']:.2f})"]
+                for n, c in resize.items()]
+        parts += ["", f"{h}seg.resize(n) in place against a ConfinedArena's allocate + free: ns per pair",
+                  table(["size", "resize ns", "allocate ns", "ratio"], rows, markdown)]
+    return "\n".join(parts)
 
 
 plots = no_plots

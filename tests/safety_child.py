@@ -182,9 +182,13 @@ ENTRIES = [
     ("equals", "buffer"), ("equals", "finalizer"),
     ("hex", "index_bytes_per_sep"), ("hex", "finalizer"),
     ("allocate_from", "index_align"), ("allocate_from", "finalizer"),
+    # resize(): its size's __index__; the bytes of the segment it returns are what it read.
+    ("resize", "index_size"), ("resize", "finalizer"),
 ]
 POOL_ENTRIES = [("pool_index", "finalizer"), ("pool_release", "finalizer")]
-READS = {"getitem", "getslice", "getslice_step", "copy_from", "mismatch", "equals", "hex", "allocate_from"}
+READS = {"getitem", "getslice", "getslice_step", "copy_from", "mismatch", "equals", "hex", "allocate_from",
+         "resize"}
+FIXED_SIZE = {"resize"}  # not for a BufferPool's buffers
 WRITES = {"fill", "setitem", "setslice", "setslice_step", "copy_into"}
 _helper_arena = None
 
@@ -200,6 +204,8 @@ def helper_arena():
 def cells(kind: str) -> list[tuple[str, str, str, str]]:
     """Every cell of ``kind``'s matrix, in the order the child runs them."""
     entries = ENTRIES + (POOL_ENTRIES if kind == "BufferPool" else [])
+    if kind == "BufferPool":
+        entries = [e for e in entries if e[0] not in FIXED_SIZE]
     if sys.version_info < (3, 12):  # no __buffer__ before 3.12
         entries = [e for e in entries if e[1] != "buffer"]
     return [(kind, kill, entry, trigger) for kill in KILLS[kind] for entry, trigger in entries]
@@ -341,6 +347,9 @@ def build_call(entry: str, trigger: str, seg, pool, fire):
     if entry == "allocate_from":
         align = Index(8, fire) if trigger == "index_align" else AllocIndex(8) if fin else 8
         return lambda: helper_arena().allocate_from(seg, align=align).tobytes()
+    if entry == "resize":
+        size = idx(2 * SIZE, "index_size")
+        return lambda: seg.resize(size, zero=False).tobytes()[:SIZE]
     if entry == "pool_index":
         return lambda: pool.index(seg)
     if entry == "pool_release":
