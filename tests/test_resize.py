@@ -369,8 +369,9 @@ def test_threads_resizing_and_reading_one_segment(kind):
 # -- a state machine against a bytearray model -------------------------------------------------------
 
 class ResizeMachine(RuleBasedStateMachine):
-    """Allocations, resizes, writes, slices, exports, frees, marks and resets of one arena, checked
-    against bytearrays: every live segment holds its model's bytes, every dead one raises."""
+    """Allocations, resizes, writes, slices, exports, frees and resets of one arena, and the
+    Panama-style helpers over them, checked against bytearrays: every live segment holds its model's
+    bytes, every dead one raises."""
 
     def __init__(self):
         super().__init__()
@@ -474,6 +475,72 @@ class ResizeMachine(RuleBasedStateMachine):
         self.dead.extend(s for s, _, _ in self.slices)
         self.live, self.slices = [], []
 
+    # -- the Panama-style helpers against the same model --------------------------------------------
+
+    @rule(i=st.integers(0, 50), j=st.integers(0, 50), src_at=st.integers(0, 400),
+          dst_at=st.integers(0, 400), n=st.integers(0, 400))
+    @precondition(lambda self: self.live)
+    def copy(self, i, j, src_at, dst_at, n):
+        src = self.live[i % len(self.live)]
+        dst = self.live[j % len(self.live)]
+        if src_at + n > len(src[1]) or dst_at + n > len(dst[1]):
+            with pytest.raises((ValueError, IndexError)):
+                arenalib.copy(src[0], src_at, dst[0], dst_at, n)
+            return
+        arenalib.copy(src[0], src_at, dst[0], dst_at, n)  # overlap-safe, as memmove
+        dst[1][dst_at:dst_at + n] = bytes(src[1][src_at:src_at + n])
+
+    @rule(i=st.integers(0, 50), j=st.integers(0, 50), cut=st.integers(0, 300))
+    @precondition(lambda self: self.live)
+    def compare(self, i, j, cut):
+        a = self.live[i % len(self.live)]
+        b = self.live[j % len(self.live)]
+        other = bytes(b[1][:cut])
+        expected = next((k for k, (x, y) in enumerate(zip(a[1], other, strict=False)) if x != y),
+                        -1 if len(a[1]) == len(other) else min(len(a[1]), len(other)))
+        assert a[0].mismatch(other) == expected
+        assert (a[0] == other) == (bytes(a[1]) == other)
+        assert (a[0] == b[0]) == (a[1] == b[1])
+
+    @rule(i=st.integers(0, 50), sep=st.sampled_from([None, ":", "-"]), per=st.integers(1, 5))
+    @precondition(lambda self: self.live)
+    def hex(self, i, sep, per):
+        seg, model = self.live[i % len(self.live)]
+        expected = bytes(model).hex() if sep is None else bytes(model).hex(sep, per)
+        assert (seg.hex() if sep is None else seg.hex(sep, per)) == expected
+
+    @rule(i=st.integers(0, 50))
+    @precondition(lambda self: self.live and self.arena is not None)
+    def allocate_from(self, i):
+        seg, model = self.live[i % len(self.live)]
+        try:
+            copy = self.arena.allocate_from(seg)
+        except MemoryError:
+            return
+        self.live.append([copy, bytearray(model)])
+
+    @rule(text=st.text(max_size=40), nul=st.booleans())
+    @precondition(lambda self: self.arena is not None)
+    def allocate_string(self, text, nul):
+        try:
+            seg = self.arena.allocate_string(text, nul=nul)
+        except MemoryError:
+            return
+        self.live.append([seg, bytearray(text.encode() + (b"\0" if nul else b""))])
+
+    @rule(i=st.integers(0, 50))
+    @precondition(lambda self: self.live)
+    def readonly(self, i):
+        entry = self.live[i % len(self.live)]
+        view = entry[0].readonly()
+        assert view.tobytes() == entry[1]
+        if len(entry[1]):
+            with pytest.raises(TypeError):
+                view[0] = 1
+        with memoryview(view) as exported:
+            assert exported.readonly
+        self.slices.append((view, entry, 0))
+
     @invariant()
     def contents(self):
         for seg, model in self.live:
@@ -494,5 +561,5 @@ class ResizeMachine(RuleBasedStateMachine):
             self.arena.close()
 
 
-ResizeMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+ResizeMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
 test_resize_machine = ResizeMachine.TestCase
