@@ -135,6 +135,49 @@ cdef class BufferPool(SegmentOwner):
             raise_closed()
         return 0
 
+    cdef Py_ssize_t _lend(self, void* lender, lender_take_fn take) except -1:
+        """Lend every free buffer to a ring's provided-buffer ring (Ring.provide(), which has counted
+        itself in with _registered): each goes to ``take`` now and again whenever a segment the ring
+        delivered over it is released, until _unlend().  How many; ValueError when the pool is lent
+        already, ArenaClosedError when closed."""
+        cdef Py_ssize_t n = -1
+        cdef bint is_open
+        with cython.critical_section(self):  # C only inside
+            is_open = self._open
+            if is_open and self._lender == NULL:
+                self._lender = lender
+                self._lender_take = take
+                n = books_lend(&self._books, self._count, lender, take)
+        if not is_open:
+            raise_closed()
+        if n < 0:
+            raise ValueError("the BufferPool is provided to a Ring already: withdraw() it first "
+                             "(a pool lends its buffers to one group at a time)")
+        return n
+
+    cdef Py_ssize_t _unlend(self, void* lender) noexcept:
+        """End the lending to ``lender``: its buffers not handed out are free again (the ring has
+        made sure the kernel picks none any more); segments it delivered come back to the free list."""
+        cdef Py_ssize_t n = 0
+        with cython.critical_section(self):
+            if self._lender == lender:
+                self._lender = NULL
+                self._lender_take = NULL
+                n = books_unlend(&self._books)
+        return n
+
+    cdef bint _deliver(self, Segment seg, Py_ssize_t index, Py_ssize_t nbytes) noexcept:
+        """Bind ``seg`` (fresh from make_segment) to lent buffer ``index``, which the kernel filled
+        with ``nbytes`` bytes from its start; False, ``seg`` left dead, when that buffer is not lent."""
+        cdef bint ok
+        with cython.critical_section(self):
+            ok = self._open and books_deliver(&self._books, index)
+            if ok:
+                seg._ptr = self._base + <size_t>index * self._stride
+                seg._size = nbytes
+                seg._generation = self._lifetime.generation
+        return ok
+
     cdef void _close_now(self) noexcept:
         """Every segment dead, the region untracked and let go (it goes when no raw view holds it)."""
         self._open = False
@@ -269,7 +312,8 @@ cdef class BufferPool(SegmentOwner):
         if exports[0]:
             free_end(seg, False)
             return SEG_EXPORTED
-        if seg._ptr != self._base + <size_t>i * self._stride or not books_give_back(&self._books, i):
+        if (seg._ptr != self._base + <size_t>i * self._stride
+                or not books_give_back(&self._books, i, self._lender, self._lender_take)):
             free_end(seg, False)
             return SEG_NOT_IN_USE
         free_end(seg, True)
@@ -418,15 +462,15 @@ cdef class BufferPool(SegmentOwner):
         """Figures of the pool and its region: live_bytes (the region's size; 0 once closed),
         resident (bytes of the region in RAM now), exports (live buffer exports of its segments),
         closed, buffers, buffer_size, in_use, available, acquisitions (acquire()/try_acquire()
-        calls served), high_water (most buffers in use at once) and exhausted (such calls that found
-        no free buffer).  The figures are of one moment (in_use + available == buffers while open),
+        calls served), high_water (most buffers in use at once), exhausted (such calls that found
+        no free buffer) and lent (buffers lent to a Ring by Ring.provide(), counted in in_use).  The figures are of one moment (in_use + available == buffers while open),
         read in one critical section with nothing else inside."""
         cdef size_t nbytes = self._stride * <size_t>self._count
         # Made first: this may start a GC that closes the pool, which the reads below must see.
         cdef bytearray vector = bytearray(region_pages(self._base, nbytes))
         cdef unsigned char* flags = vector
         cdef bint is_open
-        cdef Py_ssize_t in_use = 0, available = 0, exports, high_water, exhausted
+        cdef Py_ssize_t in_use = 0, available = 0, exports, high_water, exhausted, lent
         cdef size_t acquisitions, resident = 0
         with cython.critical_section(self):  # C only inside: nothing can suspend the section
             is_open = self._open
@@ -438,11 +482,12 @@ cdef class BufferPool(SegmentOwner):
             acquisitions = self._books.acquisitions
             high_water = self._books.high_water
             exhausted = self._books.exhausted
+            lent = self._books.lent
         return {"live_bytes": nbytes if is_open else 0,
                 "resident": resident, "exports": exports, "closed": not is_open,
                 "buffers": self._count, "buffer_size": self._buffer_size, "in_use": in_use,
                 "available": available, "acquisitions": acquisitions, "high_water": high_water,
-                "exhausted": exhausted}
+                "exhausted": exhausted, "lent": lent}
 
     def __repr__(self):
         if not self._open:

@@ -7,6 +7,11 @@
 # up (handed out in order once the stack is empty).  ``state`` is written only below ``touched``, the
 # buffers ever handed out (above it, a buffer holds what the region's pages hold: ``fresh_state``).
 # So making a pool writes no bookkeeping, and a reset writes what was used, not every buffer.
+#
+# Buffers lent to a Ring's provided-buffer ring (Ring.provide) are out of the free list: LENT while
+# the kernel may pick them (never reachable from Python), DELIVERED once a completion handed one out
+# as a Segment.  Giving a DELIVERED buffer back puts it into the ring again while the lending lasts
+# (books_give_back), else on the free list; ending the lending (books_unlend) frees the LENT ones.
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.pyport cimport PY_SSIZE_T_MAX
@@ -23,6 +28,8 @@ cdef enum:
     FREE_ZERO = 0
     IN_USE = 1
     FREE_DIRTY = 2
+    LENT = 3         # in a ring's provided-buffer ring: the kernel may write it at any time
+    DELIVERED = 4    # picked by the kernel and handed out by the ring as a Segment
 
 # The bookkeeping per buffer: its index on the free stack and its state byte.
 cdef size_t BOOKKEEPING_PER_BUFFER = sizeof(Py_ssize_t) + 1
@@ -108,9 +115,19 @@ cdef Py_ssize_t books_take(PoolBooks* books, Py_ssize_t count, bint* dirty) noex
     return i
 
 
-cdef bint books_give_back(PoolBooks* books, Py_ssize_t i) noexcept nogil:
-    """Put buffer ``i`` back on the free stack; False, changing nothing, when it is not in use."""
-    if i >= books.touched or books.state[i] != IN_USE:
+cdef bint books_give_back(PoolBooks* books, Py_ssize_t i, void* lender,
+                          lender_take_fn take) noexcept nogil:
+    """Put buffer ``i`` back on the free stack, or, when a ring delivered it and ``lender`` takes it,
+    into that ring; False, changing nothing, when it is not in use."""
+    if i >= books.touched:
+        return False
+    cdef unsigned char state = books.state[i]
+    if state == DELIVERED:
+        if lender != NULL and take(lender, i):
+            books.state[i] = LENT
+            return True
+        books.lent -= 1
+    elif state != IN_USE:
         return False
     books.state[i] = FREE_DIRTY
     books.free_stack[books.nstack] = i
@@ -123,8 +140,47 @@ cdef void books_reset(PoolBooks* books) noexcept nogil:
     """Every buffer free, handed out from index 0 up again; the ones in use become dirty."""
     cdef Py_ssize_t i
     for i in range(books.touched):
-        if books.state[i] == IN_USE:
+        if books.state[i] == IN_USE or books.state[i] == DELIVERED:  # (never LENT: reset refuses)
             books.state[i] = FREE_DIRTY
     books.nstack = 0
     books.next_fresh = 0
     books.in_use = 0
+    books.lent = 0
+
+
+cdef Py_ssize_t books_lend(PoolBooks* books, Py_ssize_t count, void* lender,
+                           lender_take_fn take) noexcept nogil:
+    """Lend every free buffer to ``lender`` (each marked LENT and handed to ``take``); how many."""
+    cdef Py_ssize_t i, n = 0
+    cdef bint dirty
+    while books_available(books, count):
+        i = books_take(books, count, &dirty)
+        books.acquisitions -= 1  # lent, not acquired
+        books.state[i] = LENT
+        books.lent += 1
+        take(lender, i)
+        n += 1
+    return n
+
+
+cdef Py_ssize_t books_unlend(PoolBooks* books) noexcept nogil:
+    """End a lending: the LENT buffers back on the free stack (the DELIVERED ones come back when
+    their segments are released); how many."""
+    cdef Py_ssize_t i, n = 0
+    for i in range(books.touched):
+        if books.state[i] == LENT:
+            books.state[i] = FREE_DIRTY
+            books.free_stack[books.nstack] = i
+            books.nstack += 1
+            n += 1
+    books.in_use -= n
+    books.lent -= n
+    return n
+
+
+cdef bint books_deliver(PoolBooks* books, Py_ssize_t i) noexcept nogil:
+    """Buffer ``i``, picked by the kernel, is handed out; False when it was not LENT."""
+    if i < 0 or i >= books.touched or books.state[i] != LENT:
+        return False
+    books.state[i] = DELIVERED
+    return True
