@@ -48,5 +48,5 @@ def test_bufring_experiment_receives_every_byte_and_reports():
             assert all(c["bytes"] == 16 * cell["per_conn"] * (int(size) + 8) for c in cells), kind
     assert set(res["overhead"]) == {"64", "1000", "4096"}
     assert all(c["c_ns"]["median"] > 0 and c["python_ns"]["median"] > 0 for c in res["overhead"].values())
-    assert "RSS growth MiB" in out["tables"] and "Python ns" in out["tables"]
-    assert "ns per completion over C" in out["targets_text"]
+    assert "RSS growth MiB" in out["tables"] and "Python CPU" in out["tables"]
+    assert "ns of CPU per completion over C" in out["targets_text"]
