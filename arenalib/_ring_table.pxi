@@ -8,7 +8,8 @@
 # cannot overflow with single-shot completions.  A multishot receive keeps its slot until its last
 # completion; the completions before that each carry a buffer of its group, so there are at most as
 # many as buffers lent (``done`` grows for them, and the kernel keeps what the CQ cannot hold:
-# IORING_FEAT_NODROP, which every kernel with provided-buffer rings has).  Everything here is C except _request_release (a pin's release may run
+# IORING_FEAT_NODROP, which every kernel with provided-buffer rings has).  Everything here is C
+# except _request_release (a pin's release may run
 # finalizers) and what builds wait()'s list.
 
 

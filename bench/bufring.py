@@ -313,7 +313,8 @@ def overhead_round(mod, size: int, messages: int, c_first: bool) -> dict:
         segs = [pool.acquire() for _ in range(OVERHEAD_BUFFERS)]
         addresses = [pool.address + pool.index(s) * pool.stride for s in segs]
         try:
-            ns, n, cpu = mod.recv_multishot_loop(server.fileno(), client.fileno(), addresses, size, payload, 1)
+            ns, n, cpu = mod.recv_multishot_loop(server.fileno(), client.fileno(), addresses, size,
+                                                 payload, 1)
         finally:
             for s in segs:
                 s.free()
@@ -421,7 +422,8 @@ def run(cfg: Config, progress: Progress) -> dict:
 
 def _growth_ratio(res: dict) -> dict:
     cells = res["memory"]["cells"]
-    return same_round_ratio([c["rss_growth"] for c in cells["ring"]], [c["rss_growth"] for c in cells["recv_into"]])
+    return same_round_ratio([c["rss_growth"] for c in cells["ring"]],
+                            [c["rss_growth"] for c in cells["recv_into"]])
 
 
 def _tp(cell: dict) -> float:
@@ -435,7 +437,8 @@ def _cpu_per_mib(cell: dict, who: str = "cpu_s") -> float:
 def targets(results: dict) -> list[dict]:
     checks = []
     r = _growth_ratio(results)["median"]
-    checks.append({"target": "provided buffers: server RSS growth <= 1/10 of recv_into per connection (issue 30)",
+    checks.append({"target": "provided buffers: server RSS growth <= 1/10 of recv_into per connection "
+                             "(issue 30)",
                    "status": "MET" if r <= TARGETS["memory"] else "MISSED", "label": "memory", "ratio": r,
                    "connections": results["memory"]["connections"]})
     for size, cell in results["throughput"].items():
@@ -444,8 +447,8 @@ def targets(results: dict) -> list[dict]:
         cpu = same_round_ratio([_cpu_per_mib(c) for c in ring], [_cpu_per_mib(c) for c in sel])["median"]
         client_bound = summarize([c["client_cpu_s"] / c["cpu_s"] for c in sel])["median"] > 1
         met = tp >= TARGETS["throughput"] or (client_bound and cpu <= TARGETS["cpu"])
-        checks.append({"target": "provided buffers: throughput >= 1.3x selectors+recv_into, or server CPU/byte "
-                                 "<= 0.6x where the client is the bound (issue 30)",
+        checks.append({"target": "provided buffers: throughput >= 1.3x selectors+recv_into, or server "
+                                 "CPU/byte <= 0.6x where the client is the bound (issue 30)",
                        "status": "MET" if met else "MISSED", "label": f"throughput {fmt_size(int(size))}",
                        "ratio": tp, "cpu_ratio": cpu, "client_bound": client_bound})
     for size, cell in results["overhead"].items():
@@ -460,14 +463,14 @@ def target_line(check: dict) -> str:
     if check["ratio"] is None:
         return f"{check['status']:6s} not measured"
     if check["label"] == "memory":
-        return (f"{check['status']:6s} RSS growth with {check['connections']} connections: {check['ratio']:.3f}x "
-                f"recv_into's (limit {TARGETS['memory']})")
+        return (f"{check['status']:6s} RSS growth with {check['connections']} connections: "
+                f"{check['ratio']:.3f}x recv_into's (limit {TARGETS['memory']})")
     if check["label"].startswith("throughput"):
         bound = "client-bound" if check["client_bound"] else "not client-bound"
         return (f"{check['status']:6s} {check['label']}: {check['ratio']:.2f}x selectors' GB/s (limit 1.3), "
                 f"server CPU/byte {check['cpu_ratio']:.2f}x (limit 0.6, {bound})")
-    return (f"{check['status']:6s} {check['label']}: {check['ratio'] * 1000:.0f} ns of CPU per completion over C "
-            "(limit 1000)")
+    return (f"{check['status']:6s} {check['label']}: {check['ratio'] * 1000:.0f} ns of CPU per completion "
+            "over C (limit 1000)")
 
 
 def tables(results: dict, markdown: bool = False) -> str:
@@ -499,12 +502,13 @@ def tables(results: dict, markdown: bool = False) -> str:
                     rows, markdown), ""]
     rows = []
     for size, cell in results["overhead"].items():
-        rows.append([fmt_size(int(size)), f"{cell['python_cpu']['median']:.0f}", f"{cell['c_cpu']['median']:.0f}",
-                     f"{cell['diff_cpu']['median']:.0f} ({cell['diff_cpu']['q1']:.0f}-{cell['diff_cpu']['q3']:.0f})",
+        d = cell["diff_cpu"]
+        rows.append([fmt_size(int(size)), f"{cell['python_cpu']['median']:.0f}",
+                     f"{cell['c_cpu']['median']:.0f}", f"{d['median']:.0f} ({d['q1']:.0f}-{d['q3']:.0f})",
                      f"{cell['python_ns']['median']:.0f}", f"{cell['c_ns']['median']:.0f}",
                      f"{cell['diff_ns']['median']:.0f}"])
-    parts += [f"{h}Per completion: the thread's CPU ns and wall ns of the Python loop (wait(), free()) and of "
-              "the C loop over liburing",
+    parts += [f"{h}Per completion: the thread's CPU ns and wall ns of the Python loop (wait(), free()) and "
+              "of the C loop over liburing",
               table(["buffer", "Python CPU", "C CPU", "difference (quartiles)", "Python wall", "C wall",
                      "wall diff"], rows, markdown)]
     return "\n".join(parts)

@@ -132,7 +132,8 @@ def main() -> int:
     parser.add_argument("--buffer-size", type=int, default=16384)
     parser.add_argument("--max-frame-size", type=int, default=1 << 30, help="largest frame accepted")
     args = parser.parse_args()
-    return serve(args.host, args.port, 1 if args.once else args.connections, args.buffers, args.buffer_size, args.max_frame_size)
+    connections = 1 if args.once else args.connections
+    return serve(args.host, args.port, connections, args.buffers, args.buffer_size, args.max_frame_size)
 
 
 if __name__ == "__main__":

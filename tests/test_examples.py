@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import arenalib
 from support import TIMEOUT_S, run_python
 from test_aio import uvloop_usable
+
+import arenalib
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RING_READ = EXAMPLES / "ring_read.py"
@@ -223,7 +223,7 @@ def test_ring_server_serves_many_connections_from_one_pool():
         outputs = [c.communicate(timeout=TIMEOUT_S) for c in clients]
     finally:
         out, _ = finish(server)
-    for c, (stdout, stderr) in zip(clients, outputs):
+    for c, (stdout, stderr) in zip(clients, outputs, strict=True):
         assert c.returncode == 0, stdout + stderr
         assert stdout.startswith("6 frames, 140206 bytes: every reply matched")
     assert out.splitlines()[-1] == "served 30 connection(s), 180 frames, 4206180 bytes"

@@ -13,7 +13,6 @@ import gc
 import os
 import random
 import socket
-import sys
 import threading
 import time
 import warnings
@@ -26,8 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from support import assert_ok, run_python
 
 import arenalib
-from arenalib import ArenaClosedError, BufferPool, PoolExhaustedError, Received, Ring
-from arenalib import _ring
+from arenalib import ArenaClosedError, BufferPool, PoolExhaustedError, Received, Ring, _ring
 
 try:
     Ring(1).close()
@@ -283,7 +281,7 @@ def test_buffers_acquired_before_provide_go_back_to_the_pool():
 
 
 def test_enobufs_and_recovery_after_rearm():
-    with provided(buffer_size=512, count=3) as (ring, pool), tcp_pairs(1) as [(server, client)]:
+    with provided(buffer_size=512, count=3) as (ring, _), tcp_pairs(1) as [(server, client)]:
         ring.recv_multishot(server, GROUP, user_data="c")
         held = []
         ended = None
@@ -309,7 +307,7 @@ def test_enobufs_and_recovery_after_rearm():
 
 
 def test_end_of_stream_and_socket_errors_end_the_receive():
-    with provided() as (ring, _), tcp_pairs(2) as [(s1, c1), (s2, c2)]:
+    with provided() as (ring, _), tcp_pairs(2) as [(s1, c1), _]:
         ring.recv_multishot(s1, GROUP, user_data=1)
         c1.sendall(b"last words")
         c1.close()
@@ -328,7 +326,7 @@ def test_the_kernel_ending_the_receive_on_a_full_completion_queue():
     """A ring of 1 entry (a completion queue of 2) and many separate messages not reaped: the kernel
     keeps the completions past the queue (NODROP) and may end the receive; every byte still
     arrives, and a re-armed receive goes on."""
-    with provided(buffer_size=256, count=32, entries=1) as (ring, pool), tcp_pairs(1) as [(server, client)]:
+    with provided(buffer_size=256, count=32, entries=1) as (ring, _), tcp_pairs(1) as [(server, client)]:
         ring.recv_multishot(server, GROUP)
         ring.submit()
         sent = bytearray()
@@ -373,7 +371,7 @@ def test_the_pool_is_pinned_until_withdraw():
 
 
 def test_withdraw_cancels_armed_receives_and_keeps_their_completions():
-    with provided(count=4) as (ring, pool), tcp_pairs(2) as [(s1, c1), (s2, c2)]:
+    with provided(count=4) as (ring, pool), tcp_pairs(2) as [(s1, c1), (s2, _)]:
         ring.recv_multishot(s1, GROUP, user_data=1)
         ring.recv_multishot(s2, GROUP, user_data=2)
         c1.sendall(b"before")
@@ -491,14 +489,14 @@ def test_an_older_kernel_gets_a_clear_error():
     try:
         _ring._pretend_kernel((5, 15))
         with Ring(2) as ring, BufferPool(64, 2) as pool:
-            with pytest.raises(OSError, match="5.19") as info:
+            with pytest.raises(OSError, match=r"5\.19") as info:
                 ring.provide(pool, 0)
             assert info.value.errno == errno.EOPNOTSUPP
             assert pool.available == 2
         _ring._pretend_kernel((5, 19))
         with Ring(2) as ring, BufferPool(64, 2) as pool:
             ring.provide(pool, 0)
-            with pytest.raises(OSError, match="6.0") as info:
+            with pytest.raises(OSError, match=r"6\.0") as info:
                 ring.recv_multishot(0, 0)
             assert info.value.errno == errno.EOPNOTSUPP
             ring.withdraw(0)
@@ -905,7 +903,7 @@ class ProvidedMachine(RuleBasedStateMachine):
 
     def teardown(self):
         try:
-            for seg, view in self.views:
+            for _, view in self.views:
                 view.release()
             for seg in self.held:
                 seg.free()

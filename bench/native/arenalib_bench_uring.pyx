@@ -209,7 +209,7 @@ def recv_multishot_loop(int server_fd, int client_fd, list addresses, unsigned b
     cdef const unsigned char* p = &payload[0]
     cdef size_t total = payload.shape[0], sent, got
     cdef ssize_t k
-    cdef Py_ssize_t r
+    cdef Py_ssize_t _r
     cdef long long t0, c0
     cdef long long completions = 0
     cdef int ret = 0, bad = 0
@@ -220,7 +220,8 @@ def recv_multishot_loop(int server_fd, int client_fd, list addresses, unsigned b
         free(addr)
         raise OSError(-ret, f"io_uring_queue_init_params: {os.strerror(-ret)}")
     try:
-        br = <io_uring_buf_ring*>mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        br = <io_uring_buf_ring*>mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                                      -1, 0)
         if <void*>br == MAP_FAILED:
             raise MemoryError()
         io_uring_buf_ring_init(br)
@@ -238,7 +239,7 @@ def recv_multishot_loop(int server_fd, int client_fd, list addresses, unsigned b
             _arm_multishot(&ring, server_fd)
             c0 = thread_cpu_ns()
             t0 = now_ns()
-            for r in range(rounds):
+            for _r in range(rounds):
                 sent = 0
                 got = 0
                 while got < total and not bad:
