@@ -7,7 +7,11 @@ buffer export (PyObject_GetBuffer) of every buffer it names and keeps it, with a
 until its completion is reaped by wait() or close().  A Segment with a live export refuses free(),
 release to its pool, its arena's reset() and close() with BufferError and changes nothing; a
 bytearray refuses to resize, an mmap to close.  Registering a BufferPool counts as a pin of the pool:
-its close() and reset() raise BufferError until unregister_pool() or close().
+its close() and reset() raise BufferError until unregister_pool() or close().  So does lending its
+buffers to the kernel (provide(): a provided-buffer ring, _ring_provide.pxi), until withdraw() or
+close(); a lent buffer is out of the pool's hands, and a Segment exists over it only once the kernel
+has filled it and a completion handed it over (recv_multishot()); releasing that Segment puts the
+buffer back into the kernel's ring.
 
 Each method converts its arguments and acquires the buffers first (all that can run Python code),
 then checks the ring, then fills the submission queue with C only ("convert, then check, then
@@ -30,8 +34,9 @@ is cleared): cancel, reap, unpin, and a ResourceWarning.
 The class and its docstrings are here; each method's work is a C function of the topic's file:
 _ring_table.pxi (the request table), _ring_check.pxi (the checks every call makes), _ring_submit.pxi
 (queueing: conversions, pins, the requests on one buffer and on a vector), _ring_fixed.pxi (registered
-buffers and their requests), _ring_wait.pxi (submit, wait, reap), _ring_close.pxi (close's cancel
-protocol), _ring_gc.pxi (the collector's view); the C that Cython has no words for is src/ring.h.
+buffers and their requests), _ring_provide.pxi (provided buffers, multishot receive), _ring_wait.pxi
+(submit, wait, reap), _ring_close.pxi (close's cancel protocol), _ring_gc.pxi (the collector's view);
+the C that Cython has no words for is src/ring.h.
 """
 
 cimport cython
@@ -187,7 +192,8 @@ cdef class Ring:
     power of two), a completion queue twice as large; ``flags`` adds SETUP_* flags of this module.
 
     Requests (read, write, readv, writev, read_fixed, write_fixed, recv, send, nop) are queued, sent
-    to the kernel by submit() or wait(), and complete as ``(user_data, result)`` pairs from wait():
+    to the kernel by submit() or wait(), and complete as ``(user_data, result)`` pairs from wait()
+    (recv_multishot()'s as ``(user_data, Received)``, into buffers lent by provide()):
     result is what the system call would return, or -errno (``check(result)`` raises it as OSError).
     While a request is in flight, each buffer it names is held by a buffer export, so a Segment's
     memory cannot be freed, released, reset or closed with its arena or pool (BufferError), nor a
