@@ -917,3 +917,85 @@ class ProvidedMachine(RuleBasedStateMachine):
 TestProvidedMachine = ProvidedMachine.TestCase
 TestProvidedMachine.settings = settings(max_examples=25, stateful_step_count=30, deadline=None,
                                         suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- aio.RingFrameReader ------------------------------------------------------------------------------
+
+def _frames_through_ring(chunks: list[bytes], buffer_size=100, count=4, **reader_options):
+    """Send ``chunks`` (one sendall each) through a ring receive into a RingFrameReader; the frames
+    it delivered (as bytes), the reader, and the pool's stats after."""
+    from arenalib.aio import RingFrameReader
+
+    arena = arenalib.Arena()
+    frames = []
+
+    def on_frame(seg):
+        frames.append(bytes(seg))
+        seg.free()
+
+    reader = RingFrameReader(on_frame, arena=arena, **reader_options)
+    with provided(buffer_size=buffer_size, count=count) as (ring, pool), tcp_pairs(1) as [(server, client)]:
+        ring.recv_multishot(server, GROUP)
+        for chunk in chunks:
+            client.sendall(chunk)
+            for _ in range(1000):  # this chunk in, the buffers all back
+                for _, r in ring.wait(0) or ring.wait(1):
+                    if not reader.feed(r) and not reader.eof:
+                        ring.recv_multishot(server, GROUP)
+                if pool.stats()["lent"] == count and not ring.wait(0):
+                    break
+        client.shutdown(socket.SHUT_WR)
+        for _ in range(1000):
+            if reader.eof:
+                break
+            for _, r in ring.wait(1):
+                if not reader.feed(r) and not reader.eof:
+                    ring.recv_multishot(server, GROUP)
+        stats = pool.stats()
+    assert arena.stats()["live_segments"] == 0
+    arena.close()
+    return frames, reader, stats
+
+
+def test_ring_frame_reader_frames_across_buffers():
+    from arenalib.aio import frame_header
+
+    rng = random.Random(7)
+    bodies = [b"", b"x", rng.randbytes(99), rng.randbytes(100), rng.randbytes(101), rng.randbytes(1000),
+              rng.randbytes(5)]
+    stream = b"".join(frame_header(len(b)) + b for b in bodies)
+    # Cut anywhere, the length prefixes included.
+    cuts = sorted(rng.sample(range(1, len(stream)), 12))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    frames, reader, stats = _frames_through_ring(chunks)
+    assert frames == bodies and reader.frames == len(bodies)
+    assert reader.eof and reader.error is None
+    assert stats["lent"] == 4 and stats["available"] == 0  # every buffer back in the ring
+
+
+def test_ring_frame_reader_errors():
+    from arenalib.aio import FrameError, frame_header
+
+    frames, reader, _ = _frames_through_ring([frame_header(10) + b"12345"])
+    assert frames == [] and reader.eof and isinstance(reader.error, FrameError)
+    frames, reader, _ = _frames_through_ring([frame_header(3) + b"abc" + frame_header(500) + b"zz"],
+                                             max_frame_size=100)
+    assert frames == [b"abc"] and isinstance(reader.error, FrameError)
+    assert "max_frame_size" in str(reader.error)
+
+
+def test_ring_frame_reader_passes_enobufs_and_reports_errors():
+    from arenalib.aio import RingFrameReader
+
+    reader = RingFrameReader(lambda seg: None)
+
+    class Fake:
+        segment = None
+        more = False
+
+        def __init__(self, result):
+            self.result = result
+
+    assert reader.feed(Fake(-errno.ENOBUFS)) is False and reader.error is None and not reader.eof
+    assert reader.feed(Fake(-errno.ECONNRESET)) is False
+    assert isinstance(reader.error, ConnectionResetError)
