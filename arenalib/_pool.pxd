@@ -12,6 +12,14 @@ cdef class _Region:
     cdef _Region allocate(size_t size, size_t align, bint zero)
 
 
+# A buffer a ring lends incrementally (IOU_PBUF_RING_INC): the kernel fills it in parts, one
+# completion each, so several segments may lie over it (_pool_buffers.pxi).
+cdef struct PartUse:
+    Py_ssize_t consumed         # bytes the kernel has filled and handed out, from the buffer's start
+    Py_ssize_t segments         # delivered segments over it not yet released
+    bint done                   # the kernel is done with it (its last part had no IORING_CQE_F_BUF_MORE)
+
+
 # Which of a pool's buffers are free and what each free one holds (_pool_buffers.pxi); read and
 # written in the pool's critical section only.
 cdef struct PoolBooks:
@@ -27,6 +35,7 @@ cdef struct PoolBooks:
     Py_ssize_t exhausted
     size_t acquisitions
     Py_ssize_t lent             # buffers lent to a ring: in its provided-buffer ring, or delivered
+    PartUse* parts              # per buffer, once a lending was incremental (else NULL)
 
 
 # A provided-buffer ring a pool's buffers are lent to (arenalib._ring's, Ring.provide()): ``take``
@@ -62,6 +71,6 @@ cdef class BufferPool(SegmentOwner):
     cdef int _check_open(self) except -1
     cdef void _close_now(self) noexcept
     cdef int _registered(self, int delta) except -1
-    cdef Py_ssize_t _lend(self, void* lender, lender_take_fn take) except -1
+    cdef Py_ssize_t _lend(self, void* lender, lender_take_fn take, bint incremental) except -1
     cdef Py_ssize_t _unlend(self, void* lender) noexcept
-    cdef bint _deliver(self, Segment seg, Py_ssize_t index, Py_ssize_t nbytes) noexcept
+    cdef bint _deliver(self, Segment seg, Py_ssize_t index, Py_ssize_t nbytes, bint more) noexcept

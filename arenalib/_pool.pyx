@@ -135,19 +135,30 @@ cdef class BufferPool(SegmentOwner):
             raise_closed()
         return 0
 
-    cdef Py_ssize_t _lend(self, void* lender, lender_take_fn take) except -1:
+    cdef Py_ssize_t _lend(self, void* lender, lender_take_fn take, bint incremental) except -1:
         """Lend every free buffer to a ring's provided-buffer ring (Ring.provide(), which has counted
         itself in with _registered): each goes to ``take`` now and again whenever a segment the ring
-        delivered over it is released, until _unlend().  How many; ValueError when the pool is lent
-        already, ArenaClosedError when closed."""
+        delivered over it is released, until _unlend().  ``incremental``: the kernel fills a buffer
+        in parts (IOU_PBUF_RING_INC), each delivered as a segment of its own.  How many;
+        ValueError when the pool is lent already, ArenaClosedError when closed, MemoryError."""
         cdef Py_ssize_t n = -1
         cdef bint is_open
+        # Made first (Python's allocator, no Python code), kept for the pool's life.
+        cdef PartUse* parts = NULL
+        if incremental and self._books.parts == NULL:
+            parts = <PartUse*>PyMem_Calloc(<size_t>self._count, sizeof(PartUse))
+            if parts == NULL:
+                raise MemoryError(f"cannot allocate the books of {self._count} incremental buffers")
         with cython.critical_section(self):  # C only inside
             is_open = self._open
+            if parts != NULL and self._books.parts == NULL:
+                self._books.parts = parts
+                parts = NULL
             if is_open and self._lender == NULL:
                 self._lender = lender
                 self._lender_take = take
                 n = books_lend(&self._books, self._count, lender, take)
+        PyMem_Free(parts)  # (another thread's lending made them first)
         if not is_open:
             raise_closed()
         if n < 0:
@@ -166,17 +177,19 @@ cdef class BufferPool(SegmentOwner):
                 n = books_unlend(&self._books)
         return n
 
-    cdef bint _deliver(self, Segment seg, Py_ssize_t index, Py_ssize_t nbytes) noexcept:
-        """Bind ``seg`` (fresh from make_segment) to lent buffer ``index``, which the kernel filled
-        with ``nbytes`` bytes from its start; False, ``seg`` left dead, when that buffer is not lent."""
-        cdef bint ok
+    cdef bint _deliver(self, Segment seg, Py_ssize_t index, Py_ssize_t nbytes, bint more) noexcept:
+        """Bind ``seg`` (fresh from make_segment) to the ``nbytes`` the kernel filled of lent buffer
+        ``index`` (from its start, or, lent incrementally, after the parts before; ``more``: the
+        kernel fills more of it); False, ``seg`` left dead, when that buffer is not lent."""
+        cdef Py_ssize_t offset = -1
         with cython.critical_section(self):
-            ok = self._open and books_deliver(&self._books, index)
-            if ok:
-                seg._ptr = self._base + <size_t>index * self._stride
+            if self._open:
+                offset = books_deliver(&self._books, index, nbytes, more, self._buffer_size)
+            if offset >= 0:
+                seg._ptr = self._base + <size_t>index * self._stride + <size_t>offset
                 seg._size = nbytes
                 seg._generation = self._lifetime.generation
-        return ok
+        return offset >= 0
 
     cdef void _close_now(self) noexcept:
         """Every segment dead, the region untracked and let go (it goes when no raw view holds it)."""
@@ -312,7 +325,10 @@ cdef class BufferPool(SegmentOwner):
         if exports[0]:
             free_end(seg, False)
             return SEG_EXPORTED
-        if (seg._ptr != self._base + <size_t>i * self._stride
+        # At the buffer's start, or, for a part of an incrementally lent buffer, inside it.
+        cdef size_t offset = <size_t>(seg._ptr - (self._base + <size_t>i * self._stride))
+        if ((offset and (self._books.parts == NULL or offset > <size_t>self._buffer_size
+                         or i >= self._books.touched or self._books.state[i] != DELIVERED))
                 or not books_give_back(&self._books, i, self._lender, self._lender_take)):
             free_end(seg, False)
             return SEG_NOT_IN_USE

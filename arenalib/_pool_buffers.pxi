@@ -12,8 +12,11 @@
 # the kernel may pick them (never reachable from Python), DELIVERED once a completion handed one out
 # as a Segment.  Giving a DELIVERED buffer back puts it into the ring again while the lending lasts
 # (books_give_back), else on the free list; ending the lending (books_unlend) frees the LENT ones.
+# A ring that lends incrementally (IOU_PBUF_RING_INC) has the kernel fill a buffer in parts: each
+# part is a segment of its own (``parts``: how much is filled, how many segments are alive), and the
+# buffer goes back only once the kernel is done with it and every segment over it is released.
 
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
 from cpython.pyport cimport PY_SSIZE_T_MAX
 
 cdef extern from "sys/sysinfo.h" nogil:
@@ -81,8 +84,10 @@ cdef int books_init(PoolBooks* books, Py_ssize_t count, bint zero) noexcept:
 cdef void books_free(PoolBooks* books) noexcept:
     PyMem_Free(books.free_stack)
     PyMem_Free(books.state)
+    PyMem_Free(books.parts)
     books.free_stack = NULL
     books.state = NULL
+    books.parts = NULL
 
 
 cdef inline Py_ssize_t books_available(const PoolBooks* books, Py_ssize_t count) noexcept nogil:
@@ -122,7 +127,15 @@ cdef bint books_give_back(PoolBooks* books, Py_ssize_t i, void* lender,
     if i >= books.touched:
         return False
     cdef unsigned char state = books.state[i]
+    cdef PartUse* part
     if state == DELIVERED:
+        if books.parts != NULL:
+            part = &books.parts[i]
+            part.segments -= 1
+            if part.segments > 0 or (lender != NULL and not part.done):
+                return True  # out still: other parts alive, or the kernel has the rest of it
+            part.consumed = 0
+            part.done = False
         if lender != NULL and take(lender, i):
             books.state[i] = LENT
             return True
@@ -142,6 +155,8 @@ cdef void books_reset(PoolBooks* books) noexcept nogil:
     for i in range(books.touched):
         if books.state[i] == IN_USE or books.state[i] == DELIVERED:  # (never LENT: reset refuses)
             books.state[i] = FREE_DIRTY
+        if books.parts != NULL:
+            memset(&books.parts[i], 0, sizeof(PartUse))
     books.nstack = 0
     books.next_fresh = 0
     books.in_use = 0
@@ -168,6 +183,10 @@ cdef Py_ssize_t books_unlend(PoolBooks* books) noexcept nogil:
     their segments are released); how many."""
     cdef Py_ssize_t i, n = 0
     for i in range(books.touched):
+        if books.state[i] == DELIVERED and books.parts != NULL and books.parts[i].segments == 0:
+            # A part-filled buffer with no segment over it: the kernel will fill no more of it.
+            memset(&books.parts[i], 0, sizeof(PartUse))
+            books.state[i] = LENT
         if books.state[i] == LENT:
             books.state[i] = FREE_DIRTY
             books.free_stack[books.nstack] = i
@@ -178,9 +197,26 @@ cdef Py_ssize_t books_unlend(PoolBooks* books) noexcept nogil:
     return n
 
 
-cdef bint books_deliver(PoolBooks* books, Py_ssize_t i) noexcept nogil:
-    """Buffer ``i``, picked by the kernel, is handed out; False when it was not LENT."""
-    if i < 0 or i >= books.touched or books.state[i] != LENT:
-        return False
+cdef Py_ssize_t books_deliver(PoolBooks* books, Py_ssize_t i, Py_ssize_t nbytes, bint more,
+                              Py_ssize_t size) noexcept nogil:
+    """Buffer ``i``, picked by the kernel, is handed out: ``nbytes`` from the offset returned, the
+    buffer's start unless it is lent incrementally (then after its parts handed out before; ``more``:
+    the kernel fills more of it).  -1 when it was not lent (or the part does not fit)."""
+    if i < 0 or i >= books.touched:
+        return -1
+    cdef unsigned char state = books.state[i]
+    cdef PartUse* part
+    cdef Py_ssize_t offset = 0
+    if books.parts == NULL:
+        if state != LENT:
+            return -1
+    else:
+        part = &books.parts[i]
+        if not (state == LENT or (state == DELIVERED and not part.done)) or part.consumed + nbytes > size:
+            return -1
+        offset = part.consumed
+        part.consumed += nbytes
+        part.segments += 1
+        part.done = not more
     books.state[i] = DELIVERED
-    return True
+    return offset

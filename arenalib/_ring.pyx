@@ -354,14 +354,17 @@ cdef class Ring:
 
     # -- provided buffers and multishot receive (_ring_provide.pxi) ----------------------------------
 
-    def provide(self, pool, group):
+    def provide(self, pool, group, *, incremental=False):
         """Lend every free buffer of the BufferPool ``pool`` to the kernel as buffer group ``group``
         (0..65535), a provided-buffer ring (Linux 5.19) that recv_multishot() receives into.
 
         Until withdraw(group) or close(), the pool's close() and reset() raise BufferError, and a
         buffer the kernel may write is out of the pool (acquire() cannot hand it out).  A pool lends
-        to one group at a time.  OSError(EOPNOTSUPP) on an older kernel."""
-        _provide(self, pool, group)
+        to one group at a time.  incremental=True (Linux 6.12, IOU_PBUF_RING_INC): the kernel fills
+        a buffer in parts, each completion a Segment over the next part of it; the buffer goes back
+        once the kernel is done with it and all its parts are released.  OSError(EOPNOTSUPP) on an
+        older kernel."""
+        _provide(self, pool, group, incremental)
 
     def withdraw(self, group):
         """Undo provide(): cancel the group's receives and wait for their end (their completions stay

@@ -35,6 +35,10 @@ cdef extern from "<unistd.h>" nogil:
     int _SC_PAGESIZE
 
 cdef unsigned MAX_GROUP = 0xFFFF         # a buffer group id is 16 bits
+# Newer than liburing 2.3's header (Linux 6.12): a ring whose buffers the kernel consumes in parts,
+# and the completion flag that says the kernel will fill more of the buffer it names.
+cdef unsigned short IOU_PBUF_RING_INC = 2
+cdef unsigned IORING_CQE_F_BUF_MORE = 1 << 4
 cdef Py_ssize_t MAX_PROVIDED = 32768     # entries of a provided-buffer ring, at most (and 16-bit ids)
 
 
@@ -100,24 +104,27 @@ cdef int _provision_spare(Provision* p) except -1:
     return 0
 
 
-cdef object _provision_deliver(Provision* p, unsigned bid, int res):
+cdef object _provision_deliver(Provision* p, unsigned bid, int res, bint more):
     """The spare Segment bound to buffer ``bid`` over the ``res`` bytes the kernel wrote into it (C
-    only: nothing can fail or call back); None when the pool did not lend that buffer."""
+    only: nothing can fail or call back; ``more``: an incremental ring's buffer the kernel fills
+    more of); None when the pool did not lend that buffer."""
     cdef Segment seg = <Segment>p.spare
     Py_DECREF(seg)  # the reference p.spare owned is now seg's
     p.spare = NULL
-    if not (<BufferPool>p.pool)._deliver(seg, bid, res if res > 0 else 0):
+    if not (<BufferPool>p.pool)._deliver(seg, bid, res if res > 0 else 0, more and p.incremental):
         return None
     return seg
 
 
-cdef int _provide(Ring ring, object pool, object group) except -1:
+cdef int _provide(Ring ring, object pool, object group, bint incremental) except -1:
     if type(pool) is not BufferPool:
         raise TypeError(f"provide() takes a BufferPool, not {type(pool).__name__}")
     cdef BufferPool bp = <BufferPool>pool
     cdef unsigned g = _group(group)
     _check_usable(ring)
     _need_kernel((5, 19), "Ring.provide() (a provided-buffer ring, IORING_REGISTER_PBUF_RING)")
+    if incremental:
+        _need_kernel((6, 12), "Ring.provide(incremental=True) (IOU_PBUF_RING_INC)")
     if _find_provision(ring, g) != NULL:
         raise ValueError(f"buffer group {g} is provided already: withdraw({g}) first")
     if bp._count > MAX_PROVIDED:
@@ -149,12 +156,14 @@ cdef int _provide(Ring ring, object pool, object group) except -1:
     p.base = bp._base
     p.stride = bp._stride
     p.buffer_len = <unsigned>bp._buffer_size
+    p.incremental = incremental
     io_uring_buf_ring_init(p.br)
     cdef io_uring_buf_reg reg
     memset(&reg, 0, sizeof(reg))
     reg.ring_addr = <uint64_t><size_t>mem
     reg.ring_entries = entries
     reg.bgid = <unsigned short>g
+    reg.pad = IOU_PBUF_RING_INC if incremental else 0  # the kernel's ``flags`` field
     cdef int ret
     cdef bint pinned = False
     try:
@@ -164,7 +173,7 @@ cdef int _provide(Ring ring, object pool, object group) except -1:
         if ret < 0:
             raise OSError(-ret, f"io_uring_register(IORING_REGISTER_PBUF_RING): {os.strerror(-ret)}")
         try:
-            if bp._lend(p, _provision_take) == 0:
+            if bp._lend(p, _provision_take, incremental) == 0:
                 bp._unlend(p)
                 raise ValueError("the BufferPool has no free buffer to provide: release some first")
         except BaseException:

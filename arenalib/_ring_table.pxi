@@ -25,6 +25,7 @@ ctypedef struct Provision:
     char* base               # the pool's region, its stride and the length each entry offers
     size_t stride
     unsigned buffer_len
+    bint incremental         # IOU_PBUF_RING_INC: the kernel fills a buffer in parts
     PyObject* pool           # the BufferPool (owned), pinned by its _registered count
     PyObject* spare          # an unbound Segment of the pool made ahead of a completion, or NULL
     void* next               # the ring's next Provision

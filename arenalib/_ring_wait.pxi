@@ -92,7 +92,8 @@ cdef int _reap(Ring ring) except -1:
             if prov.spare == NULL:
                 _provision_spare(prov)  # may run Python code: look at the CQ again
                 continue
-            segment = _provision_deliver(prov, flags >> IORING_CQE_BUFFER_SHIFT, res)
+            segment = _provision_deliver(prov, flags >> IORING_CQE_BUFFER_SHIFT, res,
+                                         flags & IORING_CQE_F_BUF_MORE)
         io_uring_cq_advance(&ring._ring, 1)
         _table_complete(t, rid, res, segment, prov != NULL and flags & IORING_CQE_F_MORE, keep)
     return 0

@@ -71,11 +71,11 @@ def tcp_pairs(n: int, family=socket.AF_INET):
 
 
 @contextmanager
-def provided(buffer_size=4096, count=8, entries=32, group=GROUP):
+def provided(buffer_size=4096, count=8, entries=32, group=GROUP, incremental=False):
     pool = BufferPool(buffer_size, count)
     ring = Ring(entries)
     try:
-        ring.provide(pool, group)
+        ring.provide(pool, group, incremental=incremental)
         yield ring, pool
     finally:
         ring.close()
@@ -140,8 +140,23 @@ def test_other_requests_keep_their_completion_shape():
         assert ring.wait(1) == [("recv", 8)]
 
 
-@pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6])
-def test_data_integrity_across_many_connections_and_buffers(family):
+def _incremental_works() -> bool:
+    try:
+        with BufferPool(64, 1) as pool, Ring(2) as ring:
+            ring.provide(pool, 0, incremental=True)
+    except OSError:
+        return False
+    return True
+
+
+INCREMENTAL = _incremental_works()
+needs_incremental = pytest.mark.skipif(not INCREMENTAL, reason="IOU_PBUF_RING_INC needs Linux 6.12")
+
+
+@pytest.mark.parametrize("family,incremental", [
+    (socket.AF_INET, False), (socket.AF_INET6, False),
+    pytest.param(socket.AF_INET, True, marks=needs_incremental)])
+def test_data_integrity_across_many_connections_and_buffers(family, incremental):
     """40 connections, random messages (1 byte to 3x a buffer), an 11-buffer pool of odd-sized
     buffers: every byte arrives, in order, per connection; ENOBUFS re-armed after releases."""
     if family == socket.AF_INET6 and not socket.has_ipv6:
@@ -153,7 +168,7 @@ def test_data_integrity_across_many_connections_and_buffers(family):
     except OSError as exc:
         pytest.skip(f"loopback {family!r} unavailable: {exc}")
     try:
-        with provided(buffer_size=3001, count=11, entries=64) as (ring, pool):
+        with provided(buffer_size=3001, count=11, entries=64, incremental=incremental) as (ring, pool):
             expected = {i: bytearray() for i in range(len(pairs))}
             got = {i: bytearray() for i in range(len(pairs))}
             for i, (server, _) in enumerate(pairs):
@@ -500,8 +515,65 @@ def test_an_older_kernel_gets_a_clear_error():
                 ring.recv_multishot(0, 0)
             assert info.value.errno == errno.EOPNOTSUPP
             ring.withdraw(0)
+        _ring._pretend_kernel((6, 6))
+        with Ring(2) as ring, BufferPool(64, 2) as pool:
+            with pytest.raises(OSError, match=r"6\.12") as info:
+                ring.provide(pool, 0, incremental=True)
+            assert info.value.errno == errno.EOPNOTSUPP and pool.available == 2
     finally:
         _ring._pretend_kernel(None)
+
+
+# -- incremental consumption (IOU_PBUF_RING_INC) ------------------------------------------------------
+
+@needs_incremental
+def test_incremental_parts_share_a_buffer():
+    with provided(buffer_size=256, count=4, incremental=True) as (ring, pool), \
+            tcp_pairs(1) as [(server, client)]:
+        ring.recv_multishot(server, GROUP)
+        parts = [_one(ring, client, bytes([65 + i]) * 100).segment for i in range(2)]
+        first, second = parts
+        assert pool.index(first) == pool.index(second)
+        assert second.address == first.address + 100  # the next part of the same buffer
+        assert bytes(first) == b"A" * 100 and bytes(second) == b"B" * 100
+        for seg in parts:
+            seg.free()
+
+
+@needs_incremental
+def test_incremental_buffer_comes_back_once_done_and_every_part_released():
+    with provided(buffer_size=256, count=2, incremental=True) as (ring, pool), \
+            tcp_pairs(1) as [(server, client)]:
+        ring.recv_multishot(server, GROUP)
+        a = [_one(ring, client, b"a" * n).segment for n in (100, 100, 56)]  # fills buffer A
+        assert {pool.index(s) for s in a} == {pool.index(a[0])}
+        a[0].free()
+        a[1].free()
+        b = _one(ring, client, b"b" * 256).segment                           # fills buffer B
+        client.sendall(b"c")
+        [(_, r)] = receive(ring)
+        assert r.result == -errno.ENOBUFS and not r.more  # A's last part still holds A
+        a[2].free()
+        b.free()
+        ring.recv_multishot(server, GROUP)
+        [(_, r)] = receive(ring)
+        assert bytes(r.segment) == b"c"
+        assert (r.segment.address - pool.address) % pool.stride == 0  # a buffer's start: a fresh one
+        r.segment.free()
+
+
+@needs_incremental
+def test_incremental_withdraw_frees_part_filled_buffers():
+    with provided(buffer_size=256, count=2, incremental=True) as (ring, pool), \
+            tcp_pairs(1) as [(server, client)]:
+        ring.recv_multishot(server, GROUP)
+        held = _one(ring, client, b"x" * 10).segment
+        again = _one(ring, client, b"y" * 10).segment
+        again.free()
+        ring.withdraw(GROUP)
+        assert pool.available == 1  # the other buffer; the part-filled one waits for its last part
+        held.free()
+        assert pool.available == 2 and pool.stats()["lent"] == 0
 
 
 def test_many_groups_on_one_ring():
@@ -795,6 +867,7 @@ class ProvidedMachine(RuleBasedStateMachine):
 
     N = 3
     BUFFERS = 4
+    INCREMENTAL = False
 
     def __init__(self):
         super().__init__()
@@ -802,7 +875,7 @@ class ProvidedMachine(RuleBasedStateMachine):
         self.pairs = self._pairs_ctx.__enter__()
         self.pool = BufferPool(300, self.BUFFERS)
         self.ring = Ring(8)
-        self.ring.provide(self.pool, GROUP)
+        self.ring.provide(self.pool, GROUP, incremental=self.INCREMENTAL)
         self.provided = True
         self.sent = [bytearray() for _ in range(self.N)]
         self.got = [bytearray() for _ in range(self.N)]
@@ -876,16 +949,18 @@ class ProvidedMachine(RuleBasedStateMachine):
             with pytest.raises(ValueError, match="no free buffer"):
                 self.ring.provide(self.pool, GROUP)
             return
-        self.ring.provide(self.pool, GROUP)
+        self.ring.provide(self.pool, GROUP, incremental=self.INCREMENTAL)
         self.provided = True
 
     @invariant()
     def books(self):
         stats = self.pool.stats()
-        out = len(self.held) + len(self.views)
+        out = len(self.held) + len(self.views)  # segments out (several may share a buffer: INCREMENTAL)
         if self.provided:
             assert stats["in_use"] == self.BUFFERS
-            assert stats["lent"] >= out
+            assert self.INCREMENTAL or stats["lent"] >= out
+        elif self.INCREMENTAL:
+            assert stats["lent"] <= out
         else:
             assert stats["lent"] == out
         assert stats["in_use"] + stats["available"] == self.BUFFERS
@@ -917,6 +992,16 @@ class ProvidedMachine(RuleBasedStateMachine):
 TestProvidedMachine = ProvidedMachine.TestCase
 TestProvidedMachine.settings = settings(max_examples=25, stateful_step_count=30, deadline=None,
                                         suppress_health_check=[HealthCheck.too_slow])
+
+
+class IncrementalMachine(ProvidedMachine):
+    """The same against a ring that fills its buffers in parts (IOU_PBUF_RING_INC)."""
+
+    INCREMENTAL = True
+
+
+TestIncrementalMachine = needs_incremental(IncrementalMachine.TestCase)
+TestIncrementalMachine.settings = TestProvidedMachine.settings
 
 
 # -- aio.RingFrameReader ------------------------------------------------------------------------------
