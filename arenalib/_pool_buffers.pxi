@@ -183,10 +183,13 @@ cdef Py_ssize_t books_unlend(PoolBooks* books) noexcept nogil:
     their segments are released); how many."""
     cdef Py_ssize_t i, n = 0
     for i in range(books.touched):
-        if books.state[i] == DELIVERED and books.parts != NULL and books.parts[i].segments == 0:
-            # A part-filled buffer with no segment over it: the kernel will fill no more of it.
-            memset(&books.parts[i], 0, sizeof(PartUse))
-            books.state[i] = LENT
+        if books.state[i] == DELIVERED and books.parts != NULL:
+            # A part-filled buffer: the kernel will fill no more of it.  Free now if no segment
+            # holds it, else once its last one is released.
+            books.parts[i].done = True
+            if books.parts[i].segments == 0:
+                memset(&books.parts[i], 0, sizeof(PartUse))
+                books.state[i] = LENT
         if books.state[i] == LENT:
             books.state[i] = FREE_DIRTY
             books.free_stack[books.nstack] = i

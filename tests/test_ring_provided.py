@@ -574,6 +574,16 @@ def test_incremental_withdraw_frees_part_filled_buffers():
         assert pool.available == 1  # the other buffer; the part-filled one waits for its last part
         held.free()
         assert pool.available == 2 and pool.stats()["lent"] == 0
+        # Again, provided anew before the part is released: it goes to the new group.
+        ring.provide(pool, GROUP, incremental=True)
+        ring.recv_multishot(server, GROUP)
+        held = _one(ring, client, b"z" * 10).segment
+        ring.withdraw(GROUP)
+        ring.provide(pool, GROUP)
+        assert pool.available == 0 and pool.stats()["lent"] == 2
+        held.free()
+        ring.withdraw(GROUP)
+        assert pool.available == 2 and pool.stats()["lent"] == 0
 
 
 def test_many_groups_on_one_ring():
