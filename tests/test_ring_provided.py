@@ -571,6 +571,8 @@ def test_incremental_withdraw_frees_part_filled_buffers():
         again = _one(ring, client, b"y" * 10).segment
         again.free()
         ring.withdraw(GROUP)
+        [(_, end)] = ring.wait(0)
+        assert end.result == -errno.ECANCELED and not end.more
         assert pool.available == 1  # the other buffer; the part-filled one waits for its last part
         held.free()
         assert pool.available == 2 and pool.stats()["lent"] == 0
@@ -579,6 +581,7 @@ def test_incremental_withdraw_frees_part_filled_buffers():
         ring.recv_multishot(server, GROUP)
         held = _one(ring, client, b"z" * 10).segment
         ring.withdraw(GROUP)
+        ring.wait(0)
         ring.provide(pool, GROUP)
         assert pool.available == 0 and pool.stats()["lent"] == 2
         held.free()
