@@ -18,7 +18,8 @@ What it measures:
    ``selectors.DefaultSelector``, ``recv_into`` a preallocated 64 KiB bytearray per connection,
    bytes counted) and ``asyncio FrameReader`` (asyncio's loop, ``arenalib.aio.FrameReader``, frames
    freed).  Reported: GB/s from the server's first byte to its last, the server's CPU time per MiB
-   (user + system, getrusage) and the client's; ratios to ``selectors`` in the same round.  Targets:
+   (user + system, getrusage) and the client's, the bytes each completion (or recv_into) brought;
+   ratios to ``selectors`` in the same round.  Targets:
    the ring's throughput >= 1.3x selectors', or, where the client is the bound (its CPU per byte
    above the server's), the ring's server CPU per byte <= 0.6x selectors'.
 3. Per completion, the Python overhead: a multishot receive of small messages (64 B, 1000 B and
@@ -109,17 +110,19 @@ class Meter:
     def __init__(self, expect: int) -> None:
         self.expect = expect
         self.got = 0
+        self.reads = 0   # completions or recv_into calls that brought bytes
         self.t0 = self.cpu0 = 0.0
 
     def add(self, n: int) -> bool:
         if not self.got:
             self.t0, self.cpu0 = time.perf_counter(), cpu_seconds()
         self.got += n
+        self.reads += 1
         return self.got >= self.expect
 
     def report(self, rss0: int) -> dict:
         return {"seconds": time.perf_counter() - self.t0, "cpu_s": cpu_seconds() - self.cpu0,
-                "bytes": self.got, "rss_growth": rss() - rss0, "rss": rss()}
+                "bytes": self.got, "reads": self.reads, "rss_growth": rss() - rss0, "rss": rss()}
 
 
 def accept_all(listener: socket.socket, n: int) -> list[socket.socket]:
@@ -229,6 +232,7 @@ def serve_asyncio(listener, n: int, expect: int) -> dict:
             transports.append(transport)
         await finished
         result.update(meter.report(rss0))
+        del result["reads"]  # (counted per frame here, not per read)
         for t in transports:
             t.close()
 
@@ -494,12 +498,13 @@ def tables(results: dict, markdown: bool = False) -> str:
             ccpu = summarize([_cpu_per_mib(c, "client_cpu_s") for c in cells])["median"]
             tr = same_round_ratio([_tp(c) for c in cells], [_tp(c) for c in sel])["median"]
             cr = same_round_ratio([_cpu_per_mib(c) for c in cells], [_cpu_per_mib(c) for c in sel])["median"]
+            reads = [c["bytes"] / c["reads"] / 1024 for c in cells if c.get("reads")]
             rows.append([fmt_size(int(size)), LABELS[kind], f"{tp:.2f}", f"{tr:.2f}x", f"{cpu:.0f}",
-                         f"{cr:.2f}x", f"{ccpu:.0f}"])
+                         f"{cr:.2f}x", f"{ccpu:.0f}", f"{summarize(reads)['median']:.0f}" if reads else "-"])
     parts += [f"{h}Throughput, {TP_CONNECTIONS} connections, {fmt_size(TP_BYTES)} a measurement "
               "(medians; ratios to selectors, same round)",
-              table(["message", "server", "GB/s", "vs sel", "server us/MiB", "vs sel", "client us/MiB"],
-                    rows, markdown), ""]
+              table(["message", "server", "GB/s", "vs sel", "server us/MiB", "vs sel", "client us/MiB",
+                     "KiB/read"], rows, markdown), ""]
     rows = []
     for size, cell in results["overhead"].items():
         d = cell["diff_cpu"]
