@@ -117,6 +117,57 @@ def test_a_completion_carries_a_live_segment_over_exactly_the_bytes_received():
         r.segment.free()
 
 
+def test_a_delivered_segment_behaves_as_a_pool_segment():
+    with provided(count=2) as (ring, pool), tcp_pairs(1) as [(server, client)]:
+        ring.recv_multishot(server, GROUP)
+        client.sendall(b"0123456789")
+        [(_, r)] = receive(ring)
+        seg = r.segment
+        part = seg.slice(2, 3)
+        assert bytes(part) == b"234" and bytes(seg.readonly()) == b"0123456789"
+        with pytest.raises(arenalib.UnsupportedOperation):
+            seg.resize(20)
+        with pytest.raises(ValueError, match="slice"):
+            pool.release(part)
+        with BufferPool(64, 1) as other, pytest.raises(ValueError):
+            other.release(seg)
+        seg[0] = 0x41  # the user's now: writable
+        assert bytes(seg[:2]) == b"A1"
+        seg.free()
+        with pytest.raises(ArenaClosedError):
+            bytes(part)  # the slices die with it
+
+
+def test_process_wide_operations_leave_lent_buffers_alone():
+    """trim(), purge() and set_retention() between receives: every byte still arrives."""
+    with provided(buffer_size=1000, count=4) as (ring, _), tcp_pairs(1) as [(server, client)]:
+        ring.recv_multishot(server, GROUP)
+        sent, got = bytearray(), bytearray()
+        for i in range(20):
+            msg = bytes([i]) * (100 + i * 37)
+            client.sendall(msg)
+            sent += msg
+            arenalib.trim()
+            if hasattr(arenalib, "purge"):
+                arenalib.purge()
+            for _, r in ring.wait(1):
+                if r.segment is not None:
+                    got += r.segment
+                    r.segment.free()
+                if not r.more:
+                    ring.recv_multishot(server, GROUP)
+        for _ in range(100):
+            if got == sent:
+                break
+            for _, r in ring.wait(1):
+                if r.segment is not None:
+                    got += r.segment
+                    r.segment.free()
+                if not r.more:
+                    ring.recv_multishot(server, GROUP)
+        assert got == sent
+
+
 def test_received_is_made_by_wait_only():
     with pytest.raises(TypeError):
         Received()
