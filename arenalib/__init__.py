@@ -35,7 +35,7 @@ from arenalib._errors import (
     WrongThreadError,
 )
 from arenalib._pool import BufferPool
-from arenalib._ring import Ring, check
+from arenalib._ring import Received, Ring, check
 
 __version__: str  # read on first use by __getattr__ below
 
@@ -76,6 +76,7 @@ __all__ = [
     "Frame",
     "Mark",
     "PoolExhaustedError",
+    "Received",
     "Ring",
     "Segment",
     "SlicingArena",

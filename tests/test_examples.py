@@ -16,6 +16,8 @@ import pytest
 from support import TIMEOUT_S, run_python
 from test_aio import uvloop_usable
 
+import arenalib
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RING_READ = EXAMPLES / "ring_read.py"
 
@@ -114,9 +116,10 @@ def test_ring_read_falls_back_when_o_direct_is_refused(data_file, where):
 
 # -- the frame server and its client ----------------------------------------------------------------
 
-def start_server(*argv: str) -> tuple[subprocess.Popen, int, str]:
-    """examples/frame_server.py on a free port: (the process, its port, the loop it says it runs)."""
-    cmd = [sys.executable, "-X", "faulthandler", str(EXAMPLES / "frame_server.py"), "--port", "0", *argv]
+def start_server(*argv: str, script: str = "frame_server.py") -> tuple[subprocess.Popen, int, str]:
+    """examples/frame_server.py (or ``script``) on a free port: (the process, its port, the loop it
+    says it runs)."""
+    cmd = [sys.executable, "-X", "faulthandler", str(EXAMPLES / script), "--port", "0", *argv]
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = server.stdout.readline()
     if not first.startswith("listening on "):
@@ -168,5 +171,75 @@ def test_frame_server_drops_a_connection_whose_frame_is_too_large():
         out, _ = finish(server)
     assert result.returncode == 1
     assert "the server" in result.stdout and "the connection after 1 of 2 replies" in result.stdout
+    assert out.splitlines()[0] == ("connection closed: 1 frames, 10 bytes (FrameError: a frame of 100000 "
+                                   "bytes is above max_frame_size (1000))")
+
+
+# -- the io_uring server: provided buffers, multishot receive ----------------------------------------
+
+def _ring_server_usable() -> str | None:
+    try:
+        with arenalib.Ring(2) as ring, arenalib.BufferPool(64, 1) as pool:
+            ring.provide(pool, 0)
+            ring.withdraw(0)
+    except OSError as exc:
+        return f"provided-buffer rings are not available here: {exc}"
+    return None
+
+
+def test_ring_server_answers_every_frame():
+    why = _ring_server_usable()
+    if why:
+        pytest.skip(why)
+    server, port, what = start_server("--once", "--buffers", "8", "--buffer-size", "5000",
+                                      script="ring_server.py")
+    try:
+        assert what == "io_uring, 8 buffers of 5000 bytes)\n"
+        sizes = [0, 1, 7, 8, 9, 4999, 5000, 5001, 65537, 1 << 20, 5 << 20]
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port),
+                            "--sizes", ",".join(map(str, sizes)), "--count", "25", "--no-uvloop")
+    finally:
+        out, _ = finish(server)
+    assert result.returncode == 0, result.stdout + result.stderr
+    total = sum(sizes[i % len(sizes)] for i in range(25))
+    assert result.stdout.startswith(f"25 frames, {total} bytes: every reply matched (")
+    assert out.splitlines()[-2:] == [f"connection closed: 25 frames, {total} bytes",
+                                     f"served 1 connection(s), 25 frames, {total} bytes"]
+
+
+def test_ring_server_serves_many_connections_from_one_pool():
+    """30 clients at once against 4 buffers: the receives run out of buffers (ENOBUFS) and are
+    re-armed; every reply still matches."""
+    why = _ring_server_usable()
+    if why:
+        pytest.skip(why)
+    server, port, _ = start_server("--connections", "30", "--buffers", "4", "--buffer-size", "4096",
+                                   script="ring_server.py")
+    try:
+        clients = [subprocess.Popen([sys.executable, str(EXAMPLES / "frame_client.py"), "--port", str(port),
+                                     "--sizes", "100,70000,3", "--count", "6", "--no-uvloop"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for _ in range(30)]
+        outputs = [c.communicate(timeout=TIMEOUT_S) for c in clients]
+    finally:
+        out, _ = finish(server)
+    for c, (stdout, stderr) in zip(clients, outputs, strict=True):
+        assert c.returncode == 0, stdout + stderr
+        assert stdout.startswith("6 frames, 140206 bytes: every reply matched")
+    assert out.splitlines()[-1] == "served 30 connection(s), 180 frames, 4206180 bytes"
+
+
+def test_ring_server_drops_a_connection_whose_frame_is_too_large():
+    why = _ring_server_usable()
+    if why:
+        pytest.skip(why)
+    server, port, _ = start_server("--once", "--max-frame-size", "1000", script="ring_server.py")
+    try:
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "10,100000",
+                            "--no-uvloop")
+    finally:
+        out, _ = finish(server)
+    assert result.returncode == 1
+    assert "the connection after 1 of 2 replies" in result.stdout
     assert out.splitlines()[0] == ("connection closed: 1 frames, 10 bytes (FrameError: a frame of 100000 "
                                    "bytes is above max_frame_size (1000))")
