@@ -152,7 +152,7 @@ cdef class BufferPool(SegmentOwner):
         with cython.critical_section(self):  # C only inside
             is_open = self._open
             if parts != NULL and self._books.parts == NULL:
-                self._books.parts = parts
+                books_install_parts(&self._books, parts)
                 parts = NULL
             if is_open and self._lender == NULL:
                 self._lender = lender

@@ -163,6 +163,17 @@ cdef void books_reset(PoolBooks* books) noexcept nogil:
     books.lent = 0
 
 
+cdef void books_install_parts(PoolBooks* books, PartUse* parts) noexcept nogil:
+    """Start the part books (``parts`` zeroed, one per buffer) at a pool's first incremental
+    lending: a buffer delivered whole before is one part alive, the kernel done with it."""
+    cdef Py_ssize_t i
+    for i in range(books.touched):
+        if books.state[i] == DELIVERED:
+            parts[i].segments = 1
+            parts[i].done = True
+    books.parts = parts
+
+
 cdef Py_ssize_t books_lend(PoolBooks* books, Py_ssize_t count, void* lender,
                            lender_take_fn take) noexcept nogil:
     """Lend every free buffer to ``lender`` (each marked LENT and handed to ``take``); how many."""

@@ -1154,3 +1154,65 @@ def test_ring_frame_reader_passes_enobufs_and_reports_errors():
     assert reader.feed(Fake(-errno.ENOBUFS)) is False and reader.error is None and not reader.eof
     assert reader.feed(Fake(-errno.ECONNRESET)) is False
     assert isinstance(reader.error, ConnectionResetError)
+
+
+# -- found in review (issue 30's attack list) ----------------------------------------------------------
+
+@needs_incremental
+def test_a_buffer_delivered_whole_comes_back_after_an_incremental_provide():
+    """A Segment delivered by a group that lends whole buffers, released once the pool lends to an
+    incremental group: its buffer goes into the new group's ring (it was kept out for good, its
+    part count gone negative, when the incremental books were made after it was delivered)."""
+    with provided(count=2) as (ring, pool), tcp_pairs(1) as [(server, client)]:
+        ring.recv_multishot(server, GROUP)
+        held = _one(ring, client, b"whole").segment
+        ring.withdraw(GROUP)
+        ring.wait(0)
+        ring.provide(pool, GROUP + 1, incremental=True)
+        assert pool.stats()["lent"] == 2 and pool.available == 0
+        held.free()  # into the incremental group's ring
+        ring.withdraw(GROUP + 1)
+        assert pool.stats()["lent"] == 0 and pool.available == 2
+        ring.provide(pool, GROUP + 1, incremental=True)
+        ring.recv_multishot(server, GROUP + 1)
+        parts = [_one(ring, client, bytes([65 + i]) * 50).segment for i in range(3)]
+        assert [bytes(p) for p in parts] == [bytes([65 + i]) * 50 for i in range(3)]
+        for part in parts:
+            part.free()
+
+
+@needs_incremental
+def test_a_refused_incremental_provide_leaves_the_lending_books_alone():
+    """Another Ring's provide(pool, incremental=True), refused because the pool lends already, made
+    the part books all the same: the segments the first ring had delivered then kept their buffers
+    out for good when released."""
+    with provided(count=2) as (ring, pool), tcp_pairs(1) as [(server, client)]:
+        ring.recv_multishot(server, GROUP)
+        held = _one(ring, client, b"held").segment
+        with Ring(4) as other, pytest.raises(ValueError, match="provided to a Ring already"):
+            other.provide(pool, GROUP, incremental=True)
+        held.free()
+        again = _one(ring, client, b"next").segment
+        again.free()
+        ring.withdraw(GROUP)
+        ring.wait(0)
+        assert pool.available == 2 and pool.stats()["lent"] == 0
+
+
+def test_a_dropped_segment_keeps_its_buffer_until_reset():
+    """What the README says of a delivered Segment dropped without release: its buffer stays out
+    (the pool cannot know that nothing reads it) through withdraw() and close(), until reset()."""
+    pool = BufferPool(256, 2)
+    with Ring(8) as ring, tcp_pairs(1) as [(server, client)]:
+        ring.provide(pool, GROUP)
+        ring.recv_multishot(server, GROUP)
+        client.sendall(b"dropped")
+        assert receive(ring)[0][1].result == 7  # the Received and its Segment dropped here
+        gc.collect()
+        ring.withdraw(GROUP)
+        ring.wait(0)
+        assert pool.available == 1 and pool.stats()["lent"] == 1
+    assert pool.available == 1
+    pool.reset()
+    assert pool.available == 2 and pool.stats()["lent"] == 0
+    pool.close()
