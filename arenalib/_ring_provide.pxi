@@ -164,21 +164,21 @@ cdef int _provide(Ring ring, object pool, object group, bint incremental) except
     reg.ring_entries = entries
     reg.bgid = <unsigned short>g
     reg.pad = IOU_PBUF_RING_INC if incremental else 0  # the kernel's ``flags`` field
-    cdef int ret
+    cdef int ret = 0
     cdef bint pinned = False
     try:
         bp._registered(1)  # ArenaClosedError for a closed pool; from now on it cannot close
         pinned = True
+        # The entries are written before the kernel knows the ring (it reads them up to the tail
+        # only when it picks a buffer): what can fail, and raising, which may run the collector's
+        # finalizers (one may close this ring), come before the kernel is touched, and nothing after.
+        if bp._lend(p, _provision_take, incremental) == 0:
+            bp._unlend(p)
+            raise ValueError("the BufferPool has no free buffer to provide: release some first")
         ret = io_uring_register_buf_ring(&ring._ring, &reg, 0)
         if ret < 0:
+            bp._unlend(p)
             raise OSError(-ret, f"io_uring_register(IORING_REGISTER_PBUF_RING): {os.strerror(-ret)}")
-        try:
-            if bp._lend(p, _provision_take, incremental) == 0:
-                bp._unlend(p)
-                raise ValueError("the BufferPool has no free buffer to provide: release some first")
-        except BaseException:
-            io_uring_unregister_buf_ring(&ring._ring, <int>g)
-            raise
     except BaseException:
         if pinned:
             bp._registered(-1)

@@ -1216,3 +1216,53 @@ def test_a_dropped_segment_keeps_its_buffer_until_reset():
     pool.reset()
     assert pool.available == 2 and pool.stats()["lent"] == 0
     pool.close()
+
+
+def test_a_failed_provide_leaves_a_ring_its_finalizer_made_alone():
+    """provide() refused (no free buffer) while the collector runs a finalizer that closes the ring
+    and provides the same group on a new Ring, which gets the closed ring's descriptor number: the
+    refusal must not touch the kernel after that (it unregistered the new ring's group, whose
+    receive then ended with -ENOBUFS and whose withdraw() failed)."""
+    hits = 0
+    for _ in range(20):
+        full = BufferPool(64, 1)
+        held = full.acquire()
+        other = BufferPool(64, 2)
+        ring = Ring(4)
+        made = []
+
+        def close_and_remake(ring=ring, other=other, made=made):
+            if made or ring.closed:
+                return
+            ring.close()
+            again = Ring(4)
+            again.provide(other, GROUP)
+            made.append(again)
+
+        Finalizer(close_and_remake)
+        gc.set_threshold(1)
+        try:
+            ring.provide(full, GROUP)
+        except ArenaClosedError:
+            pass  # collected before provide() checked the ring: not the window
+        except ValueError:
+            hits += bool(made)  # refused with the finalizer run inside
+        finally:
+            gc.set_threshold(700)
+            gc.collect()
+        if made:
+            [again] = made
+            with tcp_pairs(1) as [(server, client)]:
+                again.recv_multishot(server, GROUP)
+                r = _one(again, client, b"intact")
+                assert r.result == 6 and bytes(r.segment) == b"intact", r
+                r.segment.free()
+            again.withdraw(GROUP)
+            again.close()
+        ring.close()
+        held.free()
+        full.close()
+        other.close()
+        if hits >= 3:
+            break
+    assert hits, "the finalizer never ran inside provide()"
