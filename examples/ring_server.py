@@ -4,6 +4,7 @@ buffers and multishot receive, and answers each length-prefixed frame with its l
 
     python examples/ring_server.py [--host 127.0.0.1] [--port 8765] [--once | --connections N]
                                    [--buffers 64] [--buffer-size 16384] [--max-frame-size N]
+                                   [--max-connections 1024]
 
 The pattern:
 
@@ -17,6 +18,9 @@ The pattern:
   ``on_frame``.
 * A receive that ends (``more`` False) is re-armed, unless the stream ended or failed: -ENOBUFS (every
   buffer out at once) and the kernel ending a receive are part of the protocol, not errors.
+* Each armed receive holds one of the ring's ``cq_entries`` request slots until it ends (the wake
+  pipe's read holds one more), so the ring is sized for ``--max-connections`` and a connection past
+  them is closed at once (more would make ``recv_multishot()`` raise OSError(EBUSY)).
 * New connections come from a thread blocked in ``accept()``, which hands them over through a queue
   and wakes the ring through a pipe the ring reads (one ring, one owner thread: the acceptor never
   touches the ring).
@@ -73,19 +77,22 @@ def accept_forever(listener: socket.socket, handed: queue.Queue, wake_w: int) ->
         os.write(wake_w, b"!")
 
 
-def serve(host: str, port: int, connections: int, buffers: int, buffer_size: int, max_frame_size: int) -> int:
+def serve(host: str, port: int, connections: int, buffers: int, buffer_size: int, max_frame_size: int,
+          max_connections: int = 1024) -> int:
     listener = socket.create_server((host, port))
     wake_r, wake_w = os.pipe()
     handed: queue.Queue = queue.Queue()
     wake_buf = bytearray(64)
-    served = frames = nbytes = 0
+    served = frames = nbytes = refused = 0
+    open_connections = 0
     bound = listener.getsockname()
     print(f"listening on {bound[0]}:{bound[1]} (io_uring, {buffers} buffers of {buffer_size} bytes)",
           flush=True)
     threading.Thread(target=accept_forever, args=(listener, handed, wake_w), daemon=True).start()
     pool = BufferPool(buffer_size, buffers)
     try:
-        with Ring(256) as ring:
+        # A completion queue of 2 * max_connections: a receive per connection and the wake read.
+        with Ring(max(1, max_connections)) as ring:
             ring.provide(pool, GROUP)
             ring.read(wake_r, wake_buf, user_data=WAKE)
             while not (connections and served >= connections):
@@ -93,7 +100,12 @@ def serve(host: str, port: int, connections: int, buffers: int, buffer_size: int
                     if conn is WAKE:
                         while not handed.empty():
                             sock = handed.get()
+                            if open_connections >= max_connections:  # no request slot left for it
+                                sock.close()
+                                refused += 1
+                                continue
                             ring.recv_multishot(sock, GROUP, user_data=Connection(sock, max_frame_size))
+                            open_connections += 1
                         ring.read(wake_r, wake_buf, user_data=WAKE)
                         continue
                     reader = conn.reader
@@ -105,6 +117,7 @@ def serve(host: str, port: int, connections: int, buffers: int, buffer_size: int
                         ring.recv_multishot(conn.sock, GROUP, user_data=conn)  # ENOBUFS, or ended
                         continue
                     conn.sock.close()
+                    open_connections -= 1
                     served += 1
                     frames += reader.frames
                     nbytes += conn.nbytes
@@ -118,7 +131,8 @@ def serve(host: str, port: int, connections: int, buffers: int, buffer_size: int
         pool.close()
         os.close(wake_r)
         os.close(wake_w)
-    print(f"served {served} connection(s), {frames} frames, {nbytes} bytes")
+    why = f" ({refused} refused: more than --max-connections {max_connections} at once)" if refused else ""
+    print(f"served {served} connection(s), {frames} frames, {nbytes} bytes{why}")
     return 0
 
 
@@ -131,9 +145,12 @@ def main() -> int:
     parser.add_argument("--buffers", type=int, default=64, help="receive buffers, for every connection")
     parser.add_argument("--buffer-size", type=int, default=16384)
     parser.add_argument("--max-frame-size", type=int, default=1 << 30, help="largest frame accepted")
+    parser.add_argument("--max-connections", type=int, default=1024,
+                        help="connections open at once (one ring request slot each); more are closed")
     args = parser.parse_args()
     connections = 1 if args.once else args.connections
-    return serve(args.host, args.port, connections, args.buffers, args.buffer_size, args.max_frame_size)
+    return serve(args.host, args.port, connections, args.buffers, args.buffer_size, args.max_frame_size,
+                 args.max_connections)
 
 
 if __name__ == "__main__":

@@ -243,3 +243,49 @@ def test_ring_server_drops_a_connection_whose_frame_is_too_large():
     assert "the connection after 1 of 2 replies" in result.stdout
     assert out.splitlines()[0] == ("connection closed: 1 frames, 10 bytes (FrameError: a frame of 100000 "
                                    "bytes is above max_frame_size (1000))")
+
+
+def test_ring_server_holds_more_connections_than_its_old_ring_had_slots():
+    """600 idle connections, then a client: each armed receive holds one of the ring's request
+    slots, and the server's Ring(256) had 512 (cq_entries), so the 512th connection made it die with
+    OSError(EBUSY).  Now the ring is sized by --max-connections (1024) and the client is served."""
+    import socket
+
+    why = _ring_server_usable()
+    if why:
+        pytest.skip(why)
+    server, port, _ = start_server("--once", script="ring_server.py")
+    idle = []
+    try:
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(600)]
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "10,5000",
+                            "--count", "4", "--no-uvloop")
+    finally:
+        out, err = finish(server)  # (--once: the first connection that closes is the client's)
+        for sock in idle:
+            sock.close()
+    assert result.returncode == 0, result.stdout + result.stderr + err
+    assert out.splitlines()[-1] == "served 1 connection(s), 4 frames, 10020 bytes"
+
+
+def test_ring_server_closes_a_connection_past_max_connections():
+    import socket
+
+    why = _ring_server_usable()
+    if why:
+        pytest.skip(why)
+    server, port, _ = start_server("--once", "--max-connections", "2", script="ring_server.py")
+    try:
+        first = socket.create_connection(("127.0.0.1", port))
+        second = socket.create_connection(("127.0.0.1", port))
+        third = socket.create_connection(("127.0.0.1", port))
+        third.settimeout(TIMEOUT_S)
+        assert third.recv(1) == b""  # closed by the server at once
+        third.close()
+        second.close()
+        first.close()
+    finally:
+        out, _ = finish(server)
+    # (Both others may close in the --once server's last batch of completions.)
+    assert out.splitlines()[-1] in [f"served {n} connection(s), 0 frames, 0 bytes (1 refused: more than "
+                                    "--max-connections 2 at once)" for n in (1, 2)]
