@@ -1266,3 +1266,146 @@ def test_a_failed_provide_leaves_a_ring_its_finalizer_made_alone():
         if hits >= 3:
             break
     assert hits, "the finalizer never ran inside provide()"
+
+
+def test_withdraw_and_provide_again_while_other_threads_release():
+    """The ring's thread withdraws the group and provides it again (whole buffers and, where the
+    kernel has it, incremental, by turns) while four threads release the segments it delivered (on
+    3.13t in parallel with withdraw()'s unlending and provide()'s lending): no delivered segment's
+    bytes change before its release, every byte arrives in order, and at the end every buffer is
+    back in the pool, none lent."""
+    import queue
+
+    n_conn, count = 4, 8
+    pool = BufferPool(600, count)
+    ring = Ring(32)
+    work: queue.Queue = queue.Queue()
+    mismatches = []
+
+    def releaser():
+        while (item := work.get()) is not None:
+            seg, copy = item
+            if bytes(seg) != copy:
+                mismatches.append(copy)
+            seg.free()
+
+    threads = [threading.Thread(target=releaser) for _ in range(4)]
+    for t in threads:
+        t.start()
+    rng = random.Random(11)
+    with tcp_pairs(n_conn) as pairs:
+        expected = [bytearray() for _ in range(n_conn)]
+        got = [bytearray() for _ in range(n_conn)]
+        armed = [False] * n_conn
+
+        def take(done):
+            for conn, r in done:
+                if r.segment is not None:
+                    copy = bytes(r.segment)
+                    got[conn] += copy
+                    work.put((r.segment, copy))
+                if not r.more:
+                    armed[conn] = False
+
+        try:
+            def provide(incremental=False):
+                for _ in range(2000):  # until a releaser has given a buffer back
+                    try:
+                        return ring.provide(pool, GROUP, incremental=incremental)
+                    except ValueError:  # no free buffer: every one is delivered, held by the queue
+                        time.sleep(0.001)
+                raise AssertionError("the releasers gave no buffer back")
+
+            for rnd in range(12):
+                provide(INCREMENTAL and rnd % 2 == 1)
+                for conn in range(n_conn):
+                    ring.recv_multishot(pairs[conn][0], GROUP, user_data=conn)
+                    armed[conn] = True
+                for _ in range(10):
+                    conn = rng.randrange(n_conn)
+                    msg = rng.randbytes(rng.randint(1, 1500))
+                    expected[conn] += msg
+                    pairs[conn][1].sendall(msg)
+                    take(ring.wait(0))
+                    for c in range(n_conn):
+                        if not armed[c]:
+                            ring.recv_multishot(pairs[c][0], GROUP, user_data=c)
+                            armed[c] = True
+                ring.withdraw(GROUP)  # the releasers run on meanwhile
+                take(ring.wait(0))
+                assert not any(armed)
+            provide()
+            for conn in range(n_conn):
+                ring.recv_multishot(pairs[conn][0], GROUP, user_data=conn)
+                armed[conn] = True
+            deadline = time.monotonic() + 60
+            while got != expected and time.monotonic() < deadline:
+                take(ring.wait(1))
+                for c in range(n_conn):
+                    if not armed[c]:
+                        ring.recv_multishot(pairs[c][0], GROUP, user_data=c)
+                        armed[c] = True
+            ring.withdraw(GROUP)
+            take(ring.wait(0))
+        finally:
+            for _ in threads:
+                work.put(None)
+            for t in threads:
+                t.join()
+            ring.close()
+    assert got == expected
+    assert not mismatches
+    assert pool.available == count and pool.stats()["lent"] == 0 and pool.stats()["in_use"] == 0
+    pool.close()
+
+
+def test_armed_receives_fill_the_request_table_and_single_shot_completions_survive_a_full_cq():
+    """A ring of 2 entries (cq_entries 4): two multishot receives and two single-shot recv()s take
+    the four request slots (a fifth request: EBUSY), then the receives' buffer completions fill the
+    completion queue before the recv()s complete.  The kernel keeps what the queue cannot hold and
+    ends a receive rather than drop its completion: the recv()s' completions arrive, every byte of
+    the receives arrives, and the slots come back."""
+    pool = BufferPool(128, 64)
+    with Ring(2) as ring, tcp_pairs(4) as pairs:
+        assert ring.cq_entries == 4
+        ring.provide(pool, GROUP)
+        for i in range(2):
+            ring.recv_multishot(pairs[i][0], GROUP, user_data=("multishot", i))
+        bufs = [bytearray(10) for _ in range(2)]
+        for i in range(2):
+            ring.recv(pairs[2 + i][0], bufs[i], user_data=("recv", i))
+        with pytest.raises(OSError) as info:
+            ring.nop()
+        assert info.value.errno == errno.EBUSY
+        ring.submit()
+        sent = [bytearray(), bytearray()]
+        for k in range(12):
+            for i in range(2):
+                msg = bytes([65 + k]) * 30
+                pairs[i][1].sendall(msg)
+                sent[i] += msg
+                os.sched_yield()
+        for i in range(2):
+            pairs[2 + i][1].sendall(b"single %d" % i)
+        got = [bytearray(), bytearray()]
+        singles = {}
+        for _ in range(500):
+            if len(singles) == 2 and got == sent:
+                break
+            for (kind, i), r in ring.wait(1):
+                if kind == "recv":
+                    singles[i] = r
+                    continue
+                if r.segment is not None:
+                    got[i] += r.segment
+                    r.segment.free()
+                if not r.more:
+                    assert r.result > 0 or r.result == -errno.ENOBUFS, r
+                    ring.recv_multishot(pairs[i][0], GROUP, user_data=("multishot", i))
+        assert singles == {0: 8, 1: 8} and [bytes(b[:8]) for b in bufs] == [b"single 0", b"single 1"]
+        assert got == sent
+        ring.nop(user_data="room")
+        ring.withdraw(GROUP)
+        assert ("room", 0) in ring.wait(0)
+    assert pool.available == 64
+    pool.close()
