@@ -6,11 +6,12 @@
 # memory.  Reaped completions wait in ``done`` until wait() returns them.  At most ``capacity``
 # (cq_entries) requests are in flight or reaped-and-not-returned at once, so the completion queue
 # cannot overflow with single-shot completions.  A multishot receive keeps its slot until its last
-# completion; the completions before that each carry a buffer of its group, so there are at most as
-# many as buffers lent (``done`` grows for them, and the kernel keeps what the CQ cannot hold:
-# IORING_FEAT_NODROP, which every kernel with provided-buffer rings has).  Everything here is C
-# except _request_release (a pin's release may run
-# finalizers) and what builds wait()'s list.
+# completion; the completions before that each carry a buffer (or, incremental, a part) of its group
+# and are not counted (``done`` grows for them).  The kernel posts those only into free room of the
+# CQ, ending the receive when there is none, so what passes the CQ is the completions that end a
+# request, at most one per slot, which it keeps (IORING_FEAT_NODROP: DESIGN.md says the price).
+# Everything here is C except _request_release (a pin's release may run finalizers) and what builds
+# wait()'s list.
 
 
 ctypedef struct Provision:

@@ -1409,3 +1409,14 @@ def test_armed_receives_fill_the_request_table_and_single_shot_completions_survi
         assert ("room", 0) in ring.wait(0)
     assert pool.available == 64
     pool.close()
+
+
+def test_a_socket_error_ends_every_rearmed_receive_at_once():
+    """Why the README's loop re-arms only after data or -ENOBUFS (it re-armed on every result but 0,
+    so a socket error made it re-arm for ever): a receive on a socket never connected ends with
+    -ENOTCONN each time it is armed."""
+    with provided() as (ring, _), socket.socket() as lonely:
+        for _ in range(3):
+            ring.recv_multishot(lonely, GROUP)
+            [(_, r)] = receive(ring)
+            assert r.result == -errno.ENOTCONN and not r.more and r.segment is None
