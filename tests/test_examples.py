@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -187,12 +188,17 @@ def _ring_server_usable() -> str | None:
     return None
 
 
-def test_ring_server_answers_every_frame():
+def start_ring_server(*argv: str) -> tuple[subprocess.Popen, int, str]:
+    """examples/ring_server.py, as start_server() starts frame_server.py (skipped where the kernel
+    has no provided-buffer rings)."""
     why = _ring_server_usable()
     if why:
         pytest.skip(why)
-    server, port, what = start_server("--once", "--buffers", "8", "--buffer-size", "5000",
-                                      script="ring_server.py")
+    return start_server(*argv, script="ring_server.py")
+
+
+def test_ring_server_answers_every_frame():
+    server, port, what = start_ring_server("--once", "--buffers", "8", "--buffer-size", "5000")
     try:
         assert what == "io_uring, 8 buffers of 5000 bytes)\n"
         sizes = [0, 1, 7, 8, 9, 4999, 5000, 5001, 65537, 1 << 20, 5 << 20]
@@ -210,11 +216,8 @@ def test_ring_server_answers_every_frame():
 def test_ring_server_serves_many_connections_from_one_pool():
     """30 clients at once against 4 buffers: the receives run out of buffers (ENOBUFS) and are
     re-armed; every reply still matches."""
-    why = _ring_server_usable()
-    if why:
-        pytest.skip(why)
-    server, port, _ = start_server("--connections", "30", "--buffers", "4", "--buffer-size", "4096",
-                                   script="ring_server.py")
+    server, port, _ = start_ring_server("--connections", "30", "--buffers", "4", "--buffer-size",
+                                        "4096")
     try:
         clients = [subprocess.Popen([sys.executable, str(EXAMPLES / "frame_client.py"), "--port", str(port),
                                      "--sizes", "100,70000,3", "--count", "6", "--no-uvloop"],
@@ -230,10 +233,7 @@ def test_ring_server_serves_many_connections_from_one_pool():
 
 
 def test_ring_server_drops_a_connection_whose_frame_is_too_large():
-    why = _ring_server_usable()
-    if why:
-        pytest.skip(why)
-    server, port, _ = start_server("--once", "--max-frame-size", "1000", script="ring_server.py")
+    server, port, _ = start_ring_server("--once", "--max-frame-size", "1000")
     try:
         result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "10,100000",
                             "--no-uvloop")
@@ -249,12 +249,7 @@ def test_ring_server_holds_more_connections_than_its_old_ring_had_slots():
     """600 idle connections, then a client: each armed receive holds one of the ring's request
     slots, and the server's Ring(256) had 512 (cq_entries), so the 512th connection made it die with
     OSError(EBUSY).  Now the ring is sized by --max-connections (1024) and the client is served."""
-    import socket
-
-    why = _ring_server_usable()
-    if why:
-        pytest.skip(why)
-    server, port, _ = start_server("--once", script="ring_server.py")
+    server, port, _ = start_ring_server("--once")
     idle = []
     try:
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(600)]
@@ -269,12 +264,7 @@ def test_ring_server_holds_more_connections_than_its_old_ring_had_slots():
 
 
 def test_ring_server_closes_a_connection_past_max_connections():
-    import socket
-
-    why = _ring_server_usable()
-    if why:
-        pytest.skip(why)
-    server, port, _ = start_server("--once", "--max-connections", "2", script="ring_server.py")
+    server, port, _ = start_ring_server("--once", "--max-connections", "2")
     try:
         first = socket.create_connection(("127.0.0.1", port))
         second = socket.create_connection(("127.0.0.1", port))

@@ -139,32 +139,37 @@ def test_a_delivered_segment_behaves_as_a_pool_segment():
 
 
 def test_process_wide_operations_leave_lent_buffers_alone():
-    """trim(), purge() and set_retention() between receives: every byte still arrives."""
-    with provided(buffer_size=1000, count=4) as (ring, _), tcp_pairs(1) as [(server, client)]:
+    """trim(), set_retention() and an arena's purge() between receives: every byte still arrives."""
+    retention = arenalib.get_retention()
+    with provided(buffer_size=1000, count=4) as (ring, _), tcp_pairs(1) as [(server, client)], \
+            arenalib.Arena() as arena:
         ring.recv_multishot(server, GROUP)
         sent, got = bytearray(), bytearray()
-        for i in range(20):
-            msg = bytes([i]) * (100 + i * 37)
-            client.sendall(msg)
-            sent += msg
-            arenalib.trim()
-            if hasattr(arenalib, "purge"):
-                arenalib.purge()
+
+        def take():
             for _, r in ring.wait(1):
                 if r.segment is not None:
-                    got += r.segment
+                    got.extend(r.segment)
                     r.segment.free()
                 if not r.more:
                     ring.recv_multishot(server, GROUP)
+
+        try:
+            for i in range(20):
+                msg = bytes([i]) * (100 + i * 37)
+                client.sendall(msg)
+                sent += msg
+                arena.allocate(1 << 20).fill(i)
+                arena.purge()
+                arenalib.trim()
+                arenalib.set_retention(0 if i % 2 else 1 << 20)
+                take()
+        finally:
+            arenalib.set_retention(retention)
         for _ in range(100):
             if got == sent:
                 break
-            for _, r in ring.wait(1):
-                if r.segment is not None:
-                    got += r.segment
-                    r.segment.free()
-                if not r.more:
-                    ring.recv_multishot(server, GROUP)
+            take()
         assert got == sent
 
 
@@ -873,27 +878,43 @@ def test_fork_child():
 
 # -- threads -----------------------------------------------------------------------------------------
 
+@contextmanager
+def releasers(n=4):
+    """``n`` threads that take ``(segment, its bytes when delivered)`` from the queue yielded, check
+    that the segment still holds those bytes (else the bytes go to the list yielded) and release it."""
+    import queue
+
+    work: queue.Queue = queue.Queue()
+    mismatches: list[bytes] = []
+
+    def release():
+        while (item := work.get()) is not None:
+            seg, copy = item
+            if bytes(seg) != copy:
+                mismatches.append(copy)
+            seg.free()
+            work.task_done()
+        work.task_done()
+
+    threads = [threading.Thread(target=release) for _ in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        yield work, mismatches
+    finally:
+        for _ in threads:
+            work.put(None)
+        for t in threads:
+            t.join()
+
+
 def test_segments_released_by_other_threads():
     """The ring's thread receives; four threads read and release the segments it hands them (on
     3.13t in parallel with the receives and with each other): each reads what the ring's thread
     read, every byte arrives in order, every buffer comes back to the ring."""
-    import queue
-
     n_conn, n_msgs = 8, 40
-    with provided(buffer_size=700, count=16, entries=64) as (ring, pool), tcp_pairs(n_conn) as pairs:
-        work: queue.Queue = queue.Queue()
-        mismatches = []
-
-        def releaser():
-            while (item := work.get()) is not None:
-                seg, copy = item
-                if bytes(seg) != copy:
-                    mismatches.append(copy)
-                seg.free()
-
-        threads = [threading.Thread(target=releaser) for _ in range(4)]
-        for t in threads:
-            t.start()
+    with provided(buffer_size=700, count=16, entries=64) as (ring, pool), tcp_pairs(n_conn) as pairs, \
+            releasers() as (work, mismatches):
         expected = [bytearray() for _ in range(n_conn)]
         got = [bytearray() for _ in range(n_conn)]
 
@@ -920,10 +941,7 @@ def test_segments_released_by_other_threads():
             while got != expected and time.monotonic() < deadline:
                 take(ring.wait(1))
         finally:
-            for _ in threads:
-                work.put(None)
-            for t in threads:
-                t.join()
+            work.join()  # every segment released
         assert got == expected
         assert not mismatches
         assert pool.stats()["lent"] == 16 and pool.available == 0
@@ -1274,26 +1292,11 @@ def test_withdraw_and_provide_again_while_other_threads_release():
     3.13t in parallel with withdraw()'s unlending and provide()'s lending): no delivered segment's
     bytes change before its release, every byte arrives in order, and at the end every buffer is
     back in the pool, none lent."""
-    import queue
-
     n_conn, count = 4, 8
     pool = BufferPool(600, count)
     ring = Ring(32)
-    work: queue.Queue = queue.Queue()
-    mismatches = []
-
-    def releaser():
-        while (item := work.get()) is not None:
-            seg, copy = item
-            if bytes(seg) != copy:
-                mismatches.append(copy)
-            seg.free()
-
-    threads = [threading.Thread(target=releaser) for _ in range(4)]
-    for t in threads:
-        t.start()
     rng = random.Random(11)
-    with tcp_pairs(n_conn) as pairs:
+    with tcp_pairs(n_conn) as pairs, releasers() as (work, mismatches):
         expected = [bytearray() for _ in range(n_conn)]
         got = [bytearray() for _ in range(n_conn)]
         armed = [False] * n_conn
@@ -1347,11 +1350,8 @@ def test_withdraw_and_provide_again_while_other_threads_release():
                         armed[c] = True
             ring.withdraw(GROUP)
             take(ring.wait(0))
+            work.join()  # every segment released
         finally:
-            for _ in threads:
-                work.put(None)
-            for t in threads:
-                t.join()
             ring.close()
     assert got == expected
     assert not mismatches
