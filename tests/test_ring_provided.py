@@ -13,6 +13,7 @@ import gc
 import os
 import random
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -1236,16 +1237,18 @@ def test_a_dropped_segment_keeps_its_buffer_until_reset():
     pool.close()
 
 
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="from 3.12 the collector runs at the next "
+                    "bytecode boundary, never inside provide()")
 def test_a_failed_provide_leaves_a_ring_its_finalizer_made_alone():
     """provide() refused (no free buffer) while the collector runs a finalizer that closes the ring
     and provides the same group on a new Ring, which gets the closed ring's descriptor number: the
     refusal must not touch the kernel after that (it unregistered the new ring's group, whose
     receive then ended with -ENOBUFS and whose withdraw() failed)."""
     hits = 0
+    full = BufferPool(64, 1)
+    held = full.acquire()
+    other = BufferPool(64, 2)
     for _ in range(20):
-        full = BufferPool(64, 1)
-        held = full.acquire()
-        other = BufferPool(64, 2)
         ring = Ring(4)
         made = []
 
@@ -1267,7 +1270,6 @@ def test_a_failed_provide_leaves_a_ring_its_finalizer_made_alone():
             hits += bool(made)  # refused with the finalizer run inside
         finally:
             gc.set_threshold(700)
-            gc.collect()
         if made:
             [again] = made
             with tcp_pairs(1) as [(server, client)]:
@@ -1278,11 +1280,12 @@ def test_a_failed_provide_leaves_a_ring_its_finalizer_made_alone():
             again.withdraw(GROUP)
             again.close()
         ring.close()
-        held.free()
-        full.close()
-        other.close()
         if hits >= 3:
             break
+    gc.collect()
+    held.free()
+    full.close()
+    other.close()
     assert hits, "the finalizer never ran inside provide()"
 
 
