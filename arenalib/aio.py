@@ -352,7 +352,9 @@ class RingFrameReader:
     ``eof`` or ``error`` says the connection is done).  The end of the stream sets ``eof`` (a
     frame cut short there sets ``error`` to a FrameError, and is freed); a length above
     ``max_frame_size`` sets ``error`` to a FrameError and drops the rest of the stream; a receive
-    error other than ENOBUFS (which only asks for a re-arm) sets ``error`` to the OSError."""
+    error other than ENOBUFS (which only asks for a re-arm) sets ``error`` to the OSError.  An
+    exception from ``on_frame`` leaves ``feed()`` and is ``error`` too: the stream is dropped (the
+    bytes after that frame went back with the buffer)."""
 
     def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
                  max_frame_size: int = 1 << 30) -> None:
@@ -416,7 +418,13 @@ class RingFrameReader:
             if self._filled == len(frame):
                 self._frame = None
                 self.frames += 1
-                self._on_frame(frame)
+                try:
+                    self._on_frame(frame)
+                except BaseException as exc:
+                    # The rest of this buffer goes back unread: what follows could only be read
+                    # from the middle of a frame, so the stream ends here.
+                    self._drop(exc)
+                    raise
 
     def _drop(self, error: BaseException) -> None:
         self.error = error

@@ -1437,3 +1437,36 @@ def test_a_socket_error_ends_every_rearmed_receive_at_once():
             ring.recv_multishot(lonely, GROUP)
             [(_, r)] = receive(ring)
             assert r.result == -errno.ENOTCONN and not r.more and r.segment is None
+
+
+def test_ring_frame_reader_drops_the_stream_when_on_frame_raises():
+    """on_frame raising in the middle of a buffer: the buffer went back with the next frame's first
+    bytes unread, so the reader must not go on (it read the rest of that frame as a length prefix:
+    a garbage size, up to max_frame_size allocated, and every frame after it shifted)."""
+    from arenalib.aio import RingFrameReader, frame_header
+
+    frames = []
+
+    def on_frame(seg):
+        frames.append(bytes(seg))
+        seg.free()
+        if len(frames) == 1:
+            raise KeyError("the consumer failed")
+
+    class Chunk:  # what wait() gives, over an arena segment
+        more = True
+
+        def __init__(self, data):
+            self.segment = arena.allocate(len(data))
+            self.segment[:] = data
+            self.result = len(data)
+
+    stream = frame_header(3) + b"abc" + frame_header(5) + b"hello" + frame_header(2) + b"xy"
+    with arenalib.Arena() as arena:
+        reader = RingFrameReader(on_frame, arena=arena)
+        with pytest.raises(KeyError):
+            reader.feed(Chunk(stream[:20]))
+        assert isinstance(reader.error, KeyError)
+        assert reader.feed(Chunk(stream[20:])) is True
+        assert frames == [b"abc"] and isinstance(reader.error, KeyError)
+        assert arena.stats()["live_segments"] == 0
