@@ -30,6 +30,8 @@ The safety rules:
 * Release each received Segment (``free()``) when done with it: until then its buffer is out of the
   ring, and with every buffer out the receives end with -ENOBUFS.  A released Segment is dead for
   good (ArenaClosedError), even once the kernel fills its buffer again for another connection.
+* A reply that fails (the client reset the connection) leaves ``feed()`` as the OSError and ends
+  that connection's stream (``reader.error``), not the server.
 * The pool cannot close or reset while provided: ``ring.close()`` (or ``withdraw()``) first.
 """
 
@@ -109,9 +111,16 @@ def serve(host: str, port: int, connections: int, buffers: int, buffer_size: int
                         ring.read(wake_r, wake_buf, user_data=WAKE)
                         continue
                     reader = conn.reader
-                    if reader.feed(res):
+                    try:
+                        more = reader.feed(res)
+                    except OSError:  # a reply failed (the client went away): reader.error has it
+                        more = res.more
+                    if more:
                         if reader.error is not None:  # stop its stream: the receive ends with EOF
-                            conn.sock.shutdown(socket.SHUT_RDWR)
+                            try:
+                                conn.sock.shutdown(socket.SHUT_RDWR)
+                            except OSError:  # reset by the client already: the receive ends anyway
+                                pass
                         continue
                     if not reader.eof and reader.error is None:
                         ring.recv_multishot(conn.sock, GROUP, user_data=conn)  # ENOBUFS, or ended
@@ -122,8 +131,8 @@ def serve(host: str, port: int, connections: int, buffers: int, buffer_size: int
                     frames += reader.frames
                     nbytes += conn.nbytes
                     error = reader.error
-                    if isinstance(error, OSError) and error.errno == errno.ECONNRESET:
-                        error = None
+                    if isinstance(error, OSError) and error.errno in (errno.ECONNRESET, errno.EPIPE):
+                        error = None  # the client went away: the end of its stream
                     why = f" ({type(error).__name__}: {error})" if error is not None else ""
                     print(f"connection closed: {reader.frames} frames, {conn.nbytes} bytes{why}", flush=True)
     finally:

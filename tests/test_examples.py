@@ -279,3 +279,33 @@ def test_ring_server_closes_a_connection_past_max_connections():
     # (Both others may close in the --once server's last batch of completions.)
     assert out.splitlines()[-1] in [f"served {n} connection(s), 0 frames, 0 bytes (1 refused: more than "
                                     "--max-connections 2 at once)" for n in (1, 2)]
+
+
+def test_ring_server_outlives_a_client_that_resets_its_connection():
+    """A client sends a 5 MiB frame and resets the connection (SO_LINGER 0) once the kernel has
+    delivered every byte: the server reads the frame, hashes it, and its reply (sendall in on_frame)
+    fails with EPIPE, which left RingFrameReader.feed() and ended the whole server.  Now that
+    connection ends, and the next client is served."""
+    import fcntl
+    import struct
+    import termios
+    import time
+
+    server, port, _ = start_ring_server("--connections", "2")
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as rude:
+            rude.sendall(struct.pack("!Q", 5 << 20) + b"x" * (5 << 20))
+            unsent = bytearray(4)
+            for _ in range(10000):  # until the peer's kernel has every byte (loopback ACKs at once)
+                fcntl.ioctl(rude, termios.TIOCOUTQ, unsent)
+                if not int.from_bytes(unsent, "little"):
+                    break
+                time.sleep(0.001)
+            rude.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "10",
+                            "--count", "2", "--no-uvloop")
+    finally:
+        out, err = finish(server)
+    assert result.returncode == 0, result.stdout + result.stderr + err
+    assert "connection closed: 2 frames, 20 bytes" in out.splitlines()
+    assert out.splitlines()[-1].startswith("served 2 connection(s)")
