@@ -923,6 +923,20 @@ def releasers(n=4):
             t.join()
 
 
+def hand_over(done, got, work):
+    """wait()'s completions: each one's bytes added to ``got[its user_data]`` and its segment put on
+    the releasers' queue with them; the user_data of the receives that ended."""
+    ended = []
+    for conn, r in done:
+        if r.segment is not None:
+            copy = bytes(r.segment)
+            got[conn] += copy
+            work.put((r.segment, copy))
+        if not r.more:
+            ended.append(conn)
+    return ended
+
+
 def test_segments_released_by_other_threads():
     """The ring's thread receives; four threads read and release the segments it hands them (on
     3.13t in parallel with the receives and with each other): each reads what the ring's thread
@@ -934,13 +948,8 @@ def test_segments_released_by_other_threads():
         got = [bytearray() for _ in range(n_conn)]
 
         def take(done):
-            for conn, r in done:
-                if r.segment is not None:
-                    copy = bytes(r.segment)
-                    got[conn] += copy
-                    work.put((r.segment, copy))
-                if not r.more:
-                    ring.recv_multishot(pairs[conn][0], GROUP, user_data=conn)
+            for conn in hand_over(done, got, work):
+                ring.recv_multishot(pairs[conn][0], GROUP, user_data=conn)
 
         try:
             for i, (server, _) in enumerate(pairs):
@@ -1319,13 +1328,8 @@ def test_withdraw_and_provide_again_while_other_threads_release():
         armed = [False] * n_conn
 
         def take(done):
-            for conn, r in done:
-                if r.segment is not None:
-                    copy = bytes(r.segment)
-                    got[conn] += copy
-                    work.put((r.segment, copy))
-                if not r.more:
-                    armed[conn] = False
+            for conn in hand_over(done, got, work):
+                armed[conn] = False
 
         try:
             def provide(incremental=False):
