@@ -104,17 +104,18 @@ cdef inline NpApi* numpy_api() except NULL:
 
 
 cdef NpApi* _numpy_api_load() except NULL:
+    from importlib import import_module  # (Cython's own import takes a None in sys.modules for a module)
     try:
+        numpy = import_module("numpy")
         try:
-            from numpy._core import _multiarray_umath as umath  # NumPy 2
+            umath = import_module("numpy._core._multiarray_umath")  # NumPy 2
         except ModuleNotFoundError as error:
-            if error.name != "numpy._core":
+            if not (error.name or "").startswith("numpy._core"):
                 raise
-            from numpy.core import _multiarray_umath as umath  # NumPy 1.x
+            umath = import_module("numpy.core._multiarray_umath")  # NumPy 1.x
         c_api = umath._ARRAY_API
     except Exception as error:
         raise ImportError(f"{_NEEDS_NUMPY}: {type(error).__name__}: {error}") from error
-    import numpy
     version = getattr(numpy, "__version__", "?")
     if not PyCapsule_IsValid(c_api, NULL):
         raise ImportError(f"{_NEEDS_NUMPY}: NumPy {version}'s _ARRAY_API is not its C-API capsule")
@@ -296,10 +297,11 @@ cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
     cdef NumpyContext* context = <NumpyContext*>ctx
     cdef NpHeader* header = np_header_of(data)
     cdef size_t tag = header.tag
-    header.tag = 0  # a second free of the block finds no tag, and leaves it alone
     if tag == NP_TAG_DEFAULT:
+        header.tag = 0  # a second free of the block finds no tag, and leaves it alone
         context.fallback.allocator.free(context.fallback.allocator.ctx, header, header.size + NP_HEADER)
     elif tag == NP_TAG_ARENA:
+        header.tag = 0
         np_trace_untrack(TRACE_DOMAIN, <size_t>data)
         _np_release(context, header)
     else:
