@@ -17,6 +17,7 @@ import gc
 import os
 import pickle
 import sys
+import sysconfig
 import threading
 import tracemalloc
 
@@ -24,6 +25,8 @@ import numpy as np
 import pytest
 from numpy._core.multiarray import get_handler_name
 from support import MiB, SANITIZED, assert_ok, run_python, run_threads, settled_rss, slots_in_use
+
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 import arenalib
 from arenalib import ArenaClosedError, UnsupportedOperation
@@ -456,7 +459,9 @@ def test_a_finalizer_that_closes_the_arena_during_allocations():
         assert all((x == x[0]).all() for x in kept)
         stats = a.stats()
         if how == "close":  # closed at the first collection: the later arrays are NumPy's default's
-            assert stats["closed"] and stats["numpy_fallbacks"] > 100 and stats["numpy_arrays"] <= len(kept)
+            assert stats["closed"] and stats["numpy_arrays"] <= len(kept)
+            # (3.13t's collector skips young collections while few objects are new: none may run.)
+            assert stats["numpy_fallbacks"] > 100 or FREE_THREADED
         else:
             assert not stats["closed"] and stats["numpy_arrays"] == 0
         del kept
@@ -469,6 +474,7 @@ def test_a_finalizer_that_closes_the_arena_during_allocations():
 def test_a_forked_child_frees_makes_and_closes_its_copy(arena):
     with arena.numpy():
         x = np.full(100_000, 3, dtype=np.int64)
+    closing = arenalib.live_objects()["closing_arenas"]
     pid = os.fork()
     if pid == 0:
         try:
@@ -479,7 +485,7 @@ def test_a_forked_child_frees_makes_and_closes_its_copy(arena):
             ok = ok and arena.stats()["numpy_arrays"] == 1 and float(y.sum()) == 1000.0
             arena.close(deferred=True)
             del y
-            ok = ok and arenalib.live_objects()["closing_arenas"] == 0
+            ok = ok and arenalib.live_objects()["closing_arenas"] == closing
         except BaseException:
             ok = False
         os._exit(0 if ok else 1)
@@ -490,6 +496,7 @@ def test_a_forked_child_frees_makes_and_closes_its_copy(arena):
 
 
 def test_process_wide_operations_leave_live_arrays_alone():
+    closing = arenalib.live_objects()["closing_arenas"]
     retention = arenalib.get_retention()
     with arenalib.Arena() as a, a.numpy():
         big = np.full(3 * MiB // 8, 5.0)
@@ -513,7 +520,7 @@ def test_process_wide_operations_leave_live_arrays_alone():
         arenalib.set_retention(retention)
     assert (big == 5.0).all() and (small == 6.0).all()
     del big, small
-    assert arenalib.live_objects()["closing_arenas"] == 0
+    assert arenalib.live_objects()["closing_arenas"] == closing
 
 
 # -- tracemalloc ---------------------------------------------------------------------------------------
