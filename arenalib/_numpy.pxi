@@ -308,7 +308,7 @@ cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
         count_add(&context.books.foreign_frees, 1)  # not the handler's block: never touched
 
 
-cdef void _np_release(NumpyContext* context, NpHeader* header) noexcept nogil:
+cdef inline void _np_release(NumpyContext* context, NpHeader* header) noexcept nogil:
     """An arena block NumPy is done with: back into the open arena, or left to the closed arena's
     held slot (dropped in bulk with it); the last one completes a deferred close."""
     cdef size_t size = header.size
