@@ -128,7 +128,8 @@ cdef NpApi* _numpy_api_load() except NULL:
         raise ImportError(f"{_NEEDS_NUMPY}: NumPy {version} has C ABI {abi:#x}; arenalib knows the tables "
                           "of ABI 1 and 2 (NumPy 1.22 to 2.x)")
     if feature < NP_FEATURE_MIN:
-        raise ImportError(f"{_NEEDS_NUMPY}: NumPy {version} has C API {feature:#x} (1.22 is {NP_FEATURE_MIN:#x})")
+        raise ImportError(f"{_NEEDS_NUMPY}: NumPy {version} has C API {feature:#x} "
+                          f"(1.22 is {NP_FEATURE_MIN:#x})")
     cdef PyObject* default_capsule = (<PyObject**>table[NP_DEFAULT_HANDLER])[0]
     if (table[NP_SET_HANDLER] == NULL or default_capsule == NULL
             or not PyCapsule_IsValid(<object>default_capsule, b"mem_handler")):
@@ -466,4 +467,3 @@ cdef int numpy_figures(ArenaBase arena, Py_ssize_t* arrays, Py_ssize_t* nbytes) 
     arrays[0] = count_read(&arena._numpy.arrays)
     nbytes[0] = count_read(&arena._numpy.nbytes)
     return 0
-
