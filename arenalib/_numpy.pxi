@@ -391,21 +391,30 @@ cdef class NumpyScope:
         raise TypeError("NumpyScope cannot be constructed directly; use arena.numpy()")
 
     def __enter__(self):
-        if self._entered:
+        previous = numpy_api().set_handler(numpy_handler_of(self._arena))
+        cdef bint refused
+        # With the GIL off, two threads may enter or exit one scope object at once: its fields change
+        # under a critical section, where nothing runs Python code (the value replaced is None).
+        with cython.critical_section(self):
+            refused = self._entered
+            if not refused:
+                self._entered = True
+                self._previous = previous
+        if refused:
+            numpy_api().set_handler(previous)
             raise RuntimeError("this numpy() scope is entered already; call arena.numpy() again for "
                                "another")
-        previous = numpy_api().set_handler(numpy_handler_of(self._arena))
-        self._previous = previous
-        self._entered = True
         return self._arena
 
     def __exit__(self, exc_type, exc, tb):
-        if not self._entered:
-            return False
-        previous = self._previous
-        self._previous = None
-        self._entered = False
-        numpy_api().set_handler(previous)  # the capsule set on entry is dropped here
+        cdef bint entered
+        with cython.critical_section(self):
+            entered = self._entered
+            previous = self._previous  # (the local keeps it: dropping the field runs no finalizer)
+            self._previous = None
+            self._entered = False
+        if entered:
+            numpy_api().set_handler(previous)  # the capsule set on entry is dropped here
         return False
 
     def __repr__(self):

@@ -382,6 +382,26 @@ def test_frees_from_many_threads(arena):
     assert arena.stats()["live_bytes"] == 0
 
 
+def test_one_scope_entered_and_exited_by_threads_at_once(arena):
+    # Misuse (a scope object shared by threads): refusals and handlers restored in the wrong context
+    # are the price, never a crash (with the GIL off the fields change under a critical section).
+    scope = arena.numpy()
+
+    def hammer(i):
+        for _ in range(300):
+            try:
+                scope.__enter__()
+            except RuntimeError:
+                pass
+            x = np.ones(10)
+            scope.__exit__(None, None, None)
+            del x
+        return get_handler_name()
+
+    assert set(run_threads(hammer, 4)) <= {"default_allocator", HANDLER_NAME}
+    assert get_handler_name() == "default_allocator" and arrays(arena) == 0
+
+
 def test_threads_allocate_free_and_race_a_deferred_close():
     # Each round: threads make and drop arrays in the arena's context while the main thread closes
     # it (refused while an array lives), then closes deferred; the last array's free, from
