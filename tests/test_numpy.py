@@ -16,15 +16,17 @@ import ctypes
 import gc
 import os
 import pickle
+import re
 import sys
 import sysconfig
 import threading
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
 from numpy._core.multiarray import get_handler_name
-from support import SANITIZED, MiB, assert_ok, run_python, run_threads, settled_rss, slots_in_use
+from support import ROOT, SANITIZED, MiB, assert_ok, run_python, run_threads, settled_rss, slots_in_use
 
 import arenalib
 from arenalib import ArenaClosedError, UnsupportedOperation
@@ -629,6 +631,30 @@ def test_a_block_the_handler_never_made_is_left_alone(arena):
     after = arena.stats()
     assert after["numpy_arrays"] == 0 and after["live_segments"] == before["live_segments"]
     del capsule
+
+
+# -- NumPy's C API, as arenalib reads it --------------------------------------------------------------
+
+
+def test_the_c_api_entries_are_those_of_the_installed_numpys_header():
+    # arenalib reads NumPy's C-API table at run time, by index (src/numpy.h): the indices must be the
+    # ones the installed NumPy's own header gives its functions.
+    header = Path(np.get_include()) / "numpy" / "__multiarray_api.h"
+    text = header.read_text()
+    ours = dict(re.findall(r"#define ARENALIB_NP_(\w+) (\d+)\b",
+                           (ROOT / "arenalib" / "src" / "numpy.h").read_text()))
+    names = {"GET_ABI_VERSION": "PyArray_GetNDArrayCVersion",
+             "GET_FEATURE_VERSION": "PyArray_GetNDArrayCFeatureVersion",
+             "SET_HANDLER": "PyDataMem_SetHandler", "GET_HANDLER": "PyDataMem_GetHandler",
+             "DEFAULT_HANDLER": "PyDataMem_DefaultHandler"}
+    assert set(ours) == set(names)
+    for key, name in names.items():
+        found = re.search(rf"#define {name}\b[^#]*?PyArray_API\[(\d+)\]", text)
+        assert found, f"{name} is not in {header}"
+        assert int(found.group(1)) == int(ours[key]), (name, found.group(1), ours[key])
+    # ... and the handler struct, its layout (version 1) as src/numpy.h declares it.
+    types = (Path(np.get_include()) / "numpy" / "ndarraytypes.h").read_text()
+    assert re.search(r"char name\[127\];.*\n\s*uint8_t version;.*\n\s*PyDataMemAllocator allocator;", types)
 
 
 # -- NumPy absent or too old ----------------------------------------------------------------------------
