@@ -71,6 +71,7 @@ cdef extern from "src/numpy.h":
         object (*set_handler)(object)  # a new reference; NULL (an exception set) on error
         PyObject* default_capsule
         NpHandler* default_handler
+        bint thp_madvise
     size_t NP_HEADER "ARENALIB_NP_HEADER"
     size_t NP_TAG_ARENA "ARENALIB_NP_TAG_ARENA"
     size_t NP_TAG_DEFAULT "ARENALIB_NP_TAG_DEFAULT"
@@ -83,6 +84,9 @@ cdef extern from "src/numpy.h":
     int NP_SET_HANDLER "ARENALIB_NP_SET_HANDLER"
     int NP_DEFAULT_HANDLER "ARENALIB_NP_DEFAULT_HANDLER"
     unsigned int np_call_version "arenalib_np_call_version"(void** table, int index) noexcept
+    size_t NP_HUGE_MIN "ARENALIB_NP_HUGE_MIN"
+    size_t NP_HUGE_ALIGN "ARENALIB_NP_HUGE_ALIGN"
+    void np_advise "arenalib_np_advise"(void* block, size_t size, bint huge) noexcept nogil
     Shards* LIVE_NUMPY "arenalib_live_numpy"
 
 cdef enum:
@@ -145,12 +149,35 @@ cdef NpApi* _numpy_api_load() except NULL:
     api.set_handler = <object (*)(object)>table[NP_SET_HANDLER]
     api.default_capsule = default_capsule
     api.default_handler = default_handler
+    api.thp_madvise = _thp_mode() == "madvise"
     Py_INCREF(<object>default_capsule)  # NumPy's singleton: kept for good, as NumPy keeps it
     cdef NpApi* published = np_api_publish(api)
     if published != api:  # another thread loaded it first: the same values
         Py_DECREF(<object>default_capsule)
         PyMem_RawFree(api)
     return published
+
+
+def _thp_mode():
+    """The kernel's transparent huge page mode ("always", "madvise", "never"; None: unknown)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            words = f.read().split()
+    except OSError:
+        return None
+    chosen = [w[1:-1] for w in words if w.startswith("[")]
+    return chosen[0] if chosen else None
+
+
+cdef bint _numpy_wants_hugepages():
+    """Whether NumPy's default handler advises huge pages now (np._core.multiarray's setting)."""
+    from importlib import import_module
+    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            return bool(getattr(import_module(name), "_get_madvise_hugepage", lambda: False)())
+        except ImportError:
+            continue
+    return False
 
 
 # -- the handler capsule --------------------------------------------------------------------------
@@ -162,6 +189,7 @@ cdef struct NumpyContext:
     ArenaCore* core
     NumpyBooks* books
     NpHandler* fallback        # NumPy's default handler: what serves allocations after a close
+    bint hugepages             # advise huge pages for big blocks (see src/numpy.h)
     PyObject* arena            # a reference, dropped with the capsule
 
 
@@ -201,6 +229,7 @@ cdef object numpy_handler_of(ArenaBase arena):
     context.core = &arena._core
     context.books = &arena._numpy
     context.fallback = api.default_handler
+    context.hugepages = api.thp_madvise and _numpy_wants_hugepages()
     context.arena = <PyObject*>arena
     Py_INCREF(arena)
     try:
@@ -248,8 +277,11 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     cdef void* block = NULL
     cdef int err = ARENA_ECLOSED
     cdef void* token = access_enter(life)  # a close or reset of another thread waits for this
+    # A big block on a huge-page boundary: the advice below can then back all of it with huge pages
+    # (only the 2 MiB-aligned spans wholly inside an advised range get them).
+    cdef size_t align = NP_HUGE_ALIGN if context.hugepages and size >= NP_HUGE_MIN else 1
     if core.open:
-        err = arena_allocate(core, size + NP_HEADER, 1, zero, &block)
+        err = arena_allocate(core, size + NP_HEADER, align, zero, &block)
         if err == ARENA_OK:
             # Counted as a buffer export before anyone can close: close and reset refuse from now on.
             count_add(&life.exports, 1)
@@ -265,6 +297,8 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
         return _np_fallback_allocate(context, size, zero)
     if err != ARENA_OK:
         return NULL
+    if context.hugepages and size >= NP_HUGE_MIN:
+        np_advise(block, size + NP_HEADER, True)  # before the first touch (the header's, below)
     cdef NpHeader* header = <NpHeader*>block
     header.size = size
     header.tag = NP_TAG_ARENA
@@ -315,6 +349,8 @@ cdef inline void _np_release(NumpyContext* context, NpHeader* header) noexcept n
     cdef size_t size = header.size
     cdef ArenaCore* core = context.core
     cdef Lifetime* life = &core.life
+    if context.hugepages and size >= NP_HUGE_MIN:
+        np_advise(header, size + NP_HEADER, False)
     cdef void* token = access_enter(life)
     if core.open:
         arena_free(core, header, size + NP_HEADER)
@@ -351,12 +387,16 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
     cdef int err = ARENA_ECLOSED
     cdef void* token = access_enter(&core.life)
     if core.open:
-        err = arena_resize_checked(core, header, old + NP_HEADER, size + NP_HEADER, 1, False, 0, &block)
+        err = arena_resize_checked(core, header, old + NP_HEADER, size + NP_HEADER,
+                                   NP_HUGE_ALIGN if context.hugepages and size >= NP_HUGE_MIN else 1,
+                                   False, 0, &block)
         if err == ARENA_OK:
             count_add(&context.books.nbytes, <Py_ssize_t>size - <Py_ssize_t>old)
     access_exit(token)
     cdef char* moved
     if err == ARENA_OK:
+        if context.hugepages and size >= NP_HUGE_MIN:
+            np_advise(block, size + NP_HEADER, True)  # (the new pages: the old ones were advised)
         (<NpHeader*>block).size = size
         moved = <char*>block + NP_HEADER
         np_trace_untrack(TRACE_DOMAIN, <size_t>data)

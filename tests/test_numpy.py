@@ -545,6 +545,51 @@ def test_process_wide_operations_leave_live_arrays_alone():
     assert arenalib.live_objects()["closing_arenas"] == closing
 
 
+def vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping that holds ``address`` (/proc/self/smaps)."""
+    current = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                current = lo <= address < hi
+            elif head == "VmFlags:" and current:
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def thp_mode():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return next((w[1:-1] for w in f.read().split() if w.startswith("[")), None)
+    except OSError:
+        return None
+
+
+@pytest.mark.skipif(thp_mode() != "madvise", reason="huge pages are advised where THP is in madvise mode")
+def test_big_arrays_get_the_huge_page_advice_numpys_handler_gives(arena):
+    # NumPy's default handler advises MADV_HUGEPAGE from 4 MiB on; so does arenalib's, on a 2 MiB
+    # boundary, and takes the advice back when the block goes back to the arena.
+    was = np._core.multiarray._set_madvise_hugepage(True)
+    try:
+        with arena.numpy():
+            big = np.ones(MiB)  # 8 MiB
+            small = np.ones(1000)
+        middle = big.ctypes.data + 4 * MiB
+        assert "hg" in vm_flags(middle) and "hg" not in vm_flags(small.ctypes.data)
+        assert (big.ctypes.data - 16) % (2 * MiB) == 0
+        del big
+        assert "hg" not in vm_flags(middle)
+        np._core.multiarray._set_madvise_hugepage(False)
+        with arena.numpy():  # NumPy's switch is read when the scope is entered
+            plain = np.ones(MiB)
+        assert "hg" not in vm_flags(plain.ctypes.data + 4 * MiB)
+    finally:
+        np._core.multiarray._set_madvise_hugepage(was)
+    del small, plain
+
+
 # -- tracemalloc ---------------------------------------------------------------------------------------
 
 

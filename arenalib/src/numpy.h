@@ -13,6 +13,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "arenalib/platform.h"  /* ARENALIB_FREE_THREADED */
 
@@ -55,6 +56,7 @@ typedef struct {
     PyObject *(*get_handler)(void);         /* PyDataMem_GetHandler, [305] */
     PyObject *default_capsule;              /* PyDataMem_DefaultHandler, [306] (a reference) */
     arenalib_np_handler *default_handler;   /* what it points to */
+    int thp_madvise;                        /* the kernel's THP mode is "madvise" */
 } arenalib_np_api;
 
 static arenalib_np_api *arenalib_np_api_ptr;
@@ -82,6 +84,22 @@ static inline arenalib_np_api *arenalib_np_api_publish(arenalib_np_api *api) {
 
 static inline unsigned int arenalib_np_call_version(void **table, int index) {
     return ((unsigned int (*)(void))table[index])();
+}
+
+/* Huge pages for big arrays, as NumPy's default handler asks for them (its indicate_hugepages():
+   MADV_HUGEPAGE from 4 MiB on, unless np._core.multiarray._set_madvise_hugepage(False)).  Where the
+   kernel's THP mode is "madvise", an array's pages are advised before their first touch and the
+   advice taken back (MADV_NOHUGEPAGE) when the block goes back, so that the arena's later users of
+   those addresses do not get 2 MiB pages for small blocks.  The pages wholly inside the block only:
+   a large jemalloc block has its pages to itself. */
+#define ARENALIB_NP_HUGE_MIN ((size_t)1 << 22)
+#define ARENALIB_NP_HUGE_ALIGN ((size_t)1 << 21)  /* x86-64's huge page */
+
+static inline void arenalib_np_advise(void *block, size_t size, int huge) {
+    uintptr_t start = ((uintptr_t)block + 4095) & ~(uintptr_t)4095;
+    uintptr_t end = ((uintptr_t)block + size) & ~(uintptr_t)4095;
+    if (end > start)
+        (void)madvise((void *)start, end - start, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
 }
 
 /* Arena-backed NumPy buffers alive, for live_objects() (sharded as the segments' counter is:
