@@ -118,6 +118,8 @@ cdef NpApi* _numpy_api_load() except NULL:
                 raise
             umath = import_module("numpy.core._multiarray_umath")  # NumPy 1.x
         c_api = umath._ARRAY_API
+        global _numpy_hugepage_switch
+        _numpy_hugepage_switch = getattr(umath, "_get_madvise_hugepage", None)
     except Exception as error:
         raise ImportError(f"{_NEEDS_NUMPY}: {type(error).__name__}: {error}") from error
     version = getattr(numpy, "__version__", "?")
@@ -169,15 +171,15 @@ def _thp_mode():
     return chosen[0] if chosen else None
 
 
+# NumPy's switch of its huge-page advice (np._core.multiarray._get_madvise_hugepage), found with the
+# C API; None: this NumPy has none.
+_numpy_hugepage_switch = None
+
+
 cdef bint _numpy_wants_hugepages():
-    """Whether NumPy's default handler advises huge pages now (np._core.multiarray's setting)."""
-    from importlib import import_module
-    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
-        try:
-            return bool(getattr(import_module(name), "_get_madvise_hugepage", lambda: False)())
-        except ImportError:
-            continue
-    return False
+    """Whether NumPy's default handler advises huge pages now."""
+    switch = _numpy_hugepage_switch
+    return switch is not None and bool(switch())
 
 
 # -- the handler capsule --------------------------------------------------------------------------
