@@ -52,7 +52,6 @@ cdef struct NumpyBooks:
     Py_ssize_t arrays         # alive now
     Py_ssize_t nbytes         # their bytes, as NumPy asked for them
     Py_ssize_t fallbacks      # allocations NumPy's default handler served instead (arena closed)
-    Py_ssize_t foreign_frees  # frees of a block the handler never made (left alone)
 
 
 cdef class SegmentOwner:

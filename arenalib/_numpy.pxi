@@ -341,8 +341,7 @@ cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
         header.tag = 0
         np_trace_untrack(TRACE_DOMAIN, <size_t>data)
         _np_release(context, header)
-    else:
-        count_add(&context.books.foreign_frees, 1)  # not the handler's block: never touched
+    # else: not a block of the handler's (a second free, a pointer it never made): never touched
 
 
 cdef inline void _np_release(NumpyContext* context, NpHeader* header) noexcept nogil:
