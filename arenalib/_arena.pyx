@@ -16,6 +16,7 @@ The one extension that links the private jemalloc.  Its parts, in the order they
     (this file)       ArenaBase: the lifecycle, stats and Python API every arena kind shares
     _confined.pxi     ConfinedArena: its rule and class (its inline rule: _confined.pxd)
     _shared.pxi       Arena: likewise (_shared.pxd)
+    _auto.pxi         AutoArena and arenalib.allocate(): segments freed when they become garbage
     _slicing.pxi      SlicingArena: likewise (_slicing.pxd)
     _frames.pxi       a SlicingArena's marks and frames, and each thread's frame arena (_frames.pxd)
     _with.pxi         `with arena:` without a garbage-collected method object per call
@@ -539,6 +540,7 @@ cdef bint open_now(ArenaBase arena) noexcept:
 
 include "_confined.pxi"
 include "_shared.pxi"
+include "_auto.pxi"
 include "_slicing.pxi"
 include "_frames.pxi"
 include "_with.pxi"
@@ -561,6 +563,7 @@ cdef int _module_init() except -1:
         arenalib_arena_freelist_for(kind)
     fast_with_init(ArenaBase)
     fast_with_init(Frame)
+    fast_with_init(Segment)
     slots_init()       # the shared state and the jemalloc control names (every arena needs them)
     slicing_init()     # biased carving, if membarrier() is there
     _figures_init()    # stats() names
