@@ -14,9 +14,9 @@ The one extension that links the private jemalloc.  Its parts, in the order they
     _segment_ops.pxi  what Segment's indexing, slice assignment and slice() do
     _segment_helpers.pxi  the Panama-style helpers: allocate_from, copy, mismatch, ==, hex, readonly
     (this file)       ArenaBase: the lifecycle, stats and Python API every arena kind shares
+    _auto.pxi         AutoArena and arenalib.allocate(): segments freed when they become garbage
     _confined.pxi     ConfinedArena: its rule and class (its inline rule: _confined.pxd)
     _shared.pxi       Arena: likewise (_shared.pxd)
-    _auto.pxi         AutoArena and arenalib.allocate(): segments freed when they become garbage
     _slicing.pxi      SlicingArena: likewise (_slicing.pxd)
     _frames.pxi       a SlicingArena's marks and frames, and each thread's frame arena (_frames.pxd)
     _with.pxi         `with arena:` without a garbage-collected method object per call
@@ -117,6 +117,14 @@ cdef str exported_segments(ArenaBase arena):
              f"{stack}" for address, (size, stack, exports) in arena._debug_blocks.items() if exports > 0]
     more = len(shown) - DEBUG_SHOWN
     return "".join(shown[:DEBUG_SHOWN]) + (f"\n  and {more} more" if more > 0 else "")
+
+
+cdef str _segment_named(ArenaBase arena, Segment seg):
+    """``seg`` named for an error message: its size and address, and in debug mode where it was
+    allocated."""
+    name = f"a segment of {seg._size} bytes at {<size_t>seg._ptr:#x}"
+    entry = arena._debug_blocks.get(<size_t>seg._ptr) if arena._debug_blocks is not None else None
+    return name + (f", allocated at:\n{entry[1]}\n" if entry is not None else "")
 
 
 def jemalloc_version():
@@ -250,8 +258,9 @@ cdef class ArenaBase(SegmentOwner):
         access_exit(token)
         if err == ARENA_EEXPORTED:
             raise BufferError(
-                f"cannot free a segment while {exports} buffer export(s) of it "
-                "(memoryview, NumPy array, io_uring request in flight ...) are alive; release them first")
+                f"cannot free {_segment_named(self, seg)} while {exports} buffer export(s) of it "
+                "(memoryview, NumPy array, io_uring request in flight ...) are alive; release them "
+                "first, or free(deferred=True) to free it with the last")
         if err:
             self._raise(err, "cannot free this segment")
         if self._traced is not None:
@@ -298,8 +307,9 @@ cdef class ArenaBase(SegmentOwner):
         access_exit(token)
         if err == ARENA_EEXPORTED:
             raise BufferError(
-                f"cannot resize a segment while {exports} buffer export(s) of it or of its slices "
-                "(memoryview, NumPy array, io_uring request in flight ...) are alive; release them first")
+                f"cannot resize {_segment_named(self, seg)} while {exports} buffer export(s) of it "
+                "or of its slices (memoryview, NumPy array, io_uring request in flight ...) are alive; "
+                "release them first")
         if err == ARENA_EINVAL:
             raise ValueError("cannot grow this SlicingArena segment: it would move into a mark or frame "
                              "opened after it was carved, and die at its rewind; resize it there")
@@ -538,9 +548,9 @@ cdef bint open_now(ArenaBase arena) noexcept:
     return is_open
 
 
+include "_auto.pxi"
 include "_confined.pxi"
 include "_shared.pxi"
-include "_auto.pxi"
 include "_slicing.pxi"
 include "_frames.pxi"
 include "_with.pxi"

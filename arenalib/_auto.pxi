@@ -20,6 +20,8 @@
 # buffer exports and slices hold references to it, so when it is garbage nothing can be using its
 # memory: the free cannot meet an export, and a slice frees nothing (its root does).
 
+from arenalib._table cimport ARENA_KIND_SHARED
+
 cdef object _AUTO_TOKEN = object()  # what makes AutoArena.__cinit__ accept (no user constructs one)
 cdef object _auto_guard = object()  # the critical section of the one-time publication
 cdef ArenaBase _auto = None         # the AutoArena, once made (never replaced while it lives)

@@ -298,9 +298,12 @@ cdef class Segment:
         # free(deferred=True), unless the memory went already (freed, resized, reset or closed in the
         # block).  The block's exception, if any, propagates unchanged; a failure of the free is
         # noted on it (as ArenaBase.__exit__ does).
-        if self._status() == SEGMENT_DEAD:
+        cdef int status = self._status()
+        if status == SEGMENT_DEAD:
             return False
         try:
+            if status:
+                self._raise_status(status)  # (a ConfinedArena's segment left on another thread)
             self._free_when_unexported()
         except ArenaClosedError:
             pass  # another thread freed it, or reset or closed its arena, since the look above
