@@ -19,7 +19,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from support import FREEABLE_KINDS, assert_ok, run_python, run_threads, slots_in_use
+from support import FREEABLE_KINDS, assert_ok, run_python, run_threads
 
 import arenalib
 from arenalib import ArenaClosedError, AutoArena, UnsupportedOperation

@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import itertools
 import sys
-import threading
 import tracemalloc
 
 import pytest
