@@ -169,6 +169,22 @@ def test_the_c_api_refuses_the_auto_arena(cython_consumers):
         cython_consumers["safety_consumer"].core_address(AUTO)
 
 
+def test_process_wide_operations_leave_automatic_segments_alone():
+    # trim() resets and wipes idle slots, set_retention() evicts warm ones, purge() hands dirty
+    # pages back: the AutoArena's slot is in use, its live segments keep their bytes.
+    segs = [arenalib.allocate(n, zero=False).fill(n % 251) for n in (100, 5000, 70_000, 3 << 20)]
+    retention = arenalib.get_retention()
+    try:
+        arenalib.set_retention(0)
+        arenalib.trim()
+        AUTO.purge()
+        del segs[1]  # a free in between
+        arenalib.trim()
+    finally:
+        arenalib.set_retention(retention)
+    assert [s.tobytes() == bytes([len(s) % 251]) * len(s) for s in segs] == [True] * 3
+
+
 def test_a_segment_dropped_by_another_thread_is_freed_there():
     before = books()
     handed = queue.SimpleQueue()
