@@ -96,13 +96,26 @@ static void arenalib_segment_finalize(PyObject *o) {
     PyErr_Restore(type, value, traceback);
 }
 
+static void arenalib_segment_dealloc(PyObject *o);
+
+/* The dealloc of an automatic segment, out of line: the common path stays a leaf function. */
+static __attribute__((noinline)) void arenalib_segment_dealloc_auto(PyObject *o) {
+    if (PyObject_CallFinalizerFromDealloc(o) < 0)
+        return;  /* resurrected by the free (it cannot be: the free keeps no reference) */
+    arenalib_shard_add(arenalib_live_segments, -1);
+    *(PyObject **)((char *)o + arenalib_segment_owner_offset) = NULL;
+    arenalib_segment_cython_dealloc(o);
+}
+
 static void arenalib_segment_dealloc(PyObject *o) {
     if (*(void **)((char *)o + arenalib_segment_life_offset) != NULL) {
         PyObject **owner = (PyObject **)((char *)o + arenalib_segment_owner_offset);
-        /* Every other segment pays one compare for this. */
-        if (*owner == arenalib_auto_owner && arenalib_auto_owner != NULL
-                && PyObject_CallFinalizerFromDealloc(o) < 0)
-            return;  /* resurrected by the free (it cannot be: the free keeps no reference) */
+        /* Every other segment pays one compare for this (a made segment's owner is never NULL,
+           the automatic arena's pointer is until it is made). */
+        if (__builtin_expect(*owner == arenalib_auto_owner, 0)) {
+            arenalib_segment_dealloc_auto(o);
+            return;
+        }
         arenalib_shard_add(arenalib_live_segments, -1);
         *owner = NULL;
     }
