@@ -569,6 +569,7 @@ cdef extern from "src/arena_freelist.h":
 cdef int _module_init() except -1:
     """The start-up steps, in the order they depend on each other."""
     segment_dealloc_init()
+    auto_init()        # (after the hook: what it calls for an automatic segment)
     for kind in (Arena, ConfinedArena, SlicingArena):
         arenalib_arena_freelist_for(kind)
     fast_with_init(ArenaBase)

@@ -27,7 +27,8 @@ cdef object _auto_guard = object()  # the critical section of the one-time publi
 cdef ArenaBase _auto = None         # the AutoArena, once made (never replaced while it lives)
 
 cdef extern from "src/segment.h":
-    void set_auto_owner "arenalib_set_auto_owner"(object owner, void (*free)(object) noexcept) noexcept
+    void set_auto_free "arenalib_set_auto_free"(void (*free)(object) noexcept) noexcept
+    void set_auto_owner "arenalib_set_auto_owner"(object owner) noexcept
     void forget_auto_owner "arenalib_forget_auto_owner"(object owner) noexcept
 
 
@@ -85,6 +86,12 @@ cdef void _free_garbage(object o) noexcept:
         pass  # dead since (the interpreter's exit closed the arena): nothing to free
 
 
+cdef int auto_init() except -1:
+    """At the module's start: Segment's dealloc hook learns what frees an automatic segment."""
+    set_auto_free(_free_garbage)
+    return 0
+
+
 cdef ArenaBase auto_arena_now():
     """The AutoArena, made on first use (by any thread: the first one published wins)."""
     global _auto
@@ -94,7 +101,7 @@ cdef ArenaBase auto_arena_now():
     cdef ArenaBase made = AutoArena.__new__(AutoArena, _AUTO_TOKEN)
     with cython.critical_section(_auto_guard):
         if _auto is None:
-            set_auto_owner(made, _free_garbage)
+            set_auto_owner(made)
             _auto = made
         arena = _auto
     return arena  # (another thread's published first: ``made`` goes unused, closed by its dealloc)

@@ -28,7 +28,8 @@ Experiments, one module each (its docstring says what it measures and how; each 
     aio.py         asyncio frames over loopback between two processes, 1 MiB and 64 MiB: FrameReader
                    into arena segments vs a bytearray(n) per frame; throughput and server CPU per frame
     helpers.py     the Panama-style helpers (allocate_from, copy, mismatch, ==, hex, allocate_string), each
-                   against its fastest Python equivalent at 64 B, 4 KiB and 64 KiB: ratios
+                   against its fastest Python equivalent at 64 B, 4 KiB and 64 KiB: ratios; resize in
+                   place against allocate + free; arenalib.allocate(n) against bytearray(n)
 
 This module only orchestrates: every experiment module has the members of _experiment.Experiment
 (plan, run, targets, target_line, tables, plots; findings, the verdict's sentences, where it has

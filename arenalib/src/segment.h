@@ -112,7 +112,7 @@ static void arenalib_segment_dealloc(PyObject *o) {
         PyObject **owner = (PyObject **)((char *)o + arenalib_segment_owner_offset);
         /* Every other segment pays one compare for this (a made segment's owner is never NULL,
            the automatic arena's pointer is until it is made). */
-        if (__builtin_expect(*owner == arenalib_auto_owner, 0)) {
+        if (__builtin_expect(*owner == __atomic_load_n(&arenalib_auto_owner, __ATOMIC_RELAXED), 0)) {
             arenalib_segment_dealloc_auto(o);
             return;
         }
@@ -122,17 +122,24 @@ static void arenalib_segment_dealloc(PyObject *o) {
     arenalib_segment_cython_dealloc(o);
 }
 
-/* Make ``owner`` the automatic arena whose segments ``free`` frees when they become garbage
-   (once, at its creation); forgotten when it goes (at the interpreter's exit), so that no later
-   object at its address is taken for it. */
-static void arenalib_set_auto_owner(PyObject *owner, void (*free)(PyObject *)) {
+/* What frees an automatic segment (set once, at the module's start, before any thread can
+   deallocate a segment). */
+static void arenalib_set_auto_free(void (*free)(PyObject *)) {
     arenalib_auto_free = free;
-    arenalib_auto_owner = owner;  /* borrowed: the module keeps it */
+}
+
+/* Make ``owner`` the automatic arena (once, at its creation), or forget it when it goes (at the
+   interpreter's exit, so that no later object at its address is taken for it).  Atomic: other
+   threads' segments compare their owner with it meanwhile (any value they see is right for them:
+   a segment of the automatic arena is handed to another thread after its creation). */
+static void arenalib_set_auto_owner(PyObject *owner) {
+    __atomic_store_n(&arenalib_auto_owner, owner, __ATOMIC_RELEASE);  /* borrowed: the module keeps it */
 }
 
 static void arenalib_forget_auto_owner(PyObject *owner) {
-    if (arenalib_auto_owner == owner)
-        arenalib_auto_owner = NULL;
+    PyObject *expected = owner;
+    __atomic_compare_exchange_n(&arenalib_auto_owner, &expected, NULL, 0, __ATOMIC_RELEASE,
+                                __ATOMIC_RELAXED);
 }
 
 /* Point a new segment at its owner without a reference (the None Cython's tp_new put there
