@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 import sys
 
 import numpy as np
@@ -333,11 +334,14 @@ def test_write_keeps_the_segment_until_the_transport_sent_it():
     # The peer reads nothing until the segment was written and its arena closed: the transport
     # holds what the socket did not take (a memoryview of the segment from 3.12 on, a copy
     # before), and the bytes arrive intact whatever the writer did meanwhile.
-    size = 32 << 20
+    # Small socket buffers on both sides, so that a few MiB stay with the transport (and the test
+    # process stays small: a later test's child inherits its peak RSS through fork).
+    size = 4 << 20
     outcome = {}
 
     def send(reader, seg):
         seg.free(deferred=True)
+        reader.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
         with Arena() as arena:
             big = arena.allocate(size, zero=False).fill(0x5A)
             reader.write(big)
@@ -350,6 +354,7 @@ def test_write_keeps_the_segment_until_the_transport_sent_it():
 
     async def main():
         server, (rd, wr) = await _serve(send)
+        wr.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
         wr.write(frame_header(1) + b"x")
         await wr.drain()
         while "arena" not in outcome:
