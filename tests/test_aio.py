@@ -6,16 +6,16 @@ relies on (free or release while asyncio still holds the buffer)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
-import socket
 import sys
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import run_python
+from support import assert_ok, run_python
 
 import arenalib
 from arenalib import Arena, BufferPool, ConfinedArena
@@ -330,47 +330,62 @@ def test_write_sends_segments_back_without_a_copy_to_bytes():
     assert asyncio.run(main()) == frames
 
 
+WRITE_HELD = r"""
+import asyncio, json, socket, sys
+from arenalib import Arena
+from arenalib.aio import FrameReader, frame_header
+
+size = 4 << 20
+outcome = {}
+
+def send(reader, seg):
+    seg.free(deferred=True)
+    reader.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+    with Arena() as arena:
+        big = arena.allocate(size, zero=False).fill(0x5A)
+        reader.write(big)
+        try:
+            big.free()
+            outcome["free"] = "freed"  # copied by the transport (3.10, 3.11)
+        except BufferError:
+            outcome["free"] = "refused"  # held by the transport: no copy
+    stats = arena.stats()
+    outcome["arena"] = {"closed": stats["closed"], "held_by_exports": stats["held_by_exports"]}
+
+async def main():
+    def make():
+        reader = FrameReader(lambda seg: send(reader, seg))
+        return reader
+    server = await asyncio.get_running_loop().create_server(make, "127.0.0.1", 0)
+    rd, wr = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    wr.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+    wr.write(frame_header(1) + b"x")
+    await wr.drain()
+    while "arena" not in outcome:
+        await asyncio.sleep(0.01)
+    data = await rd.readexactly(size)
+    wr.close()
+    server.close()
+    await server.wait_closed()
+    outcome["intact"] = data == b"\x5a" * size
+
+asyncio.run(main())
+print(json.dumps(outcome))
+"""
+
+
 def test_write_keeps_the_segment_until_the_transport_sent_it():
     # The peer reads nothing until the segment was written and its arena closed: the transport
     # holds what the socket did not take (a memoryview of the segment from 3.12 on, a copy
-    # before), and the bytes arrive intact whatever the writer did meanwhile.
-    # Small socket buffers on both sides, so that a few MiB stay with the transport (and the test
-    # process stays small: a later test's child inherits its peak RSS through fork).
-    size = 4 << 20
-    outcome = {}
-
-    def send(reader, seg):
-        seg.free(deferred=True)
-        reader.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
-        with Arena() as arena:
-            big = arena.allocate(size, zero=False).fill(0x5A)
-            reader.write(big)
-            try:
-                big.free()
-                outcome["free"] = "freed"  # copied by the transport (3.10, 3.11)
-            except BufferError:
-                outcome["free"] = "refused"  # held by the transport: no copy
-        outcome["arena"] = arena.stats()
-
-    async def main():
-        server, (rd, wr) = await _serve(send)
-        wr.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
-        wr.write(frame_header(1) + b"x")
-        await wr.drain()
-        while "arena" not in outcome:
-            await asyncio.sleep(0.01)
-        data = await rd.readexactly(size)
-        wr.close()
-        server.close()
-        await server.wait_closed()
-        return data
-
-    data = asyncio.run(main())
-    assert data == b"\x5a" * size
+    # before), and the bytes arrive intact whatever the writer did meanwhile.  Small socket buffers
+    # on both sides, so that a few MiB stay with the transport.  In a child: the megabytes it moves
+    # would stay in this process, and a later test's child, forked from it, inherits its peak RSS
+    # (ru_maxrss survives fork and exec).
+    outcome = json.loads(assert_ok(run_python(WRITE_HELD)).splitlines()[-1])
+    assert outcome["intact"] and outcome["arena"]["closed"]
     if sys.version_info >= (3, 12):
         assert outcome["free"] == "refused"
         assert outcome["arena"]["held_by_exports"] == 1  # closed deferred at the with's end
-    assert outcome["arena"]["closed"]
 
 
 def test_write_needs_a_transport_and_a_buffer():
