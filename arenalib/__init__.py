@@ -14,6 +14,7 @@ from arenalib._arena import (
     ConfinedArena,
     Frame,
     Mark,
+    NumpyScope,
     Segment,
     SlicingArena,
     allocate,
@@ -24,8 +25,10 @@ from arenalib._arena import (
     get_retention,
     jemalloc_version,
     live_objects,
+    numpy_handler,
     pool_stats,
     set_debug,
+    set_numpy_handler,
     set_retention,
     slot_stats,
     trim,
@@ -38,7 +41,7 @@ from arenalib._errors import (
     WrongThreadError,
 )
 from arenalib._pool import BufferPool
-from arenalib._ring import Ring, check
+from arenalib._ring import Received, Ring, check
 
 __version__: str  # read on first use by __getattr__ below
 
@@ -79,7 +82,9 @@ __all__ = [
     "ConfinedArena",
     "Frame",
     "Mark",
+    "NumpyScope",
     "PoolExhaustedError",
+    "Received",
     "Ring",
     "Segment",
     "SlicingArena",
@@ -97,8 +102,10 @@ __all__ = [
     "get_retention",
     "jemalloc_version",
     "live_objects",
+    "numpy_handler",
     "pool_stats",
     "set_debug",
+    "set_numpy_handler",
     "set_retention",
     "slot_stats",
     "trim",

@@ -47,6 +47,13 @@ cdef extern from "Python.h":
     int PyTraceMalloc_Untrack(unsigned int domain, size_t ptr) noexcept
 
 
+cdef struct NumpyBooks:
+    # An Arena's NumPy data buffers (arenalib/_numpy.pxi), each also counted in Lifetime.exports.
+    Py_ssize_t arrays         # alive now
+    Py_ssize_t nbytes         # their bytes, as NumPy asked for them
+    Py_ssize_t fallbacks      # allocations NumPy's default handler served instead (arena closed)
+
+
 cdef class SegmentOwner:
     cdef:
         Lifetime* _life         # what this owner's segments check (in its core, or its own)
@@ -97,6 +104,7 @@ cdef class ArenaBase(SegmentOwner):
         dict _traced_framed     # ... and those carved under a mark (-> their frame stamp)
         Py_ssize_t _traced_rewinds  # the arena's rewinds when _traced_framed was last swept
         dict _debug_blocks      # set_debug(True): address -> [size, where allocated, exports]
+        NumpyBooks _numpy       # its numpy() scopes' arrays (_numpy.pxi)
 
     cdef int _open(self, int kind, object max_bytes, size_t chunk_size=*) except -1
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align,

@@ -20,6 +20,7 @@ The one extension that links the private jemalloc.  Its parts, in the order they
     _slicing.pxi      SlicingArena: likewise (_slicing.pxd)
     _frames.pxi       a SlicingArena's marks and frames, and each thread's frame arena (_frames.pxd)
     _with.pxi         `with arena:` without a garbage-collected method object per call
+    _numpy.pxi        `with arena.numpy():`, NumPy arrays allocated from an arena (NEP 49's handler)
     _stats.pxi        live_objects(), slot_stats(), jemalloc's figures for stats()
     _c_api.pxi        the C API's function tables and capsules
 
@@ -451,6 +452,17 @@ cdef class ArenaBase(SegmentOwner):
                 self._traced = None
                 self._traced_framed = None
 
+    def numpy(self):
+        """A with-statement in which NumPy allocates the data of the arrays created in the block (in
+        this context, and the asyncio tasks created in it) from this Arena (arenalib/_numpy.pxi).
+
+        The arrays outlive the block; while one lives, close() and reset() raise BufferError, and
+        the end of `with arena:` closes deferred (the last array's free gives the memory back).
+        An allocation after the arena closed comes from NumPy's default handler (stats()'s
+        numpy_fallbacks).  Arena only: UnsupportedOperation for a ConfinedArena or a SlicingArena;
+        ImportError without NumPy 1.22 or newer."""
+        return numpy_scope(self)
+
     @property
     def closed(self):
         """True once close() was called (or the with-block ended)."""
@@ -481,7 +493,9 @@ cdef class ArenaBase(SegmentOwner):
     def stats(self):
         """Accounting of this arena and jemalloc's figures for the arena behind it.
 
-        live_bytes/live_segments/peak_bytes count the sizes asked for; resident, mapped, active and
+        live_bytes/live_segments/peak_bytes count the sizes asked for (NumPy arrays' blocks included);
+        numpy_arrays/numpy_bytes count the arrays of numpy() scopes alive now, numpy_fallbacks the
+        allocations NumPy's default handler served after the close; resident, mapped, active and
         dirty are jemalloc's byte counts for the underlying jemalloc arena (0 once closed)."""
         cdef Books books
         cdef size_t figures[4]
@@ -490,7 +504,9 @@ cdef class ArenaBase(SegmentOwner):
         cdef void* token = access_enter(&self._core.life)  # no close meanwhile
         read_books(&self._core, &books)
         jemalloc_arena_figures(&self._core, figures)
-        cdef Py_ssize_t exports = count_read(&self._core.life.exports)
+        cdef Py_ssize_t exports = segment_exports(self)  # NumPy arrays, exports too, come apart
+        cdef Py_ssize_t arrays, array_bytes
+        numpy_figures(self, &arrays, &array_bytes)
         cdef bint closed = not self._core.open
         cdef bint held = closed and state_read(&self._core.life.release_pending)
         cdef Py_ssize_t held_bytes = self._core.held.live_bytes if held else 0
@@ -506,6 +522,9 @@ cdef class ArenaBase(SegmentOwner):
         # bytes the arena had live when it closed).
         result["held_by_exports"] = exports if held else 0
         result["held_bytes"] = held_bytes
+        result["numpy_arrays"] = arrays
+        result["numpy_bytes"] = array_bytes
+        result["numpy_fallbacks"] = count_read(&self._numpy.fallbacks)
         for i in range(4):
             result[_ARENA_FIGURES[i][0]] = figures[i]
         return result
@@ -515,7 +534,7 @@ cdef class ArenaBase(SegmentOwner):
         if not self._core.open:
             if state_read(&self._core.life.release_pending):
                 return (f"<arenalib.{name} closed, {self._core.held.live_bytes} bytes held by "
-                        f"{count_read(&self._core.life.exports)} buffer export(s)>")
+                        f"{exports_in_words(self)}>")
             return f"<arenalib.{name} closed>"
         # The arena's own books: jemalloc's statistics cost milliseconds once arenas are many.
         cdef Books books
@@ -554,6 +573,7 @@ include "_shared.pxi"
 include "_slicing.pxi"
 include "_frames.pxi"
 include "_with.pxi"
+include "_numpy.pxi"
 include "_stats.pxi"
 include "_c_api.pxi"
 

@@ -42,9 +42,8 @@ cdef str _with_figures(int code, ArenaBase arena, str message):
         return (f"max_bytes={arena._core.max_bytes} of {name} would be exceeded "
                 f"({books.live_bytes} bytes in use)")
     if code == ARENA_EEXPORTED:
-        return (f"{count_read(&arena._core.life.exports)} buffer export(s) of its segments "
-                "(memoryview, NumPy array, io_uring request in flight ...) are alive; release them first"
-                + exported_segments(arena))
+        return (f"{exports_in_words(arena, True)} are alive; release them first"
+                + (exported_segments(arena) if segment_exports(arena) else ""))
     return message
 
 

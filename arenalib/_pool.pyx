@@ -135,6 +135,62 @@ cdef class BufferPool(SegmentOwner):
             raise_closed()
         return 0
 
+    cdef Py_ssize_t _lend(self, void* lender, lender_take_fn take, bint incremental) except -1:
+        """Lend every free buffer to a ring's provided-buffer ring (Ring.provide(), which has counted
+        itself in with _registered): each goes to ``take`` now and again whenever a segment the ring
+        delivered over it is released, until _unlend().  ``incremental``: the kernel fills a buffer
+        in parts (IOU_PBUF_RING_INC), each delivered as a segment of its own.  How many;
+        ValueError when the pool is lent already, ArenaClosedError when closed, MemoryError."""
+        cdef Py_ssize_t n = -1
+        cdef bint is_open
+        # Made first (Python's allocator, no Python code), kept for the pool's life.
+        cdef PartUse* parts = NULL
+        if incremental and self._books.parts == NULL:
+            parts = <PartUse*>PyMem_Calloc(<size_t>self._count, sizeof(PartUse))
+            if parts == NULL:
+                raise MemoryError(f"cannot allocate the books of {self._count} incremental buffers")
+        with cython.critical_section(self):  # C only inside
+            is_open = self._open
+            if parts != NULL and self._books.parts == NULL:
+                books_install_parts(&self._books, parts)
+                parts = NULL
+            if is_open and self._lender == NULL:
+                self._lender = lender
+                self._lender_take = take
+                n = books_lend(&self._books, self._count, lender, take)
+        PyMem_Free(parts)  # (another thread's lending made them first)
+        if not is_open:
+            raise_closed()
+        if n < 0:
+            raise ValueError("the BufferPool is provided to a Ring already: withdraw() it first "
+                             "(a pool lends its buffers to one group at a time)")
+        return n
+
+    cdef Py_ssize_t _unlend(self, void* lender) noexcept:
+        """End the lending to ``lender``: its buffers not handed out are free again (the ring has
+        made sure the kernel picks none any more); segments it delivered come back to the free list."""
+        cdef Py_ssize_t n = 0
+        with cython.critical_section(self):
+            if self._lender == lender:
+                self._lender = NULL
+                self._lender_take = NULL
+                n = books_unlend(&self._books)
+        return n
+
+    cdef bint _deliver(self, Segment seg, Py_ssize_t index, Py_ssize_t nbytes, bint more) noexcept:
+        """Bind ``seg`` (fresh from make_segment) to the ``nbytes`` the kernel filled of lent buffer
+        ``index`` (from its start, or, lent incrementally, after the parts before; ``more``: the
+        kernel fills more of it); False, ``seg`` left dead, when that buffer is not lent."""
+        cdef Py_ssize_t offset = -1
+        with cython.critical_section(self):
+            if self._open:
+                offset = books_deliver(&self._books, index, nbytes, more, self._buffer_size)
+            if offset >= 0:
+                seg._ptr = self._base + <size_t>index * self._stride + <size_t>offset
+                seg._size = nbytes
+                seg._generation = self._lifetime.generation
+        return offset >= 0
+
     cdef void _close_now(self) noexcept:
         """Every segment dead, the region untracked and let go (it goes when no raw view holds it)."""
         self._open = False
@@ -269,7 +325,11 @@ cdef class BufferPool(SegmentOwner):
         if exports[0]:
             free_end(seg, False)
             return SEG_EXPORTED
-        if seg._ptr != self._base + <size_t>i * self._stride or not books_give_back(&self._books, i):
+        # At the buffer's start, or, for a part of an incrementally lent buffer, inside it.
+        cdef size_t offset = <size_t>(seg._ptr - (self._base + <size_t>i * self._stride))
+        if ((offset and (self._books.parts == NULL or offset > <size_t>self._buffer_size
+                         or i >= self._books.touched or self._books.state[i] != DELIVERED))
+                or not books_give_back(&self._books, i, self._lender, self._lender_take)):
             free_end(seg, False)
             return SEG_NOT_IN_USE
         free_end(seg, True)
@@ -418,15 +478,16 @@ cdef class BufferPool(SegmentOwner):
         """Figures of the pool and its region: live_bytes (the region's size; 0 once closed),
         resident (bytes of the region in RAM now), exports (live buffer exports of its segments),
         closed, buffers, buffer_size, in_use, available, acquisitions (acquire()/try_acquire()
-        calls served), high_water (most buffers in use at once) and exhausted (such calls that found
-        no free buffer).  The figures are of one moment (in_use + available == buffers while open),
+        calls served), high_water (most buffers in use at once), exhausted (such calls that found
+        no free buffer) and lent (buffers lent to a Ring by Ring.provide(), counted in in_use).
+        The figures are of one moment (in_use + available == buffers while open),
         read in one critical section with nothing else inside."""
         cdef size_t nbytes = self._stride * <size_t>self._count
         # Made first: this may start a GC that closes the pool, which the reads below must see.
         cdef bytearray vector = bytearray(region_pages(self._base, nbytes))
         cdef unsigned char* flags = vector
         cdef bint is_open
-        cdef Py_ssize_t in_use = 0, available = 0, exports, high_water, exhausted
+        cdef Py_ssize_t in_use = 0, available = 0, exports, high_water, exhausted, lent
         cdef size_t acquisitions, resident = 0
         with cython.critical_section(self):  # C only inside: nothing can suspend the section
             is_open = self._open
@@ -438,11 +499,12 @@ cdef class BufferPool(SegmentOwner):
             acquisitions = self._books.acquisitions
             high_water = self._books.high_water
             exhausted = self._books.exhausted
+            lent = self._books.lent
         return {"live_bytes": nbytes if is_open else 0,
                 "resident": resident, "exports": exports, "closed": not is_open,
                 "buffers": self._count, "buffer_size": self._buffer_size, "in_use": in_use,
                 "available": available, "acquisitions": acquisitions, "high_water": high_water,
-                "exhausted": exhausted}
+                "exhausted": exhausted, "lent": lent}
 
     def __repr__(self):
         if not self._open:

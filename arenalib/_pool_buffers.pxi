@@ -7,8 +7,16 @@
 # up (handed out in order once the stack is empty).  ``state`` is written only below ``touched``, the
 # buffers ever handed out (above it, a buffer holds what the region's pages hold: ``fresh_state``).
 # So making a pool writes no bookkeeping, and a reset writes what was used, not every buffer.
+#
+# Buffers lent to a Ring's provided-buffer ring (Ring.provide) are out of the free list: LENT while
+# the kernel may pick them (never reachable from Python), DELIVERED once a completion handed one out
+# as a Segment.  Giving a DELIVERED buffer back puts it into the ring again while the lending lasts
+# (books_give_back), else on the free list; ending the lending (books_unlend) frees the LENT ones.
+# A ring that lends incrementally (IOU_PBUF_RING_INC) has the kernel fill a buffer in parts: each
+# part is a segment of its own (``parts``: how much is filled, how many segments are alive), and the
+# buffer goes back only once the kernel is done with it and every segment over it is released.
 
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
 from cpython.pyport cimport PY_SSIZE_T_MAX
 
 cdef extern from "sys/sysinfo.h" nogil:
@@ -23,6 +31,8 @@ cdef enum:
     FREE_ZERO = 0
     IN_USE = 1
     FREE_DIRTY = 2
+    LENT = 3         # in a ring's provided-buffer ring: the kernel may write it at any time
+    DELIVERED = 4    # picked by the kernel and handed out by the ring as a Segment
 
 # The bookkeeping per buffer: its index on the free stack and its state byte.
 cdef size_t BOOKKEEPING_PER_BUFFER = sizeof(Py_ssize_t) + 1
@@ -74,8 +84,10 @@ cdef int books_init(PoolBooks* books, Py_ssize_t count, bint zero) noexcept:
 cdef void books_free(PoolBooks* books) noexcept:
     PyMem_Free(books.free_stack)
     PyMem_Free(books.state)
+    PyMem_Free(books.parts)
     books.free_stack = NULL
     books.state = NULL
+    books.parts = NULL
 
 
 cdef inline Py_ssize_t books_available(const PoolBooks* books, Py_ssize_t count) noexcept nogil:
@@ -108,9 +120,27 @@ cdef Py_ssize_t books_take(PoolBooks* books, Py_ssize_t count, bint* dirty) noex
     return i
 
 
-cdef bint books_give_back(PoolBooks* books, Py_ssize_t i) noexcept nogil:
-    """Put buffer ``i`` back on the free stack; False, changing nothing, when it is not in use."""
-    if i >= books.touched or books.state[i] != IN_USE:
+cdef bint books_give_back(PoolBooks* books, Py_ssize_t i, void* lender,
+                          lender_take_fn take) noexcept nogil:
+    """Put buffer ``i`` back on the free stack, or, when a ring delivered it and ``lender`` takes it,
+    into that ring; False, changing nothing, when it is not in use."""
+    if i >= books.touched:
+        return False
+    cdef unsigned char state = books.state[i]
+    cdef PartUse* part
+    if state == DELIVERED:
+        if books.parts != NULL:
+            part = &books.parts[i]
+            part.segments -= 1
+            if part.segments > 0 or (lender != NULL and not part.done):
+                return True  # out still: other parts alive, or the kernel has the rest of it
+            part.consumed = 0
+            part.done = False
+        if lender != NULL and take(lender, i):
+            books.state[i] = LENT
+            return True
+        books.lent -= 1
+    elif state != IN_USE:
         return False
     books.state[i] = FREE_DIRTY
     books.free_stack[books.nstack] = i
@@ -123,8 +153,84 @@ cdef void books_reset(PoolBooks* books) noexcept nogil:
     """Every buffer free, handed out from index 0 up again; the ones in use become dirty."""
     cdef Py_ssize_t i
     for i in range(books.touched):
-        if books.state[i] == IN_USE:
+        if books.state[i] == IN_USE or books.state[i] == DELIVERED:  # (never LENT: reset refuses)
             books.state[i] = FREE_DIRTY
+        if books.parts != NULL:
+            memset(&books.parts[i], 0, sizeof(PartUse))
     books.nstack = 0
     books.next_fresh = 0
     books.in_use = 0
+    books.lent = 0
+
+
+cdef void books_install_parts(PoolBooks* books, PartUse* parts) noexcept nogil:
+    """Start the part books (``parts`` zeroed, one per buffer) at a pool's first incremental
+    lending: a buffer delivered whole before is one part alive, the kernel done with it."""
+    cdef Py_ssize_t i
+    for i in range(books.touched):
+        if books.state[i] == DELIVERED:
+            parts[i].segments = 1
+            parts[i].done = True
+    books.parts = parts
+
+
+cdef Py_ssize_t books_lend(PoolBooks* books, Py_ssize_t count, void* lender,
+                           lender_take_fn take) noexcept nogil:
+    """Lend every free buffer to ``lender`` (each marked LENT and handed to ``take``); how many."""
+    cdef Py_ssize_t i, n = 0
+    cdef bint dirty
+    while books_available(books, count):
+        i = books_take(books, count, &dirty)
+        books.acquisitions -= 1  # lent, not acquired
+        books.state[i] = LENT
+        books.lent += 1
+        take(lender, i)
+        n += 1
+    return n
+
+
+cdef Py_ssize_t books_unlend(PoolBooks* books) noexcept nogil:
+    """End a lending: the LENT buffers back on the free stack (the DELIVERED ones come back when
+    their segments are released); how many."""
+    cdef Py_ssize_t i, n = 0
+    for i in range(books.touched):
+        if books.state[i] == DELIVERED and books.parts != NULL:
+            # A part-filled buffer: the kernel will fill no more of it.  Free now if no segment
+            # holds it, else once its last one is released.
+            books.parts[i].done = True
+            if books.parts[i].segments == 0:
+                memset(&books.parts[i], 0, sizeof(PartUse))
+                books.state[i] = LENT
+        if books.state[i] == LENT:
+            books.state[i] = FREE_DIRTY
+            books.free_stack[books.nstack] = i
+            books.nstack += 1
+            n += 1
+    books.in_use -= n
+    books.lent -= n
+    return n
+
+
+cdef Py_ssize_t books_deliver(PoolBooks* books, Py_ssize_t i, Py_ssize_t nbytes, bint more,
+                              Py_ssize_t size) noexcept nogil:
+    """Buffer ``i``, picked by the kernel, is handed out: ``nbytes`` from the offset returned, the
+    buffer's start unless it is lent incrementally (then after its parts handed out before; ``more``:
+    the kernel fills more of it).  -1 when it was not lent (or the part does not fit)."""
+    if i < 0 or i >= books.touched:
+        return -1
+    cdef unsigned char state = books.state[i]
+    cdef PartUse* part
+    cdef Py_ssize_t offset = 0
+    if books.parts == NULL:
+        if state != LENT:
+            return -1
+    else:
+        part = &books.parts[i]
+        if not (state == LENT or (state == DELIVERED and not part.done)) or part.consumed + nbytes > size:
+            return -1
+        offset = part.consumed
+        part.consumed += nbytes
+        part.segments += 1
+        part.done = not more
+    books.state[i] = DELIVERED
+    return offset

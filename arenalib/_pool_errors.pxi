@@ -44,6 +44,6 @@ cdef int refuse_if_pinned(str context, Py_ssize_t exports, Py_ssize_t registrati
                           "NumPy array, io_uring request in flight ...) are alive; release them first")
     if registrations:
         # The kernel holds the region's pages and writes to them for fixed-buffer requests.
-        raise BufferError(f"{context}: its buffers are registered with {registrations} io_uring "
-                          "Ring(s); unregister_pool() or close the ring first")
+        raise BufferError(f"{context}: its buffers are registered with or provided to {registrations} "
+                          "io_uring Ring(s); unregister_pool() or withdraw() them, or close the ring, first")
     return 0

@@ -7,7 +7,11 @@ buffer export (PyObject_GetBuffer) of every buffer it names and keeps it, with a
 until its completion is reaped by wait() or close().  A Segment with a live export refuses free(),
 release to its pool, its arena's reset() and close() with BufferError and changes nothing; a
 bytearray refuses to resize, an mmap to close.  Registering a BufferPool counts as a pin of the pool:
-its close() and reset() raise BufferError until unregister_pool() or close().
+its close() and reset() raise BufferError until unregister_pool() or close().  So does lending its
+buffers to the kernel (provide(): a provided-buffer ring, _ring_provide.pxi), until withdraw() or
+close(); a lent buffer is out of the pool's hands, and a Segment exists over it only once the kernel
+has filled it and a completion handed it over (recv_multishot()); releasing that Segment puts the
+buffer back into the kernel's ring.
 
 Each method converts its arguments and acquires the buffers first (all that can run Python code),
 then checks the ring, then fills the submission queue with C only ("convert, then check, then
@@ -30,8 +34,9 @@ is cleared): cancel, reap, unpin, and a ResourceWarning.
 The class and its docstrings are here; each method's work is a C function of the topic's file:
 _ring_table.pxi (the request table), _ring_check.pxi (the checks every call makes), _ring_submit.pxi
 (queueing: conversions, pins, the requests on one buffer and on a vector), _ring_fixed.pxi (registered
-buffers and their requests), _ring_wait.pxi (submit, wait, reap), _ring_close.pxi (close's cancel
-protocol), _ring_gc.pxi (the collector's view); the C that Cython has no words for is src/ring.h.
+buffers and their requests), _ring_provide.pxi (provided buffers, multishot receive), _ring_wait.pxi
+(submit, wait, reap), _ring_close.pxi (close's cancel protocol), _ring_gc.pxi (the collector's view);
+the C that Cython has no words for is src/ring.h.
 """
 
 cimport cython
@@ -39,17 +44,21 @@ from cpython.buffer cimport (
     PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer,
 )
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.number cimport PyNumber_Index
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject, PyTypeObject
-from libc.errno cimport EBUSY, EINTR, EINVAL
+from libc.errno cimport EBUSY, EINTR, EINVAL, EOPNOTSUPP
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memset
 
-from arenalib._arena cimport Segment
+from arenalib._arena cimport Segment, make_segment
 from arenalib._abi cimport thread_ident
 from arenalib._liburing cimport (
-    IORING_ASYNC_CANCEL_ALL, IORING_ASYNC_CANCEL_ANY, IORING_SETUP_CLAMP, IORING_SETUP_COOP_TASKRUN,
+    IORING_ASYNC_CANCEL_ALL, IORING_ASYNC_CANCEL_ANY, IORING_CQE_BUFFER_SHIFT, IORING_CQE_F_BUFFER,
+    IORING_CQE_F_MORE, IORING_SETUP_CLAMP, IOSQE_BUFFER_SELECT, io_uring_buf, io_uring_buf_reg,
+    io_uring_buf_ring, io_uring_buf_ring_add, io_uring_buf_ring_advance, io_uring_buf_ring_init,
+    io_uring_buf_ring_mask, io_uring_prep_recv_multishot, io_uring_register_buf_ring,
+    io_uring_unregister_buf_ring, IORING_SETUP_COOP_TASKRUN,
     IORING_SETUP_CQSIZE, IORING_SETUP_IOPOLL, IORING_SETUP_SQPOLL, IORING_SETUP_SUBMIT_ALL,
     IORING_SETUP_TASKRUN_FLAG, io_uring, io_uring_cq_advance, io_uring_cqe, io_uring_free_probe,
     io_uring_get_probe_ring, io_uring_get_sqe, io_uring_opcode_supported, io_uring_params,
@@ -126,6 +135,41 @@ _SETUP_NAMES = {IORING_SETUP_IOPOLL: "IOPOLL", IORING_SETUP_SQPOLL: "SQPOLL", IO
                 IORING_SETUP_COOP_TASKRUN: "COOP_TASKRUN", IORING_SETUP_TASKRUN_FLAG: "TASKRUN_FLAG"}
 
 
+@cython.final
+@cython.freelist(64)
+@cython.no_gc  # holds a Segment (never part of a cycle) and ints
+cdef class Received:
+    """One completion of Ring.recv_multishot(), as wait() returns it: ``(user_data, Received)``.
+
+    ``segment``: a live Segment of the provided BufferPool over exactly the ``result`` bytes received,
+    in the buffer the kernel chose, or None (end of stream, an error).  Release it (``free()``,
+    ``pool.release()``, or deferred while exports live) to give the buffer back to the ring.
+    ``result``: the bytes received (> 0), 0 at the end of the stream, or -errno (-ENOBUFS: every
+    buffer of the group was out).  ``more``: the receive is still armed; when False it has ended and
+    another recv_multishot() re-arms it (after releasing segments, for -ENOBUFS)."""
+
+    cdef readonly object segment
+    cdef readonly int result
+    cdef readonly bint more
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("Received is made by Ring.wait(), not constructed")
+
+    def __repr__(self):
+        return f"<arenalib.Received result={self.result} more={bool(self.more)} segment={self.segment!r}>"
+
+    def __reduce__(self):
+        raise TypeError("a Received holds a live Segment and cannot be pickled")
+
+
+cdef Received _make_received(PyObject* segment, int result, bint more):
+    cdef Received r = Received.__new__(Received)
+    r.segment = <object>segment if segment != NULL else None
+    r.result = result
+    r.more = more
+    return r
+
+
 include "_ring_table.pxi"
 
 
@@ -148,7 +192,8 @@ cdef class Ring:
     power of two), a completion queue twice as large; ``flags`` adds SETUP_* flags of this module.
 
     Requests (read, write, readv, writev, read_fixed, write_fixed, recv, send, nop) are queued, sent
-    to the kernel by submit() or wait(), and complete as ``(user_data, result)`` pairs from wait():
+    to the kernel by submit() or wait(), and complete as ``(user_data, result)`` pairs from wait()
+    (recv_multishot()'s as ``(user_data, Received)``, into buffers lent by provide()):
     result is what the system call would return, or -errno (``check(result)`` raises it as OSError).
     While a request is in flight, each buffer it names is held by a buffer export, so a Segment's
     memory cannot be freed, released, reset or closed with its arena or pool (BufferError), nor a
@@ -185,6 +230,8 @@ cdef class Ring:
     cdef unsigned _cancels           # the ring's own cancel requests in flight
     cdef int _cancel_result
     cdef BufferPool _pool            # the registered pool, or None
+    cdef Provision* _provisions      # the provided-buffer groups (_ring_provide.pxi), a list
+    cdef bint _closing               # close() is reaping: completions are dropped, no segments made
 
     def __cinit__(self, entries=64, *, flags=0):
         self._owner = thread_ident()
@@ -305,6 +352,37 @@ cdef class Ring:
         _check_thread(self)
         return self._pool
 
+    # -- provided buffers and multishot receive (_ring_provide.pxi) ----------------------------------
+
+    def provide(self, pool, group, *, incremental=False):
+        """Lend every free buffer of the BufferPool ``pool`` to the kernel as buffer group ``group``
+        (0..65535), a provided-buffer ring (Linux 5.19) that recv_multishot() receives into.
+
+        Until withdraw(group) or close(), the pool's close() and reset() raise BufferError, and a
+        buffer the kernel may write is out of the pool (acquire() cannot hand it out).  A pool lends
+        to one group at a time.  incremental=True (Linux 6.12, IOU_PBUF_RING_INC): the kernel fills
+        a buffer in parts, each completion a Segment over the next part of it; the buffer goes back
+        once the kernel is done with it and all its parts are released.  OSError(EOPNOTSUPP) on an
+        older kernel."""
+        _provide(self, pool, group, incremental)
+
+    def withdraw(self, group):
+        """Undo provide(): cancel the group's receives and wait for their end (their completions stay
+        for wait()), then give the buffers the kernel holds back to the pool; segments delivered
+        and not yet released return to the pool's free list when released."""
+        _withdraw(self, group)
+
+    def recv_multishot(self, sock, group, user_data=None):
+        """Arm a receive on the socket ``sock`` that goes on until it ends: each completion wait()
+        returns is ``(user_data, Received)`` with a live Segment over the bytes received into a
+        buffer of ``group``, and whether the receive is still armed (``more``).
+
+        Re-arm it when a completion says ``more=False`` with a result other than 0 (the end of the
+        stream) or a socket error: after -ENOBUFS (every buffer out: release some segments first),
+        or when the kernel ended it (a full completion queue, -ECANCELED from withdraw()).  Linux 6.0
+        or later (OSError(EOPNOTSUPP) before)."""
+        _queue_recv_multishot(self, sock, group, user_data)
+
     # -- closing (_ring_close.pxi) ------------------------------------------------------------------
 
     def close(self):
@@ -393,6 +471,7 @@ cdef class Ring:
 include "_ring_check.pxi"
 include "_ring_submit.pxi"
 include "_ring_fixed.pxi"
+include "_ring_provide.pxi"
 include "_ring_wait.pxi"
 include "_ring_close.pxi"
 include "_ring_gc.pxi"

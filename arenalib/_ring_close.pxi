@@ -27,12 +27,19 @@ cdef void _shutdown(Ring ring) noexcept:
     where the kernel writes nothing for these requests, release them at once).  A fork made by
     Python code the cancels' reaps ran (a finalizer) makes the child's close a fork child's."""
     cdef BufferPool pool
+    cdef bint leaked = False
     ring._busy = True
+    ring._closing = True
     if not _forked(ring):
         if not _cancel_all(ring) and not _forked(ring):
             # The kernel would not say when the requests end: their memory stays pinned for good
             # (a leak, never a write into memory someone else owns).
             _table_leak(&ring._table)
+            leaked = True
+    # The provided buffers: those of completions never returned go back, then every group ends
+    # (the kernel has no request left that could pick one).
+    _free_unreturned(ring)
+    _provisions_close(ring, leaked)
     # Checked again: the reaps ran finalizers, and a fork child has no mapping of the queues.
     if not _forked(ring):
         if ring._pool is not None:
@@ -48,6 +55,7 @@ cdef void _shutdown(Ring ring) noexcept:
         pool = ring._pool
         ring._pool = None
         pool._registered(-1)
+    ring._closing = False
     ring._busy = False
 
 

@@ -21,6 +21,9 @@ cdef int _ring_traverse(Ring self, visitproc visit, void* arg) noexcept:
     cdef int ret = base_traverse(<PyObject*>self, visit, arg) if base_traverse != NULL else 0
     if ret:
         return ret
+    ret = _provisions_traverse(self, visit, arg)
+    if ret:
+        return ret
     return _table_traverse(&self._table, visit, arg)
 
 

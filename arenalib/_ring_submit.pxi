@@ -126,7 +126,7 @@ cdef io_uring_sqe* _begin(Ring ring, Request* req) except NULL:
     cdef RequestTable* t = &ring._table
     try:
         _check_usable(ring)
-        if _table_in_flight(t) + t.ndone >= t.capacity:
+        if _table_in_flight(t) + t.ndone - t.ndone_buffers >= t.capacity:
             raise OSError(EBUSY, f"{t.capacity} requests are in flight or completed and not yet "
                           "returned by wait(), as many as the completion queue holds: wait() first")
         return _sqe(ring)

@@ -5,8 +5,31 @@
 # slot owns its references: the caller's user_data and the buffer exports that pin the request's
 # memory.  Reaped completions wait in ``done`` until wait() returns them.  At most ``capacity``
 # (cq_entries) requests are in flight or reaped-and-not-returned at once, so the completion queue
-# cannot overflow.  Everything here is C except _request_release (a pin's release may run
-# finalizers) and what builds wait()'s list.
+# cannot overflow with single-shot completions.  A multishot receive keeps its slot until its last
+# completion; the completions before that each carry a buffer (or, incremental, a part) of its group
+# and are not counted (``done`` grows for them).  The kernel posts those only into free room of the
+# CQ, ending the receive when there is none, so what passes the CQ is the completions that end a
+# request, at most one per slot, which it keeps (IORING_FEAT_NODROP: DESIGN.md says the price).
+# Everything here is C except _request_release (a pin's release may run finalizers) and what builds
+# wait()'s list.
+
+
+ctypedef struct Provision:
+    # A group of provided buffers (Ring.provide(), _ring_provide.pxi): a BufferPool's buffers lent to
+    # the kernel through a provided-buffer ring it picks them from.
+    io_uring_buf_ring* br    # the ring of buffer entries (mmapped, MADV_DONTFORK), read by the kernel
+    size_t br_bytes
+    int mask                 # entries - 1
+    unsigned group           # the buffer group id (the SQE's buf_group)
+    unsigned armed           # multishot receives on it in flight
+    unsigned long forks      # ring_forks when made: a fork child has no mapping of br
+    char* base               # the pool's region, its stride and the length each entry offers
+    size_t stride
+    unsigned buffer_len
+    bint incremental         # IOU_PBUF_RING_INC: the kernel fills a buffer in parts
+    PyObject* pool           # the BufferPool (owned), pinned by its _registered count
+    PyObject* spare          # an unbound Segment of the pool made ahead of a completion, or NULL
+    void* next               # the ring's next Provision
 
 
 ctypedef struct Request:
@@ -17,21 +40,27 @@ ctypedef struct Request:
     Py_ssize_t nviews        # buffers held: 0 (nop), 1 or the vector's length
     bint fixed               # a read_fixed/write_fixed: the registration must outlive it
     bint cancelling          # close() has sent a cancel for it (the per-request fallback)
+    Provision* prov          # recv_multishot: the group its buffers come from (stays until its last CQE)
 
 
 ctypedef struct Completion:
     PyObject* user_data      # owned
     int result
+    PyObject* segment        # a multishot receive's Segment over the bytes received (owned), or NULL
+    bint received            # a recv_multishot completion: wait() gives it as a Received
+    bint more                # ... and the receive stays armed (IORING_CQE_F_MORE)
 
 
 ctypedef struct RequestTable:
-    unsigned capacity        # requests in flight + completions not returned, at most
+    unsigned capacity        # requests in flight + completions without a buffer not returned, at most
     Request* requests        # capacity slots, indexed by the id in the CQE's user_data
     unsigned* free_ids       # a stack of free slots
     unsigned nfree
     unsigned fixed_in_flight
     Completion* done         # reaped, not yet returned by wait()
     unsigned ndone
+    unsigned done_capacity   # grows past capacity with the completions that carry a buffer
+    unsigned ndone_buffers   # completions in done carrying a Segment (bounded by the buffers lent)
 
 
 cdef bint _table_alloc(RequestTable* t, unsigned capacity) noexcept:
@@ -40,6 +69,9 @@ cdef bint _table_alloc(RequestTable* t, unsigned capacity) noexcept:
     t.requests = <Request*>PyMem_Malloc(capacity * sizeof(Request))
     t.free_ids = <unsigned*>PyMem_Malloc(capacity * sizeof(unsigned))
     t.done = <Completion*>PyMem_Malloc(capacity * sizeof(Completion))
+    t.done_capacity = capacity
+    t.ndone = 0
+    t.ndone_buffers = 0
     if t.requests == NULL or t.free_ids == NULL or t.done == NULL:
         _table_free(t)
         return False
@@ -100,40 +132,86 @@ cdef unsigned _table_file(RequestTable* t, Request* req, object user_data) noexc
     return rid
 
 
-cdef void _table_complete(RequestTable* t, uint64_t rid, int res) noexcept:
-    """The completion of request ``rid``: the table first (the slot free, the completion filed),
-    then the pins, whose release may run Python code (the caller has set the ring's _busy)."""
+cdef bint _table_done_room(RequestTable* t) noexcept:
+    """Room in ``done`` for one more completion (grown when full); False when memory is short."""
+    if t.ndone < t.done_capacity:
+        return True
+    cdef unsigned grown = t.done_capacity * 2
+    cdef Completion* done = <Completion*>PyMem_Realloc(t.done, grown * sizeof(Completion))
+    if done == NULL:
+        return False
+    t.done = done
+    t.done_capacity = grown
+    return True
+
+
+cdef void _table_complete(RequestTable* t, uint64_t rid, int res, object segment=None,
+                          bint more=False, bint keep=True) noexcept:
+    """A completion of request ``rid``: the table first (the slot freed, unless a multishot receive
+    goes on, ``more``; the completion filed, unless ``keep`` is False: close() drops it), then the
+    pins, whose release may run Python code (the caller has set the ring's _busy).  ``segment``: a
+    multishot receive's.  The caller has made room in ``done`` (_table_done_room) when ``keep``."""
     if rid >= t.capacity or t.requests[rid].user_data == NULL:
         return  # not a request of this ring's (cannot happen: the ids are its own)
-    cdef Request req = t.requests[rid]
-    _request_init(&t.requests[rid])
-    t.free_ids[t.nfree] = <unsigned>rid
-    t.nfree += 1
-    if req.fixed:
-        t.fixed_in_flight -= 1
-    t.done[t.ndone].user_data = req.user_data
-    t.done[t.ndone].result = res
-    t.ndone += 1
+    cdef Request req
+    cdef Request* slot = &t.requests[rid]
+    cdef PyObject* user_data = slot.user_data
+    cdef bint received = slot.prov != NULL
+    _request_init(&req)
+    if more:
+        Py_INCREF(<object>user_data)  # the slot keeps its own: the receive goes on
+    else:
+        req = slot[0]
+        _request_init(slot)
+        t.free_ids[t.nfree] = <unsigned>rid
+        t.nfree += 1
+        if req.fixed:
+            t.fixed_in_flight -= 1
+        if req.prov != NULL:
+            req.prov.armed -= 1
+    if keep:
+        t.done[t.ndone].user_data = user_data
+        t.done[t.ndone].result = res
+        t.done[t.ndone].segment = NULL
+        t.done[t.ndone].received = received
+        t.done[t.ndone].more = more
+        if segment is not None:
+            Py_INCREF(segment)
+            t.done[t.ndone].segment = <PyObject*>segment
+            t.ndone_buffers += 1
+        t.ndone += 1
+    else:
+        Py_DECREF(<object>user_data)
     _request_release(&req)
 
 
 cdef list _table_take_done(RequestTable* t):
     """The completions reaped, as wait() returns them, and forgotten by the table."""
     cdef unsigned i, n = t.ndone
+    cdef Completion* c
     # Sized at once (no append's reallocation), and full from the start: making a tuple may run the
     # collector, whose finalizers can reach this list through gc.get_objects().
     cdef list result = [None] * n
     for i in range(n):  # a MemoryError here keeps them all for the next wait()
-        result[i] = (<object>t.done[i].user_data, t.done[i].result)
+        c = &t.done[i]
+        if c.received:
+            result[i] = (<object>c.user_data, _make_received(c.segment, c.result, c.more))
+        else:
+            result[i] = (<object>c.user_data, c.result)
     _table_drop_done(t)
     return result
 
 
 cdef void _table_drop_done(RequestTable* t) noexcept:
     cdef unsigned i, n = t.ndone
+    cdef PyObject* segment
     t.ndone = 0
+    t.ndone_buffers = 0
     for i in range(n):
+        segment = t.done[i].segment
         Py_DECREF(<object>t.done[i].user_data)
+        if segment != NULL:
+            Py_DECREF(<object>segment)
 
 
 cdef void _table_leak(RequestTable* t) noexcept:
@@ -189,4 +267,8 @@ cdef int _table_traverse(RequestTable* t, visitproc visit, void* arg) noexcept:
             ret = visit(t.done[i].user_data, arg)
             if ret:
                 return ret
+            if t.done[i].segment != NULL:
+                ret = visit(t.done[i].segment, arg)
+                if ret:
+                    return ret
     return 0

@@ -56,20 +56,44 @@ cdef list _wait(Ring ring, object n):
 cdef int _reap(Ring ring) except -1:
     """Move every completion in the CQ into the table's done list, releasing its request's pins (the
     caller sets _busy: the releases may run Python code).  RuntimeError in a fork child (a release's
-    finalizer may have forked: the CQ is not mapped there)."""
+    finalizer may have forked: the CQ is not mapped there).
+
+    A completion that carries a provided buffer gets the Segment its group made ready (the group's
+    spare, made here before the CQE is consumed: making it may run the collector, so the CQ is looked
+    at again afterwards).  MemoryError leaves the completion in the CQ for the next reap."""
     cdef io_uring_cqe* cqe
     cdef uint64_t rid
     cdef int res
+    cdef unsigned flags
+    cdef RequestTable* t = &ring._table
+    cdef Provision* prov
+    cdef object segment
+    cdef bint keep = not ring._closing  # close() drops what it reaps, and makes no segments
     while True:
         _check_not_forked(ring)  # before each look at the CQ: the last release ran Python code
         if not io_uring_peek_batch_cqe(&ring._ring, &cqe, 1):
             break
         rid = cqe.user_data
         res = cqe.res
-        io_uring_cq_advance(&ring._ring, 1)
+        flags = cqe.flags
         if rid == CANCEL_ID:
+            io_uring_cq_advance(&ring._ring, 1)
             ring._cancels -= 1
             ring._cancel_result = res
             continue
-        _table_complete(&ring._table, rid, res)
+        if rid >= t.capacity or t.requests[rid].user_data == NULL:
+            io_uring_cq_advance(&ring._ring, 1)  # not a request of this ring's (cannot happen)
+            continue
+        if keep and not _table_done_room(t):
+            raise MemoryError("cannot grow the Ring's list of completions; they stay queued")
+        prov = t.requests[rid].prov
+        segment = None
+        if keep and prov != NULL and flags & IORING_CQE_F_BUFFER:
+            if prov.spare == NULL:
+                _provision_spare(prov)  # may run Python code: look at the CQ again
+                continue
+            segment = _provision_deliver(prov, flags >> IORING_CQE_BUFFER_SHIFT, res,
+                                         flags & IORING_CQE_F_BUF_MORE)
+        io_uring_cq_advance(&ring._ring, 1)
+        _table_complete(t, rid, res, segment, prov != NULL and flags & IORING_CQE_F_MORE, keep)
     return 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import errno
 import logging
 import os
 import struct
@@ -34,13 +35,13 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from arenalib._arena import Arena, ArenaBase, Segment
+from arenalib._arena import Arena, ArenaBase, Segment, copy
 from arenalib._errors import ArenaError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["FRAME_HEADER", "FrameError", "FrameReader", "frame_header"]
+__all__ = ["FRAME_HEADER", "FrameError", "FrameReader", "RingFrameReader", "frame_header"]
 
 FRAME_HEADER = struct.Struct("!Q")
 """The length prefix of a frame: 8 bytes, big-endian, unsigned."""
@@ -380,3 +381,109 @@ class FrameReader(asyncio.BufferedProtocol):
             _free_deferred(frame)
         for seg in delivered:
             _free_deferred(seg)
+
+
+# -- frames from a Ring's multishot receive (issue 30) -------------------------------------------------
+#
+# A sibling of FrameReader for a server driven by arenalib.Ring rather than by an asyncio loop: its
+# bytes come from the completions of ring.recv_multishot() (provided buffers of one BufferPool shared
+# by every connection), not from recv_into.  Kept apart from FrameReader on purpose: nothing of it is
+# asyncio's, and FrameReader's own rules (staging buffers, the loop's exports) do not apply.
+
+class RingFrameReader:
+    """Length-prefixed frames (FRAME_HEADER, as FrameReader reads them) from the completions of a
+    Ring's ``recv_multishot()`` on one connection, each whole frame a Segment of an arena.
+
+    RingFrameReader(on_frame, *, arena=None, max_frame_size=1 << 30).  ``feed(received)`` takes one
+    completion of the connection's receive (the Received that ``ring.wait()`` returned): its bytes
+    are copied out of the ring's buffer into the frames they belong to, the buffer is given back to
+    the ring at once (the received Segment is released), and each frame completed goes to
+    ``on_frame(segment)``, the callee's to free (``segment.free()``).  Without ``arena``, frames
+    come from the Arena FrameReader's readers share.  Memory per connection: the frame being
+    received, and the frames its consumer has not freed; the receive buffers are the pool's, shared
+    by every connection.
+
+    ``feed()`` returns ``received.more``: False when the receive has ended (re-arm it, unless
+    ``eof`` or ``error`` says the connection is done).  The end of the stream sets ``eof`` (a
+    frame cut short there sets ``error`` to a FrameError, and is freed); a length above
+    ``max_frame_size`` sets ``error`` to a FrameError and drops the rest of the stream; a receive
+    error other than ENOBUFS (which only asks for a re-arm) sets ``error`` to the OSError.  An
+    exception from ``on_frame`` leaves ``feed()`` and is ``error`` too: the stream is dropped (the
+    bytes after that frame went back with the buffer)."""
+
+    def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
+                 max_frame_size: int = 1 << 30) -> None:
+        self._on_frame = on_frame
+        self._arena: ArenaBase | None = arena
+        self._max_frame_size = max_frame_size
+        self._header = bytearray()          # the first bytes of a length prefix
+        self._frame: Segment | None = None  # the frame being filled
+        self._filled = 0
+        self.frames = 0
+        self.eof = False
+        self.error: BaseException | None = None
+
+    def feed(self, received) -> bool:
+        """Take one completion of this connection's ``recv_multishot()`` (see the class)."""
+        seg = received.segment
+        if seg is None:
+            result = received.result
+            if result == 0:
+                self.eof = True
+                if self._frame is not None or self._header:
+                    self._drop(FrameError("the stream ended inside a frame"))
+            elif result < 0 and result != -errno.ENOBUFS and self.error is None:
+                self._drop(OSError(-result, os.strerror(-result)))
+            return bool(received.more)
+        try:
+            if self.error is None:
+                self._take(seg)
+        finally:
+            seg.free()  # the buffer goes back to the ring (a frame holds a copy)
+        return bool(received.more)
+
+    def _take(self, seg: Segment) -> None:
+        n = len(seg)
+        pos = 0
+        header = self._header
+        arena = self._arena
+        while pos < n:
+            frame = self._frame
+            if frame is None:
+                need = FRAME_HEADER.size - len(header)
+                header += seg[pos:pos + need]
+                pos += min(need, n - pos)
+                if len(header) < FRAME_HEADER.size:
+                    return
+                (size,) = FRAME_HEADER.unpack(header)
+                header.clear()
+                if size > self._max_frame_size:
+                    self._drop(FrameError(f"a frame of {size} bytes is above max_frame_size "
+                                          f"({self._max_frame_size})"))
+                    return
+                if arena is None:
+                    arena = self._arena = _shared_arena()
+                frame = self._frame = arena.allocate(size, zero=False)
+                self._filled = 0
+            take = min(len(frame) - self._filled, n - pos)
+            if take:
+                copy(seg, pos, frame, self._filled, take)  # one memcpy, checked on both segments
+                self._filled += take
+                pos += take
+            if self._filled == len(frame):
+                self._frame = None
+                self.frames += 1
+                try:
+                    self._on_frame(frame)
+                except BaseException as exc:
+                    # The rest of this buffer goes back unread: what follows could only be read
+                    # from the middle of a frame, so the stream ends here.
+                    self._drop(exc)
+                    raise
+
+    def _drop(self, error: BaseException) -> None:
+        self.error = error
+        frame, self._frame = self._frame, None
+        self._header.clear()
+        if frame is not None:
+            _free_deferred(frame)

@@ -30,6 +30,11 @@ Experiments, one module each (its docstring says what it measures and how; each 
     helpers.py     the Panama-style helpers (allocate_from, copy, mismatch, ==, hex, allocate_string), each
                    against its fastest Python equivalent at 64 B, 4 KiB and 64 KiB: ratios; resize in
                    place against allocate + free; arenalib.allocate(n) against bytearray(n)
+    numpy_scope.py NumPy in `with arena.numpy():` against NumPy's default handler: the loop c = a*b + a at
+                   64 MiB and 1-16 MiB (ms and page faults per iteration), small arrays, RSS at scope exit
+    bufring.py     provided buffers and multishot receive (Ring.provide, recv_multishot) over loopback in two
+                   processes: server RSS with 10,000 connections, throughput and CPU/byte over 16 connections
+                   against selectors + recv_into and asyncio's FrameReader, the Python overhead per completion
 
 This module only orchestrates: every experiment module has the members of _experiment.Experiment
 (plan, run, targets, target_line, tables, plots; findings, the verdict's sentences, where it has
@@ -70,11 +75,11 @@ from _report import compact_json, report  # noqa: E402
 
 # The report's order (the experiments' numbers in results.md) ...
 EXPERIMENTS = ("roundtrip", "memory", "threads", "pool", "native", "scopes", "uring", "aio", "frames",
-               "helpers")
+               "helpers", "numpy_scope", "bufring")
 # ... and the run's: the memory experiment after the Python-level timings, so the kernel's reclaiming
 # of its 1.5 GB children does not disturb them (scopes counts page faults); the I/O of uring and aio last.
-RUN_ORDER = ("roundtrip", "threads", "scopes", "frames", "helpers", "memory", "pool", "native", "uring",
-             "aio")
+RUN_ORDER = ("roundtrip", "threads", "scopes", "frames", "helpers", "numpy_scope", "memory", "pool", "native",
+             "uring", "aio", "bufring")
 
 
 def experiments(res: dict) -> list[tuple[str, Experiment]]:

@@ -163,9 +163,11 @@ def idle_connections(n: int) -> dict:
     # FrameReader's runs left 15-34 MiB: mimalloc keeps more, and varies).  The peak
     # covers the close: 10,000 peers closing at once are 10,000 reads that find EOF, each with a
     # staging buffer taken (640 MiB, kept by 3.13t's allocator, had eof_received() not given
-    # them back).
+    # them back).  The peak's bound is wider than the idle bound: CPython's own transient at the
+    # close varies (3.13t here: 36-43 MiB over the baseline, 67.6 MiB once in CI with 37.5 MiB
+    # idle), and a buffer per connection would still be 5x over it.
     assert figures["during"] - figures["before"] < 64 * MiB, figures
-    assert figures["peak"] - figures["before"] < 64 * MiB, figures
+    assert figures["peak"] - figures["before"] < 128 * MiB, figures
     assert figures["after"] - figures["before"] < 48 * MiB, figures
     return figures
 

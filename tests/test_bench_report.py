@@ -153,8 +153,8 @@ def test_missing_figures_are_said_to_be_not_measured(recorded, tmp_path):
     del res["frames"]
     words = " ".join(verdict_of(render(tmp_path, res)[0]).split())
     assert "Not measured in this run:" in words
-    # (helpers: newer than the recording)
-    assert "Experiments not in this run: helpers, uring, aio." in words
+    # (helpers, numpy_scope, bufring: newer than the recording)
+    assert "Experiments not in this run: helpers, numpy_scope, uring, aio, bufring." in words
     assert ("Experiment frames failed, so its figures and targets are left out: raised ValueError: "
             "boom.") in words
     assert "asyncio frames over loopback" not in words and "io_uring, O_DIRECT" not in words

@@ -108,7 +108,7 @@ def test_failed_experiments_are_reported_and_the_run_completes(tmp_path):
     assert "Where arenalib wins:\n  - a stand-in: 1 of its 1 targets met." in verdict
     words = " ".join(verdict.split())  # (the verdict is wrapped at 120 columns)
     assert "Not measured in this run: - Experiments not in this run (--only chose the others): roundtrip, " \
-           "scopes, frames, helpers, uring, aio." in words  # in run order
+           "scopes, frames, helpers, numpy_scope, uring, aio, bufring." in words  # in run order
     for name, why in reasons.items():
         assert f"Experiment {name} failed, so its figures and targets are left out: {why}." in words
     assert words.index("Experiment memory failed") < words.index("Experiment pool failed") \

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 from support import TIMEOUT_S, run_python
 from test_aio import uvloop_usable
+
+import arenalib
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RING_READ = EXAMPLES / "ring_read.py"
@@ -114,9 +117,10 @@ def test_ring_read_falls_back_when_o_direct_is_refused(data_file, where):
 
 # -- the frame server and its client ----------------------------------------------------------------
 
-def start_server(*argv: str) -> tuple[subprocess.Popen, int, str]:
-    """examples/frame_server.py on a free port: (the process, its port, the loop it says it runs)."""
-    cmd = [sys.executable, "-X", "faulthandler", str(EXAMPLES / "frame_server.py"), "--port", "0", *argv]
+def start_server(*argv: str, script: str = "frame_server.py") -> tuple[subprocess.Popen, int, str]:
+    """examples/frame_server.py (or ``script``) on a free port: (the process, its port, the loop it
+    says it runs)."""
+    cmd = [sys.executable, "-X", "faulthandler", str(EXAMPLES / script), "--port", "0", *argv]
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = server.stdout.readline()
     if not first.startswith("listening on "):
@@ -170,3 +174,138 @@ def test_frame_server_drops_a_connection_whose_frame_is_too_large():
     assert "the server" in result.stdout and "the connection after 1 of 2 replies" in result.stdout
     assert out.splitlines()[0] == ("connection closed: 1 frames, 10 bytes (FrameError: a frame of 100000 "
                                    "bytes is above max_frame_size (1000))")
+
+
+# -- the io_uring server: provided buffers, multishot receive ----------------------------------------
+
+def _ring_server_usable() -> str | None:
+    try:
+        with arenalib.Ring(2) as ring, arenalib.BufferPool(64, 1) as pool:
+            ring.provide(pool, 0)
+            ring.withdraw(0)
+    except OSError as exc:
+        return f"provided-buffer rings are not available here: {exc}"
+    return None
+
+
+def start_ring_server(*argv: str) -> tuple[subprocess.Popen, int, str]:
+    """examples/ring_server.py, as start_server() starts frame_server.py (skipped where the kernel
+    has no provided-buffer rings)."""
+    why = _ring_server_usable()
+    if why:
+        pytest.skip(why)
+    return start_server(*argv, script="ring_server.py")
+
+
+def test_ring_server_answers_every_frame():
+    server, port, what = start_ring_server("--once", "--buffers", "8", "--buffer-size", "5000")
+    try:
+        assert what == "io_uring, 8 buffers of 5000 bytes)\n"
+        sizes = [0, 1, 7, 8, 9, 4999, 5000, 5001, 65537, 1 << 20, 5 << 20]
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port),
+                            "--sizes", ",".join(map(str, sizes)), "--count", "25", "--no-uvloop")
+    finally:
+        out, _ = finish(server)
+    assert result.returncode == 0, result.stdout + result.stderr
+    total = sum(sizes[i % len(sizes)] for i in range(25))
+    assert result.stdout.startswith(f"25 frames, {total} bytes: every reply matched (")
+    assert out.splitlines()[-2:] == [f"connection closed: 25 frames, {total} bytes",
+                                     f"served 1 connection(s), 25 frames, {total} bytes"]
+
+
+def test_ring_server_serves_many_connections_from_one_pool():
+    """30 clients at once against 4 buffers: the receives run out of buffers (ENOBUFS) and are
+    re-armed; every reply still matches."""
+    server, port, _ = start_ring_server("--connections", "30", "--buffers", "4", "--buffer-size",
+                                        "4096")
+    try:
+        clients = [subprocess.Popen([sys.executable, str(EXAMPLES / "frame_client.py"), "--port", str(port),
+                                     "--sizes", "100,70000,3", "--count", "6", "--no-uvloop"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for _ in range(30)]
+        outputs = [c.communicate(timeout=TIMEOUT_S) for c in clients]
+    finally:
+        out, _ = finish(server)
+    for c, (stdout, stderr) in zip(clients, outputs, strict=True):
+        assert c.returncode == 0, stdout + stderr
+        assert stdout.startswith("6 frames, 140206 bytes: every reply matched")
+    assert out.splitlines()[-1] == "served 30 connection(s), 180 frames, 4206180 bytes"
+
+
+def test_ring_server_drops_a_connection_whose_frame_is_too_large():
+    server, port, _ = start_ring_server("--once", "--max-frame-size", "1000")
+    try:
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "10,100000",
+                            "--no-uvloop")
+    finally:
+        out, _ = finish(server)
+    assert result.returncode == 1
+    assert "the connection after 1 of 2 replies" in result.stdout
+    assert out.splitlines()[0] == ("connection closed: 1 frames, 10 bytes (FrameError: a frame of 100000 "
+                                   "bytes is above max_frame_size (1000))")
+
+
+def test_ring_server_holds_more_connections_than_its_old_ring_had_slots():
+    """600 idle connections, then a client: each armed receive holds one of the ring's request
+    slots, and the server's Ring(256) had 512 (cq_entries), so the 512th connection made it die with
+    OSError(EBUSY).  Now the ring is sized by --max-connections (1024) and the client is served."""
+    server, port, _ = start_ring_server("--once")
+    idle = []
+    try:
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(600)]
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "10,5000",
+                            "--count", "4", "--no-uvloop")
+    finally:
+        out, err = finish(server)  # (--once: the first connection that closes is the client's)
+        for sock in idle:
+            sock.close()
+    assert result.returncode == 0, result.stdout + result.stderr + err
+    assert out.splitlines()[-1] == "served 1 connection(s), 4 frames, 10020 bytes"
+
+
+def test_ring_server_closes_a_connection_past_max_connections():
+    server, port, _ = start_ring_server("--once", "--max-connections", "2")
+    try:
+        first = socket.create_connection(("127.0.0.1", port))
+        second = socket.create_connection(("127.0.0.1", port))
+        third = socket.create_connection(("127.0.0.1", port))
+        third.settimeout(TIMEOUT_S)
+        assert third.recv(1) == b""  # closed by the server at once
+        third.close()
+        second.close()
+        first.close()
+    finally:
+        out, _ = finish(server)
+    # (Both others may close in the --once server's last batch of completions.)
+    assert out.splitlines()[-1] in [f"served {n} connection(s), 0 frames, 0 bytes (1 refused: more than "
+                                    "--max-connections 2 at once)" for n in (1, 2)]
+
+
+def test_ring_server_outlives_a_client_that_resets_its_connection():
+    """A client sends a 5 MiB frame and resets the connection (SO_LINGER 0) once the kernel has
+    delivered every byte: the server reads the frame, hashes it, and its reply (sendall in on_frame)
+    fails with EPIPE, which left RingFrameReader.feed() and ended the whole server.  Now that
+    connection ends, and the next client is served."""
+    import fcntl
+    import struct
+    import termios
+    import time
+
+    server, port, _ = start_ring_server("--connections", "2")
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as rude:
+            rude.sendall(struct.pack("!Q", 5 << 20) + b"x" * (5 << 20))
+            unsent = bytearray(4)
+            for _ in range(10000):  # until the peer's kernel has every byte (loopback ACKs at once)
+                fcntl.ioctl(rude, termios.TIOCOUTQ, unsent)
+                if not int.from_bytes(unsent, "little"):
+                    break
+                time.sleep(0.001)
+            rude.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "10",
+                            "--count", "2", "--no-uvloop")
+    finally:
+        out, err = finish(server)
+    assert result.returncode == 0, result.stdout + result.stderr + err
+    assert "connection closed: 2 frames, 20 bytes" in out.splitlines()
+    assert out.splitlines()[-1].startswith("served 2 connection(s)")

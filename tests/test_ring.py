@@ -589,6 +589,9 @@ def test_every_call_of_a_closed_ring_raises_arena_closed_error(pipe):
         "wait": lambda: ring.wait(0),
         "register_pool": lambda: ring.register_pool(pool),
         "unregister_pool": lambda: ring.unregister_pool(),
+        "provide": lambda: ring.provide(pool, 1),
+        "withdraw": lambda: ring.withdraw(1),
+        "recv_multishot": lambda: ring.recv_multishot(a, 1),
         "features": lambda: ring.features(),
         "__enter__": lambda: ring.__enter__(),
     }

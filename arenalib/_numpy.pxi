@@ -1,0 +1,519 @@
+# NumPy arrays allocated from an arena (issue 28): NEP 49's data-memory handler.
+#
+# NumPy allocates the data of every array through the handler current in the calling context (a
+# ContextVar of NumPy's, set by PyDataMem_SetHandler: a PyCapsule named "mem_handler" pointing to a
+# PyDataMem_Handler), and each array keeps a reference to the capsule it was allocated with, through
+# which it frees (and ndarray.resize reallocates) its data later, from whichever thread drops it.
+# `with arena.numpy():` sets a capsule of this arena's for the block; numpy_handler(arena) makes one.
+#
+# The promise is arenalib's: nothing an array can reach is ever freed first.  Every block handed to
+# NumPy counts as a buffer export of the arena (Lifetime.exports), so the project's one mechanism for
+# exports does the rest: close() and reset() refuse with BufferError while an array lives, a deferred
+# close (the end of `with arena:`) keeps the memory until the last array's free, which gives it back
+# (core_release_held, as a segment's last export release does).  Each capsule holds a reference to
+# its arena, and each array one to its capsule, so the arena object outlives every array of its.
+#
+# Which arena kinds: Arena only.  NumPy frees from any thread, which a shared Arena allows and a
+# ConfinedArena does not (its memory is its owner thread's alone, which no NumPy array can promise);
+# a SlicingArena frees nothing one by one, so the temporaries NumPy makes in a loop would pile up
+# until a reset that live arrays refuse.  Both are refused with UnsupportedOperation (numpy_arena()).
+#
+# The handler's functions run with the calling thread's state attached (NumPy holds the GIL for them;
+# on a free-threaded build other threads run meanwhile) and never run Python code or make an object:
+# a finalizer that closes the arena can only run before an allocation (NumPy makes the array object
+# first) or after it, never inside.  They announce their use of the arena as every Python-level
+# access does (access_enter: a close or reset of another thread waits for it), then:
+#
+# - allocate: from the arena (its books, max_bytes and thread caches: arena_allocate), with a header
+#   in front of the data saying the size NumPy asked for and which allocator the block is from.  An
+#   arena closed meanwhile (an asyncio task that inherited the block's context and runs after the
+#   block) hands NumPy's default handler the allocation instead, counted in stats()'s
+#   numpy_fallbacks; a request past max_bytes or with no memory gets NULL (NumPy's MemoryError).
+# - free: the header says which allocator the block is from (NumPy's size may differ from the one it
+#   allocated: an empty array frees 1 byte of an elsize-byte block).  An arena block goes back to the
+#   open arena, or stays in the closed arena's held slot, garbage to be dropped in bulk when the last
+#   one goes; either way the export count drops, and the last one completes a deferred close.
+# - realloc (ndarray.resize, np.fromiter): resized in the arena (arena_resize_checked: in place when
+#   jemalloc can), or, for a block of a closed arena, moved to NumPy's default handler.
+#
+# No build-time NumPy: the handler struct is declared in src/numpy.h, and NumPy's C API is taken from
+# the table of its capsule _ARRAY_API at first use (numpy_api()), its version checked there.
+
+from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
+from cpython.object cimport PyObject
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from libc.string cimport memcpy, strncpy
+
+from arenalib._abi cimport CACHE_MAX_SIZE, ArenaCore, Lifetime
+from arenalib._table cimport ARENA_ECLOSED, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_OK
+
+cdef extern from "Python.h":
+    # nogil: the handler's functions call them (CPython takes the GIL itself where it needs it).
+    int np_trace_track "PyTraceMalloc_Track"(unsigned int domain, size_t ptr, size_t size) noexcept nogil
+    int np_trace_untrack "PyTraceMalloc_Untrack"(unsigned int domain, size_t ptr) noexcept nogil
+
+cdef extern from "src/numpy.h":
+    ctypedef struct NpAllocator "arenalib_np_allocator":
+        void* ctx
+        void* (*malloc)(void* ctx, size_t size) noexcept nogil
+        void* (*calloc)(void* ctx, size_t nelem, size_t elsize) noexcept nogil
+        void* (*realloc)(void* ctx, void* ptr, size_t new_size) noexcept nogil
+        void (*free)(void* ctx, void* ptr, size_t size) noexcept nogil
+    ctypedef struct NpHandler "arenalib_np_handler":
+        char name[127]
+        unsigned char version
+        NpAllocator allocator
+    ctypedef struct NpHeader "arenalib_np_header":
+        size_t size
+        size_t tag
+    ctypedef struct NpApi "arenalib_np_api":
+        object (*set_handler)(object)  # a new reference; NULL (an exception set) on error
+        PyObject* default_capsule
+        NpHandler* default_handler
+        bint thp_madvise
+    size_t NP_HEADER "ARENALIB_NP_HEADER"
+    size_t NP_TAG_ARENA "ARENALIB_NP_TAG_ARENA"
+    size_t NP_TAG_DEFAULT "ARENALIB_NP_TAG_DEFAULT"
+    NpHeader* np_header_of "arenalib_np_header_of"(void* data) noexcept nogil
+    bint np_mul_overflow "__builtin_mul_overflow"(size_t a, size_t b, size_t* out) noexcept nogil
+    NpApi* np_api_get "arenalib_np_api_get"() noexcept nogil
+    NpApi* np_api_publish "arenalib_np_api_publish"(NpApi* api) noexcept nogil
+    int NP_GET_ABI_VERSION "ARENALIB_NP_GET_ABI_VERSION"
+    int NP_GET_FEATURE_VERSION "ARENALIB_NP_GET_FEATURE_VERSION"
+    int NP_SET_HANDLER "ARENALIB_NP_SET_HANDLER"
+    int NP_DEFAULT_HANDLER "ARENALIB_NP_DEFAULT_HANDLER"
+    unsigned int np_call_version "arenalib_np_call_version"(void** table, int index) noexcept
+    size_t NP_HUGE_MIN "ARENALIB_NP_HUGE_MIN"
+    size_t NP_HUGE_ALIGN "ARENALIB_NP_HUGE_ALIGN"
+    void np_advise "arenalib_np_advise"(void* block, size_t size, bint huge) noexcept nogil
+    Shards* LIVE_NUMPY "arenalib_live_numpy"
+
+cdef enum:
+    NP_FEATURE_MIN = 0x0F       # NPY_1_22_API_VERSION: NEP 49's handler API is there from 1.22
+    NP_HANDLER_NAME_MAX = 127
+
+
+cdef str _NEEDS_NUMPY = ("arenalib's NumPy scopes (arena.numpy(), numpy_handler()) need NumPy 1.22 or newer, "
+                         "whose C API has NEP 49's PyDataMem_SetHandler")
+
+
+# -- NumPy's C API, taken from its capsule at first use ----------------------------------------------
+
+cdef inline NpApi* numpy_api() except NULL:
+    """NumPy's handler API (imported, checked and published on first use); ImportError saying why
+    when NumPy is absent or too old."""
+    cdef NpApi* api = np_api_get()
+    return api if api != NULL else _numpy_api_load()
+
+
+cdef NpApi* _numpy_api_load() except NULL:
+    from importlib import import_module  # (Cython's own import takes a None in sys.modules for a module)
+    try:
+        numpy = import_module("numpy")
+        try:
+            umath = import_module("numpy._core._multiarray_umath")  # NumPy 2
+        except ModuleNotFoundError as error:
+            if not (error.name or "").startswith("numpy._core"):
+                raise
+            umath = import_module("numpy.core._multiarray_umath")  # NumPy 1.x
+        c_api = umath._ARRAY_API
+        global _numpy_hugepage_switch
+        _numpy_hugepage_switch = getattr(umath, "_get_madvise_hugepage", None)
+    except Exception as error:
+        raise ImportError(f"{_NEEDS_NUMPY}: {type(error).__name__}: {error}") from error
+    version = getattr(numpy, "__version__", "?")
+    if not PyCapsule_IsValid(c_api, NULL):
+        raise ImportError(f"{_NEEDS_NUMPY}: NumPy {version}'s _ARRAY_API is not its C-API capsule")
+    cdef void** table = <void**>PyCapsule_GetPointer(c_api, NULL)
+    # The table's entries are the same from NumPy 1.22 to 2.4 (see src/numpy.h); a NumPy of another
+    # C ABI (a major version after 2) may have moved them: refused rather than called blind.
+    cdef unsigned int abi = np_call_version(table, NP_GET_ABI_VERSION)
+    cdef unsigned int feature = np_call_version(table, NP_GET_FEATURE_VERSION)
+    if abi >> 24 not in (1, 2):
+        raise ImportError(f"{_NEEDS_NUMPY}: NumPy {version} has C ABI {abi:#x}; arenalib knows the tables "
+                          "of ABI 1 and 2 (NumPy 1.22 to 2.x)")
+    if feature < NP_FEATURE_MIN:
+        raise ImportError(f"{_NEEDS_NUMPY}: NumPy {version} has C API {feature:#x} "
+                          f"(1.22 is {NP_FEATURE_MIN:#x})")
+    cdef PyObject* default_capsule = (<PyObject**>table[NP_DEFAULT_HANDLER])[0]
+    if (table[NP_SET_HANDLER] == NULL or default_capsule == NULL
+            or not PyCapsule_IsValid(<object>default_capsule, b"mem_handler")):
+        raise ImportError(f"{_NEEDS_NUMPY}: NumPy {version}'s C API has no handler functions")
+    cdef NpHandler* default_handler = <NpHandler*>PyCapsule_GetPointer(<object>default_capsule,
+                                                                       b"mem_handler")
+    if default_handler.version < 1:
+        raise ImportError(f"{_NEEDS_NUMPY}: NumPy {version}'s default handler is of version "
+                          f"{default_handler.version}")
+    cdef NpApi* api = <NpApi*>PyMem_RawCalloc(1, sizeof(NpApi))
+    if api == NULL:
+        raise MemoryError("cannot allocate arenalib's NumPy API record")
+    api.set_handler = <object (*)(object)>table[NP_SET_HANDLER]
+    api.default_capsule = default_capsule
+    api.default_handler = default_handler
+    api.thp_madvise = _thp_mode() == "madvise"
+    Py_INCREF(<object>default_capsule)  # NumPy's singleton: kept for good, as NumPy keeps it
+    cdef NpApi* published = np_api_publish(api)
+    if published != api:  # another thread loaded it first: the same values
+        Py_DECREF(<object>default_capsule)
+        PyMem_RawFree(api)
+    return published
+
+
+def _thp_mode():
+    """The kernel's transparent huge page mode ("always", "madvise", "never"; None: unknown)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            words = f.read().split()
+    except OSError:
+        return None
+    chosen = [w[1:-1] for w in words if w.startswith("[")]
+    return chosen[0] if chosen else None
+
+
+# NumPy's switch of its huge-page advice (np._core.multiarray._get_madvise_hugepage), found with the
+# C API; None: this NumPy has none.
+_numpy_hugepage_switch = None
+
+
+cdef bint _numpy_wants_hugepages():
+    """Whether NumPy's default handler advises huge pages now."""
+    switch = _numpy_hugepage_switch
+    return switch is not None and bool(switch())
+
+
+# -- the handler capsule --------------------------------------------------------------------------
+
+cdef struct NumpyContext:
+    # What a capsule points to: the handler NumPy calls (first, so the capsule's pointer is both),
+    # and what its functions need, for as long as the capsule lives.
+    NpHandler handler
+    ArenaCore* core
+    NumpyBooks* books
+    NpHandler* fallback        # NumPy's default handler: what serves allocations after a close
+    bint hugepages             # advise huge pages for big blocks (see src/numpy.h)
+    PyObject* arena            # a reference, dropped with the capsule
+
+
+cdef ArenaBase numpy_arena(object arena):
+    """``arena`` if NumPy arrays can be allocated from it (an Arena, NumPy 1.22+), else the error."""
+    if not isinstance(arena, ArenaBase):
+        raise TypeError(f"arena must be an arenalib.Arena, not {type(arena).__name__}")
+    cdef ArenaBase base = arena
+    name = type(base).__name__
+    if base._core.kind == ARENA_KIND_CONFINED:
+        raise UnsupportedOperation(
+            f"{name}.numpy(): a ConfinedArena's memory is its owner thread's alone, and a NumPy array's "
+            "is not (any thread may read it, and drop its last reference, which frees it there); use "
+            "arenalib.Arena, whose memory any thread may free")
+    if base._core.kind != ARENA_KIND_SHARED:
+        raise UnsupportedOperation(
+            f"{name}.numpy(): a SlicingArena frees nothing one by one, so every temporary NumPy makes "
+            "(a*b + c makes one per operation) would stay allocated until a reset or close, which live "
+            "arrays refuse; use arenalib.Arena")
+    numpy_api()
+    return base
+
+
+cdef object numpy_handler_of(ArenaBase arena):
+    """A new handler capsule of ``arena`` (an Arena that numpy_arena() accepted)."""
+    cdef NpApi* api = numpy_api()
+    cdef NumpyContext* context = <NumpyContext*>PyMem_RawCalloc(1, sizeof(NumpyContext))
+    if context == NULL:
+        raise MemoryError("cannot allocate a NumPy handler")
+    strncpy(context.handler.name, b"arenalib.Arena", NP_HANDLER_NAME_MAX - 1)
+    context.handler.version = 1
+    context.handler.allocator.ctx = context
+    context.handler.allocator.malloc = _np_malloc
+    context.handler.allocator.calloc = _np_calloc
+    context.handler.allocator.realloc = _np_realloc
+    context.handler.allocator.free = _np_free
+    context.core = &arena._core
+    context.books = &arena._numpy
+    context.fallback = api.default_handler
+    context.hugepages = api.thp_madvise and _numpy_wants_hugepages()
+    context.arena = <PyObject*>arena
+    Py_INCREF(arena)
+    try:
+        capsule = PyCapsule_New(context, b"mem_handler", _numpy_context_free)
+    except BaseException:
+        Py_DECREF(arena)
+        PyMem_RawFree(context)
+        raise
+    # Made first (it may start a GC, whose finalizers may close the arena), checked last: a capsule
+    # of an arena closed since would only ever hand out NumPy's default allocations.
+    arena._check_usable()
+    return capsule
+
+
+cdef void _numpy_context_free(object capsule) noexcept:
+    """The capsule's destructor: its last array (or scope) is gone."""
+    cdef NumpyContext* context = <NumpyContext*>PyCapsule_GetPointer(capsule, b"mem_handler")
+    if context == NULL:
+        return
+    cdef PyObject* arena = context.arena
+    PyMem_RawFree(context)
+    Py_DECREF(<object>arena)  # may be the arena's last reference: its dealloc runs
+
+
+# -- the handler's functions (the calling thread's state attached; no Python code, no object) ----
+
+cdef void* _np_malloc(void* ctx, size_t size) noexcept nogil:
+    return _np_allocate(<NumpyContext*>ctx, size, False)
+
+
+cdef void* _np_calloc(void* ctx, size_t nelem, size_t elsize) noexcept nogil:
+    cdef size_t size
+    if np_mul_overflow(nelem, elsize, &size):
+        return NULL
+    return _np_allocate(<NumpyContext*>ctx, size, True)
+
+
+cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept nogil:
+    """A block of ``size`` bytes for NumPy: the arena's, or NumPy's default handler's once the arena
+    is closed; NULL when memory (or max_bytes) refuses."""
+    if size > MAX_SIZE - NP_HEADER:
+        return NULL
+    cdef ArenaCore* core = context.core
+    cdef Lifetime* life = &core.life
+    cdef void* block = NULL
+    cdef int err = ARENA_ECLOSED
+    cdef void* token = access_enter(life)  # a close or reset of another thread waits for this
+    # A big block on a huge-page boundary: the advice below can then back all of it with huge pages
+    # (only the 2 MiB-aligned spans wholly inside an advised range get them).
+    cdef size_t align = NP_HUGE_ALIGN if context.hugepages and size >= NP_HUGE_MIN else 1
+    if core.open:
+        err = arena_allocate(core, size + NP_HEADER, align, zero, &block)
+        if err == ARENA_OK:
+            # Counted as a buffer export before anyone can close: close and reset refuse from now on.
+            count_add(&life.exports, 1)
+            count_add(&context.books.arrays, 1)
+            count_add(&context.books.nbytes, <Py_ssize_t>size)
+            if size > CACHE_MAX_SIZE:
+                # As a C-level caller, the handler leaves peak_bytes to the next Python-level
+                # allocate, but for big blocks, which a peak is about (the small ones' ~30 cycles
+                # were an eighth of a np.empty(8)'s cost over NumPy's own handler).
+                shared_update_peak(core)
+    access_exit(token)
+    if err == ARENA_ECLOSED:
+        return _np_fallback_allocate(context, size, zero)
+    if err != ARENA_OK:
+        return NULL
+    if context.hugepages and size >= NP_HUGE_MIN:
+        np_advise(block, size + NP_HEADER, True)  # before the first touch (the header's, below)
+    cdef NpHeader* header = <NpHeader*>block
+    header.size = size
+    header.tag = NP_TAG_ARENA
+    shard_add(LIVE_NUMPY, 1)
+    cdef char* data = <char*>block + NP_HEADER
+    np_trace_track(TRACE_DOMAIN, <size_t>data, size)
+    return data
+
+
+cdef void* _np_fallback_allocate(NumpyContext* context, size_t size, bint zero) noexcept nogil:
+    """NumPy's default allocation, with the handler's header (the arena is closed)."""
+    cdef NpAllocator* fallback = &context.fallback.allocator
+    cdef void* block
+    if zero:
+        block = fallback.calloc(fallback.ctx, size + NP_HEADER, 1)
+    else:
+        block = fallback.malloc(fallback.ctx, size + NP_HEADER)
+    if block == NULL:
+        return NULL
+    cdef NpHeader* header = <NpHeader*>block
+    header.size = size
+    header.tag = NP_TAG_DEFAULT
+    count_add(&context.books.fallbacks, 1)
+    return <char*>block + NP_HEADER
+
+
+cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
+    # ``size`` is NumPy's idea of the size, which may differ from the one allocated: unused.
+    if data == NULL:
+        return
+    cdef NumpyContext* context = <NumpyContext*>ctx
+    cdef NpHeader* header = np_header_of(data)
+    cdef size_t tag = header.tag
+    if tag == NP_TAG_DEFAULT:
+        header.tag = 0  # a second free of the block finds no tag, and leaves it alone
+        context.fallback.allocator.free(context.fallback.allocator.ctx, header, header.size + NP_HEADER)
+    elif tag == NP_TAG_ARENA:
+        header.tag = 0
+        np_trace_untrack(TRACE_DOMAIN, <size_t>data)
+        _np_release(context, header)
+    # else: not a block of the handler's (a second free, a pointer it never made): never touched
+
+
+cdef inline void _np_release(NumpyContext* context, NpHeader* header) noexcept nogil:
+    """An arena block NumPy is done with: back into the open arena, or left to the closed arena's
+    held slot (dropped in bulk with it); the last one completes a deferred close."""
+    cdef size_t size = header.size
+    cdef ArenaCore* core = context.core
+    cdef Lifetime* life = &core.life
+    if context.hugepages and size >= NP_HUGE_MIN:
+        np_advise(header, size + NP_HEADER, False)
+    cdef void* token = access_enter(life)
+    if core.open:
+        arena_free(core, header, size + NP_HEADER)
+    access_exit(token)
+    count_add(&context.books.arrays, -1)
+    count_add(&context.books.nbytes, -<Py_ssize_t>size)
+    shard_add(LIVE_NUMPY, -1)
+    # The count first, then the flag (a deferred close sets the flag, then reads the count): of the
+    # last release and the close, one sees the other, and core_release_held() runs once.
+    count_add(&life.exports, -1)
+    if state_read(&life.release_pending) and count_read(&life.exports) == 0:
+        with gil:  # held already (NumPy calls with it): core_release_held() is declared with it
+            core_release_held(core)
+
+
+cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
+    cdef NumpyContext* context = <NumpyContext*>ctx
+    if data == NULL:
+        return _np_allocate(context, size, False)
+    if size > MAX_SIZE - NP_HEADER:
+        return NULL
+    cdef NpHeader* header = np_header_of(data)
+    cdef size_t old = header.size
+    cdef void* block = NULL
+    if header.tag == NP_TAG_DEFAULT:
+        block = context.fallback.allocator.realloc(context.fallback.allocator.ctx, header, size + NP_HEADER)
+        if block != NULL:
+            (<NpHeader*>block).size = size
+            return <char*>block + NP_HEADER
+        return NULL
+    if header.tag != NP_TAG_ARENA:
+        return NULL
+    cdef ArenaCore* core = context.core
+    cdef int err = ARENA_ECLOSED
+    cdef void* token = access_enter(&core.life)
+    if core.open:
+        err = arena_resize_checked(core, header, old + NP_HEADER, size + NP_HEADER,
+                                   NP_HUGE_ALIGN if context.hugepages and size >= NP_HUGE_MIN else 1,
+                                   False, 0, &block)
+        if err == ARENA_OK:
+            count_add(&context.books.nbytes, <Py_ssize_t>size - <Py_ssize_t>old)
+    access_exit(token)
+    cdef char* moved
+    if err == ARENA_OK:
+        if context.hugepages and size >= NP_HUGE_MIN:
+            np_advise(block, size + NP_HEADER, True)  # (the new pages: the old ones were advised)
+        (<NpHeader*>block).size = size
+        moved = <char*>block + NP_HEADER
+        np_trace_untrack(TRACE_DOMAIN, <size_t>data)
+        np_trace_track(TRACE_DOMAIN, <size_t>moved, size)
+        return moved
+    if err != ARENA_ECLOSED:
+        return NULL  # no memory, or max_bytes: NumPy keeps the old block
+    # The arena closed (deferred) while this array lived: its new bytes come from NumPy's default.
+    moved = <char*>_np_fallback_allocate(context, size, False)
+    if moved == NULL:
+        return NULL
+    memcpy(moved, data, min(old, size))
+    np_trace_untrack(TRACE_DOMAIN, <size_t>data)
+    header.tag = 0
+    _np_release(context, header)
+    return moved
+
+
+# -- the Python API -----------------------------------------------------------------------------
+
+@cython.final
+@cython.no_gc  # an arena and capsules: nothing that leads back to it
+cdef class NumpyScope:
+    """What arena.numpy() returns: a with-statement that makes NumPy allocate the data of the arrays
+    created in the block (in this context) from the arena; see Arena.numpy()."""
+
+    cdef ArenaBase _arena
+    cdef object _previous       # the handler the block replaced, while entered
+    cdef bint _entered
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("NumpyScope cannot be constructed directly; use arena.numpy()")
+
+    def __enter__(self):
+        previous = numpy_api().set_handler(numpy_handler_of(self._arena))
+        cdef bint refused
+        # With the GIL off, two threads may enter or exit one scope object at once: its fields change
+        # under a critical section, where nothing runs Python code (the value replaced is None).
+        with cython.critical_section(self):
+            refused = self._entered
+            if not refused:
+                self._entered = True
+                self._previous = previous
+        if refused:
+            numpy_api().set_handler(previous)
+            raise RuntimeError("this numpy() scope is entered already; call arena.numpy() again for "
+                               "another")
+        return self._arena
+
+    def __exit__(self, exc_type, exc, tb):
+        cdef bint entered
+        with cython.critical_section(self):
+            entered = self._entered
+            previous = self._previous  # (the local keeps it: dropping the field runs no finalizer)
+            self._previous = None
+            self._entered = False
+        if entered:
+            numpy_api().set_handler(previous)  # the capsule set on entry is dropped here
+        return False
+
+    def __repr__(self):
+        state = "entered" if self._entered else "not entered"
+        return f"<arenalib.NumpyScope of {self._arena!r}, {state}>"
+
+
+cdef NumpyScope numpy_scope(ArenaBase arena):
+    """arena.numpy()."""
+    cdef NumpyScope scope = NumpyScope.__new__(NumpyScope)
+    scope._arena = numpy_arena(arena)
+    return scope
+
+
+def numpy_handler(arena):
+    """A NEP 49 data-memory handler (a PyCapsule named "mem_handler") that allocates from ``arena``
+    (an open Arena), for code that sets NumPy's handler itself (set_numpy_handler(), or
+    PyDataMem_SetHandler from C).  Its arrays follow the lifetime rules of arena.numpy()'s.
+
+    ImportError without NumPy 1.22 or newer; UnsupportedOperation for a ConfinedArena or a
+    SlicingArena; ArenaClosedError for a closed arena."""
+    return numpy_handler_of(numpy_arena(arena))
+
+
+def set_numpy_handler(handler):
+    """Make ``handler`` (a "mem_handler" capsule, such as numpy_handler()'s, or None for NumPy's
+    default) NumPy's data-memory handler in the current context; returns the one it replaces.
+
+    NumPy keeps the handler in a ContextVar: this sets it for the calling thread's current context
+    (and the asyncio tasks created in it from now on), as PyDataMem_SetHandler does."""
+    cdef NpApi* api = numpy_api()
+    return api.set_handler(<object>api.default_capsule if handler is None else handler)
+
+
+cdef Py_ssize_t segment_exports(ArenaBase arena) noexcept:
+    """The arena's buffer exports alive now, its NumPy arrays (also counted as exports) left out."""
+    cdef Py_ssize_t arrays, nbytes
+    numpy_figures(arena, &arrays, &nbytes)
+    return max(0, count_read(&arena._core.life.exports) - arrays)
+
+
+cdef str exports_in_words(ArenaBase arena, bint detail=False):
+    """What holds the arena's memory, in words: "3 buffer export(s)", "2 NumPy array(s) and 1 buffer
+    export(s)" (``detail``: what they are, and the arrays' bytes)."""
+    cdef Py_ssize_t arrays, nbytes
+    numpy_figures(arena, &arrays, &nbytes)
+    cdef Py_ssize_t exports = segment_exports(arena)
+    words = (f"{exports} buffer export(s) of its segments (memoryview, NumPy array of a segment, io_uring "
+             "request in flight ...)") if detail else f"{exports} buffer export(s)"
+    if not arrays:
+        return words
+    made = (f"{arrays} NumPy array(s) of {nbytes} bytes made in its numpy() scopes" if detail
+            else f"{arrays} NumPy array(s)")
+    return made if not exports else f"{made} and {words}"
+
+
+cdef int numpy_figures(ArenaBase arena, Py_ssize_t* arrays, Py_ssize_t* nbytes) noexcept:
+    """The arena's NumPy arrays alive now and their bytes, read as figures of the moment."""
+    arrays[0] = count_read(&arena._numpy.arrays)
+    nbytes[0] = count_read(&arena._numpy.nbytes)
+    return 0

@@ -1,0 +1,441 @@
+"""Experiment 10, NumPy arrays from an arena (issue 28): `with arena.numpy():` against NumPy's own handler.
+
+What it measures, each part in a fresh child process (``numpy_scope.py --child PART``), so that one
+part's glibc heap and page tables do not carry into the next:
+
+* The loop ``c = a*b + a`` over float64 arrays of n bytes, ``a`` and ``b`` made once by NumPy's default
+  handler.  NumPy's temporary elision makes the product the sum's output, so an iteration allocates one
+  array of n bytes and frees the previous ``c``.  Per iteration after 2 warm-up iterations: ms (the
+  loop's time over its iterations) and minor page faults (getrusage's ru_minflt), with NumPy's default
+  handler and inside ``with arena.numpy():`` (one Arena open through the part, the scope entered around
+  each measurement), and the floor, the same arithmetic into a preallocated array
+  (``multiply(a, b, out=c); add(c, a, out=c)``).  n: 64 MiB (the issue's case), then 1 to 16 MiB,
+  powers of two and not: the default handler (glibc's malloc) maps a block past its mmap threshold and
+  unmaps it at the free, and the threshold starts at 128 KiB and rises to the size of a mapped block
+  freed, up to 32 MiB, so which sizes come back from the heap warm depends on what came before.  A
+  child per size, so each size starts from the same history.
+* Small arrays: ``e(8)`` and ``z(100)`` (``e = numpy.empty``, ``z = numpy.zeros``), made and dropped in
+  experiment 1's loop (bench/roundtrip.py: 256 per inner batch, the garbage collector off): ns per array.
+* RSS at scope exit: a child per workload and handler reads its RSS (the baseline: NumPy imported, no
+  array alive), runs the workload inside ``with arenalib.Arena() as arena, arena.numpy():`` (or with
+  the default handler) making every array in the block and dropping it there, and reads RSS right after
+  the block, with no trim call and no wait.  Workloads: the 64 MiB loop; the 1-16 MiB sweep; many
+  small and medium arrays (8 B to 1 MiB) kept in a list, then dropped.
+
+Candidates interleave round by round (the starting one rotating); every ratio is the median of the
+same-round ratios (quartiles in brackets).  Targets (issue 28): the 64 MiB loop >= 15% faster than the
+default (time ratio <= 0.85) with <= 1% of its pages faulted per iteration; at 1-16 MiB <= 1.02x the
+default; small arrays <= 1.05x; RSS within 5% of the baseline at scope exit.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import roundtrip
+from _common import Config, Progress, fmt_ns, fmt_size, run_standalone, same_round_ratio, summarize, table
+from _experiment import finding, ratio_item, side, times
+
+TITLE = "10. NumPy arrays from an arena: `with arena.numpy():` against NumPy's default handler (issue 28)"
+MiB = 1 << 20
+PAGE = 4096
+BIG = 64 * MiB
+SWEEP = {"quick": [MiB, 3_000_000, 4 * MiB, 7_500_000, 12 * MiB, 16 * MiB],
+         "full": [MiB, 1_500_000, 2 * MiB, 3_000_000, 4 * MiB, 5_000_000, 6 * MiB, 7_500_000, 8 * MiB,
+                  10_000_000, 12 * MiB, 14_000_000, 16 * MiB]}
+SETTINGS = {"quick": {"rounds": 5, "target_ms": 40.0, "small_ms": 8.0},
+            "full": {"rounds": 15, "target_ms": 120.0, "small_ms": 30.0}}
+WARMUP = 2
+LOOP = {"default": "NumPy's default handler", "arena": "with arena.numpy()", "out": "out= (preallocated)"}
+SMALL = {"empty": ("e(8)", "numpy.empty(8)"), "zeros": ("z(100)", "numpy.zeros(100)")}
+RSS_WORKLOADS = {"loop64": "the 64 MiB loop", "sweep": "the 1-16 MiB loop sweep",
+                 "mixed": "4,000 arrays of 8 B-1 MiB kept, then dropped"}
+BIG_LIMIT, BIG_FAULTS, SWEEP_LIMIT, SMALL_LIMIT, RSS_LIMIT = 0.85, 0.01, 1.02, 1.05, 0.05
+
+
+# -- the children -------------------------------------------------------------------------------------
+
+def _faults() -> int:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _loop_child(n: int, rounds: int, target_ms: float) -> dict:
+    """ms and minor faults per iteration of each LOOP candidate at n bytes, per round."""
+    import gc
+
+    import numpy as np
+
+    import arenalib
+
+    count = n // 8
+    a = np.random.default_rng(1).random(count)
+    b = np.random.default_rng(2).random(count)
+    out = np.empty(count)
+    arena = arenalib.Arena()
+
+    def measure(key: str, k: int) -> tuple[float, float]:
+        c = None
+        if key == "out":
+            for _ in range(WARMUP):
+                np.multiply(a, b, out=out)
+                np.add(out, a, out=out)
+            f0, t0 = _faults(), time.perf_counter_ns()
+            for _ in range(k):
+                np.multiply(a, b, out=out)
+                np.add(out, a, out=out)
+            return (time.perf_counter_ns() - t0) / k / 1e6, (_faults() - f0) / k
+        for _ in range(WARMUP):
+            c = a * b + a
+        f0, t0 = _faults(), time.perf_counter_ns()
+        for _ in range(k):
+            c = a * b + a
+        dt, flt = time.perf_counter_ns() - t0, _faults() - f0
+        del c
+        return dt / k / 1e6, flt / k
+
+    def run(key: str, k: int) -> tuple[float, float]:
+        gc.disable()
+        try:
+            if key == "arena":
+                with arena.numpy():
+                    return measure(key, k)
+            return measure(key, k)
+        finally:
+            gc.enable()
+
+    first, _ = run("default", 1)
+    k = max(3, round(target_ms / max(first, 1e-3)))
+    keys = list(LOOP)
+    ms: dict[str, list[float]] = {key: [] for key in keys}
+    faults: dict[str, list[float]] = {key: [] for key in keys}
+    for rnd in range(rounds):
+        shift = rnd % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            t, f = run(key, k)
+            ms[key].append(t)
+            faults[key].append(f)
+    stats = arena.stats()
+    arena.close()
+    assert stats["numpy_arrays"] == 0 and stats["allocated_total"] > 0, stats
+    return {"n": n, "iterations": k, "ms": ms, "faults": faults}
+
+
+def _small_child(rounds: int, target_ms: float) -> dict:
+    """ns per array of each SMALL statement, with the default handler and in an arena's scope."""
+    import numpy as np
+
+    import arenalib
+
+    arena = arenalib.Arena()
+    envs = {"e": np.empty, "z": np.zeros}
+    runners, outers, cells = {}, {}, {}
+    for name, (op, _) in SMALL.items():
+        runner = roundtrip.make_runner(roundtrip.Candidate(name, name, "peer", op, lambda n: envs), 8, envs)
+        runner(3)
+        runners[name] = runner
+        outers[name] = roundtrip.calibrate(runner, 8, target_ms * 1e6)
+    ops = roundtrip.inner_count(8)
+    for name in SMALL:
+        per: dict[str, list[float]] = {"default": [], "arena": []}
+        for rnd in range(rounds):
+            for key in (["default", "arena"] if rnd % 2 == 0 else ["arena", "default"]):
+                if key == "arena":
+                    with arena.numpy():
+                        ns = roundtrip.timed(runners[name], outers[name])
+                else:
+                    ns = roundtrip.timed(runners[name], outers[name])
+                per[key].append(ns / (outers[name] * ops))
+        cells[name] = per
+    arena.close()
+    return cells
+
+
+def _rss_child(workload: str, handler: str, sweep: list[int]) -> dict:
+    """RSS before, at the peak of, and right after the workload's scope."""
+    import contextlib
+
+    import numpy as np
+    from _common import rss_bytes
+
+    import arenalib
+
+    np.ones(10).sum()  # NumPy's own first-use state, before the baseline
+    baseline = rss_bytes()
+    peak = baseline
+    with contextlib.ExitStack() as stack:
+        if handler == "arena":
+            arena = stack.enter_context(arenalib.Arena())
+            stack.enter_context(arena.numpy())
+        if workload == "mixed":
+            sizes = [8 << (i % 18) for i in range(4000)]  # 8 B to 1 MiB
+            kept = [np.ones(n // 8 or 1) for n in sizes]
+            peak = max(peak, rss_bytes())
+            del kept
+        else:
+            for n in [BIG] if workload == "loop64" else sweep:
+                a, b = np.ones(n // 8), np.ones(n // 8)
+                for _ in range(6):
+                    c = a * b + a
+                peak = max(peak, rss_bytes())
+                del a, b, c
+    return {"baseline": baseline, "peak": peak, "after": rss_bytes()}
+
+
+def _child_main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child", choices=["loop", "small", "rss"], required=True)
+    parser.add_argument("--n", type=int, default=BIG)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--target-ms", type=float, default=40.0)
+    parser.add_argument("--workload", default="loop64")
+    parser.add_argument("--handler", default="arena")
+    parser.add_argument("--sweep", default="")
+    args = parser.parse_args(argv)
+    if args.child == "loop":
+        out = _loop_child(args.n, args.rounds, args.target_ms)
+    elif args.child == "small":
+        out = _small_child(args.rounds, args.target_ms)
+    else:
+        out = _rss_child(args.workload, args.handler, [int(x) for x in args.sweep.split(",") if x])
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def _child(*args: str) -> dict:
+    """Run this module as a child with ``args``: its JSON result ({"error": why} when it failed)."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True,
+                          text=True, timeout=1800)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        return {"error": f"child {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()[-1500:]}"}
+    return json.loads(lines[-1])
+
+
+# -- the experiment -------------------------------------------------------------------------------------
+
+def plan(cfg: Config) -> float:
+    s = SETTINGS[cfg.mode]
+    loops = (1 + len(SWEEP[cfg.mode])) * (s["rounds"] + 1) * len(LOOP) * s["target_ms"]
+    return loops + len(SMALL) * 2 * s["rounds"] * s["small_ms"] + len(RSS_WORKLOADS) * 2 * 2500
+
+
+def _loop_cell(raw: dict) -> dict:
+    if "error" in raw:
+        return raw
+    ms, faults = raw["ms"], raw["faults"]
+    return {"n": raw["n"], "iterations": raw["iterations"],
+            "ms": {k: summarize(v) for k, v in ms.items()},
+            "faults": {k: summarize(v) for k, v in faults.items()},
+            "ratio": same_round_ratio(ms["arena"], ms["default"]),
+            "floor_ratio": same_round_ratio(ms["out"], ms["default"])}
+
+
+def run(cfg: Config, progress: Progress) -> dict:
+    s = SETTINGS[cfg.mode]
+    rounds, target = str(s["rounds"]), str(s["target_ms"])
+    loop_ms = (s["rounds"] + 1) * len(LOOP) * s["target_ms"]
+    loops = {}
+    for n in [BIG, *SWEEP[cfg.mode]]:
+        progress.set_label(f"numpy_scope: c = a*b + a at {fmt_size(n)}")
+        loops[str(n)] = _loop_cell(_child("--child", "loop", "--n", str(n), "--rounds", rounds,
+                                          "--target-ms", target))
+        progress.step(None, loop_ms)
+    progress.set_label("numpy_scope: small arrays")
+    raw = _child("--child", "small", "--rounds", str(2 * s["rounds"] + 1), "--target-ms", str(s["small_ms"]))
+    progress.step(None, len(SMALL) * 2 * s["rounds"] * s["small_ms"])
+    small = raw if "error" in raw else {
+        name: {"ns": {k: summarize(v) for k, v in per.items()},
+               "ratio": same_round_ratio(per["arena"], per["default"])} for name, per in raw.items()}
+    rss = {}
+    sweep = ",".join(str(n) for n in SWEEP[cfg.mode])
+    for workload in RSS_WORKLOADS:
+        rss[workload] = {}
+        for handler in ("default", "arena"):
+            progress.set_label(f"numpy_scope: RSS, {workload}, {handler}")
+            rss[workload][handler] = _child("--child", "rss", "--workload", workload, "--handler", handler,
+                                            "--sweep", sweep)
+            progress.step(None, 2500)
+    return {"loops": loops, "small": small, "rss": rss, "rounds": s["rounds"], "warmup": WARMUP,
+            "sweep": SWEEP[cfg.mode]}
+
+
+# -- targets, findings, tables ------------------------------------------------------------------------
+
+def _share(cell: dict) -> float | None:
+    """RSS above baseline right after the scope, as a share of the baseline."""
+    if "error" in cell:
+        return None
+    return (cell["after"] - cell["baseline"]) / cell["baseline"]
+
+
+def _big_title() -> str:
+    return (f"the 64 MiB `c = a*b + a` loop inside `with arena.numpy():` >= 15% faster than NumPy's "
+            f"default handler (time <= {BIG_LIMIT}x), <= {BIG_FAULTS:.0%} of its pages faulted per "
+            "iteration (issue 28)")
+
+
+def _faults_item(big: dict) -> dict:
+    faults = big.get("faults", {}).get("arena")
+    item = {"target": _big_title(), "candidate": "arena", "label": "c = a*b + a, minor faults per iteration",
+            "size": BIG, "limit": BIG_FAULTS, "pages": BIG // PAGE}
+    if faults is None:
+        item.update(status="n/a", ratio=None)
+    else:
+        share = faults["median"] / (BIG // PAGE)
+        item.update(ratio=share, faults=faults["median"], status="MET" if share <= BIG_FAULTS else "MISSED")
+    return item
+
+
+def targets(results: dict) -> list[dict]:
+    big = results["loops"].get(str(BIG), {})
+    checks = [ratio_item(_big_title(), "arena", "c = a*b + a, time", BIG, "default", LOOP["default"],
+                         BIG_LIMIT, big.get("ratio")), _faults_item(big)]
+    sweep_title = f"1-16 MiB: no slower than NumPy's default handler (<= {SWEEP_LIMIT}x, issue 28)"
+    for n in results["sweep"]:
+        checks.append(ratio_item(sweep_title, "arena", "c = a*b + a", n, "default", LOOP["default"],
+                                 SWEEP_LIMIT, results["loops"].get(str(n), {}).get("ratio")))
+    small = {} if "error" in results["small"] else results["small"]
+    for name, (_, label) in SMALL.items():
+        checks.append(ratio_item(f"small arrays: <= {SMALL_LIMIT}x the default handler's creation cost "
+                                 "(issue 28)", "arena", label, 0, "default", LOOP["default"], SMALL_LIMIT,
+                                 small.get(name, {}).get("ratio")))
+    rss_title = f"RSS within {RSS_LIMIT:.0%} of the baseline at scope exit, no trim call (issue 28)"
+    for workload, label in RSS_WORKLOADS.items():
+        share = _share(results["rss"][workload]["arena"])
+        status = "n/a" if share is None else "MET" if abs(share) <= RSS_LIMIT else "MISSED"
+        checks.append({"target": rss_title, "candidate": "arena", "label": label, "size": 0,
+                       "limit": RSS_LIMIT, "ratio": share, "status": status})
+    return checks
+
+
+def target_line(check: dict) -> str:
+    if check["ratio"] is None:
+        return f"{check['status']:6s} {check['label']}: not measured"
+    size = f" at {fmt_size(check['size'])}" if check["size"] else ""
+    if "pages" in check:
+        return (f"{check['status']:6s} {check['label']}{size}: {check['faults']:.1f} of {check['pages']} "
+                f"pages ({check['ratio']:.2%}, limit {check['limit']:.0%})")
+    if "versus" not in check:
+        return (f"{check['status']:6s} {check['label']}: RSS {check['ratio']:+.1%} of the baseline "
+                f"(limit {check['limit']:.0%})")
+    border = " (borderline)" if check.get("borderline") else ""
+    return (f"{check['status']:6s} {check['label']}{size}: {check['ratio']:.2f}x {check['versus_label']} "
+            f"(limit {check['limit']}){border}")
+
+
+def _against_default(ratio: float) -> str:
+    words = times(ratio)
+    return "on par with NumPy's default handler" if words == "on par" else f"{words} than NumPy's default"
+
+
+def findings(results: dict) -> list[dict]:
+    out = []
+    big = results["loops"].get(str(BIG), {})
+    if "ratio" in big:
+        r, ms, f = big["ratio"]["median"], big["ms"], big["faults"]
+        out.append(finding(side(r), f"NumPy in an arena scope, the 64 MiB loop `c = a*b + a`: "
+                           f"{_against_default(r)} ({ms['arena']['median']:.1f} against "
+                           f"{ms['default']['median']:.1f} ms, into preallocated arrays "
+                           f"{ms['out']['median']:.1f}), {f['arena']['median']:.0f} page faults per "
+                           f"iteration against {f['default']['median']:.0f}."))
+    sweep = [(n, results["loops"][str(n)]["ratio"]) for n in results["sweep"]
+             if "ratio" in results["loops"].get(str(n), {})]
+    if sweep:
+        lo, hi = min(r["median"] for _, r in sweep), max(r["median"] for _, r in sweep)
+        slower = [(n, r) for n, r in sweep if r["median"] > SWEEP_LIMIT]
+        text = (f"NumPy in an arena scope at 1-16 MiB: {lo:.2f}-{hi:.2f}x the default's time at "
+                f"{len(sweep)} sizes")
+        if slower:
+            noise = all(r["q1"] <= SWEEP_LIMIT for _, r in slower)
+            text += (f", over {SWEEP_LIMIT}x at " + ", ".join(fmt_size(n) for n, _ in slower)
+                     + (" (within this run's noise: their quartiles reach below it)" if noise else ""))
+        kind = "loss" if slower else "win" if all(side(r["median"]) == "win" for _, r in sweep) else "even"
+        out.append(finding(kind, text + ".", "glibc's heap serves these sizes warm too: no page fault to "
+                           "save, what is left is each handler's own work" if slower else None))
+    if "error" not in results["small"] and results["small"]:
+        ratios = {SMALL[k][1]: v["ratio"]["median"] for k, v in results["small"].items()}
+        worst = max(ratios.values())
+        out.append(finding(side(worst), "NumPy in an arena scope, small arrays: " + ", ".join(
+            f"{label} {r:.2f}x" for label, r in ratios.items()) + " the default's cost.",
+            "the arena's books, the lifetime count and the header cost more than NumPy's own cache of "
+            "small blocks" if side(worst) == "loss" else None))
+    shares = {RSS_WORKLOADS[w]: _share(results["rss"][w]["arena"]) for w in RSS_WORKLOADS}
+    if all(v is not None for v in shares.values()):
+        kind = "win" if all(abs(v) <= RSS_LIMIT for v in shares.values()) else "loss"
+        out.append(finding(kind, "NumPy in an arena scope: RSS right after the scope, above the baseline: "
+                           + ", ".join(f"{v:+.1%} ({w})" for w, v in shares.items()) + "."))
+    return out
+
+
+def tables(results: dict, markdown: bool = False) -> str:
+    h = "### " if markdown else ""
+    rows = []
+    for n, cell in results["loops"].items():
+        if "error" in cell:
+            rows.append([fmt_size(int(n)), "failed", "", "", "", ""])
+            continue
+        ms, faults, r = cell["ms"], cell["faults"], cell["ratio"]
+        rows.append([fmt_size(int(n)), f"{ms['default']['median']:.2f}", f"{ms['arena']['median']:.2f}",
+                     f"{r['median']:.2f}x ({r['q1']:.2f}-{r['q3']:.2f})", f"{ms['out']['median']:.2f}",
+                     f"{faults['default']['median']:.0f} / {faults['arena']['median']:.0f} / "
+                     f"{int(n) // PAGE}"])
+    parts = [f"{h}`c = a*b + a` on float64 arrays of n bytes: ms per iteration after {results['warmup']} "
+             f"warm-up iterations (ratio: median of {results['rounds']} same-round ratios, quartiles)",
+             table(["n", "default ms", "arena ms", "arena/default", "out= ms",
+                    "faults/iter: default / arena / pages"], rows, markdown)]
+    if "error" in results["small"]:
+        parts += ["", f"Small arrays: {results['small']['error']}"]
+    else:
+        rows = [[label, fmt_ns(results["small"][k]["ns"]["default"]["median"]),
+                 fmt_ns(results["small"][k]["ns"]["arena"]["median"]),
+                 f"{results['small'][k]['ratio']['median']:.2f}x ({results['small'][k]['ratio']['q1']:.2f}-"
+                 f"{results['small'][k]['ratio']['q3']:.2f})"] for k, (_, label) in SMALL.items()]
+        parts += ["", f"{h}Small arrays, made and dropped: ns per array",
+                  table(["statement", "default", "arena scope", "ratio"], rows, markdown)]
+    rows = []
+    for workload, label in RSS_WORKLOADS.items():
+        for handler in ("default", "arena"):
+            c = results["rss"][workload][handler]
+            if "error" in c:
+                rows.append([label, handler, "failed", "", "", ""])
+                continue
+            rows.append([label, handler, f"{c['baseline'] / MiB:.1f}", f"{c['peak'] / MiB:.1f}",
+                         f"{c['after'] / MiB:.1f}", f"{_share(c):+.1%}"])
+    parts += ["", f"{h}RSS (MiB) before, at the peak of and right after the scope (no trim, no wait)",
+              table(["workload", "handler", "baseline", "peak", "after", "after vs baseline"], rows,
+                    markdown)]
+    return "\n".join(parts)
+
+
+def plots(results: dict, out, plt) -> list[str]:
+    sizes = [n for n in results["loops"] if "ratio" in results["loops"][n]]
+    if not sizes:
+        return []
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    xs = [int(n) / MiB for n in sizes]
+    for key, label in LOOP.items():
+        ax.plot(xs, [results["loops"][n]["ms"][key]["median"] for n in sizes], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("array size (MiB)")
+    ax.set_ylabel("ms per iteration of c = a*b + a")
+    ax.set_title("NumPy's temporaries: default handler vs an arena scope")
+    ax.legend()
+    name = "numpy_scope_loop.png"
+    fig.tight_layout()
+    fig.savefig(Path(out) / name, dpi=110)
+    plt.close(fig)
+    return [name]
+
+
+if __name__ == "__main__":
+    if "--child" in sys.argv:
+        sys.exit(_child_main(sys.argv[1:]))
+    run_standalone(__import__(__name__))

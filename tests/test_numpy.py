@@ -1,0 +1,762 @@
+"""NumPy arrays allocated from an arena: `with arena.numpy():` and numpy_handler() (issue 28).
+
+What it promises: the data of the arrays created in the block comes from the Arena and outlives the
+block; nothing an array can reach is ever freed first (close() and reset() refuse while an array
+lives, the end of `with arena:` closes deferred and the last array's free completes the close); NumPy's
+frees with a size of its own, its reallocations and frees from any thread are served; an allocation
+after the close falls back to NumPy's default handler and is counted; tracemalloc sees the arrays in
+arenalib's domain.  The state machine is tests/test_numpy_stateful.py, NumPy's own policy tests run
+under the handler in tests/test_numpy_policy.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import ctypes
+import gc
+import os
+import pickle
+import re
+import sys
+import sysconfig
+import threading
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numpy._core.multiarray import get_handler_name
+from support import ROOT, SANITIZED, MiB, assert_ok, run_python, run_threads, settled_rss, slots_in_use
+
+import arenalib
+from arenalib import ArenaClosedError, UnsupportedOperation
+
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+HANDLER_NAME = "arenalib.Arena"
+
+
+def arrays(arena):
+    return arena.stats()["numpy_arrays"]
+
+
+@pytest.fixture
+def arena():
+    a = arenalib.Arena()
+    yield a
+    a.close(deferred=True)  # a failing test's traceback may hold arrays; a passing one's leak check says
+
+
+# -- the scope -------------------------------------------------------------------------------------
+
+
+def test_arrays_made_in_the_block_come_from_the_arena(arena):
+    assert get_handler_name() == "default_allocator"
+    with arena.numpy() as entered:
+        assert entered is arena
+        assert get_handler_name() == HANDLER_NAME
+        x = np.arange(1000.0)
+        y = x * 2  # a result of arithmetic too
+        view = x[::2]  # a view owns no data
+    assert get_handler_name() == "default_allocator"
+    z = np.arange(10.0)
+    assert get_handler_name(x) == get_handler_name(y) == HANDLER_NAME
+    assert get_handler_name(view) is None and get_handler_name(z) == "default_allocator"
+    stats = arena.stats()
+    assert stats["numpy_arrays"] == 2 and stats["numpy_bytes"] == 16000
+    assert stats["exports"] == 0  # arrays are counted apart from buffer exports
+    assert stats["live_bytes"] >= 16000 and arenalib.live_objects()["numpy_arrays"] >= 2
+    assert float(y.sum()) == 999 * 1000.0 and view[3] == 6.0
+    del x, y, view
+    assert arrays(arena) == 0 and arena.stats()["numpy_bytes"] == 0
+
+
+def test_nested_scopes_restore_what_they_replaced(arena):
+    with arenalib.Arena() as other:
+        with arena.numpy():
+            with other.numpy():
+                inner = np.ones(10)
+            outer = np.ones(10)
+        assert arrays(other) == 1 and arrays(arena) == 1
+        assert get_handler_name() == "default_allocator"
+        del inner, outer
+
+
+def test_a_scope_is_entered_once_at_a_time_and_can_be_entered_again(arena):
+    scope = arena.numpy()
+    with scope:
+        with pytest.raises(RuntimeError, match="entered already"):
+            scope.__enter__()
+        a = np.zeros(3)
+    with scope:
+        b = np.zeros(3)
+    assert arrays(arena) == 2
+    assert "NumpyScope" in repr(scope) and "not entered" in repr(scope)
+    with pytest.raises(TypeError):
+        arenalib.NumpyScope()
+    del a, b
+
+
+def test_the_blocks_exception_propagates_and_the_handler_is_restored(arena):
+    with pytest.raises(ZeroDivisionError):
+        with arena.numpy():
+            x = np.ones(4)
+            raise ZeroDivisionError
+    assert get_handler_name() == "default_allocator"
+    del x
+
+
+@pytest.mark.parametrize("kind", [arenalib.ConfinedArena, arenalib.SlicingArena])
+def test_other_arena_kinds_are_refused_with_the_reason(kind):
+    with kind() as a:
+        with pytest.raises(UnsupportedOperation, match=r"use arenalib\.Arena"):
+            a.numpy()
+        with pytest.raises(UnsupportedOperation, match=r"use arenalib\.Arena"):
+            arenalib.numpy_handler(a)
+
+
+def test_numpy_handler_checks_its_argument():
+    with pytest.raises(TypeError, match=r"arenalib\.Arena, not bytearray"):
+        arenalib.numpy_handler(bytearray())
+    a = arenalib.Arena()
+    a.close()
+    with pytest.raises(ArenaClosedError):
+        arenalib.numpy_handler(a)
+    with pytest.raises(ArenaClosedError):
+        with a.numpy():
+            pass
+    assert get_handler_name() == "default_allocator"
+
+
+def test_numpy_handler_and_set_numpy_handler(arena):
+    handler = arenalib.numpy_handler(arena)
+    assert type(handler).__name__ == "PyCapsule" and "mem_handler" in repr(handler)
+    previous = arenalib.set_numpy_handler(handler)
+    try:
+        x = np.ones(100)
+    finally:
+        assert arenalib.set_numpy_handler(previous) is handler
+    assert get_handler_name(x) == HANDLER_NAME and arrays(arena) == 1
+    assert arenalib.set_numpy_handler(None) is previous  # None: NumPy's default
+    with pytest.raises(ValueError, match="mem_handler"):
+        arenalib.set_numpy_handler(object())
+    del x, handler
+
+
+# -- the lifetime ------------------------------------------------------------------------------------
+
+
+def test_close_and_reset_refuse_while_an_array_lives_and_change_nothing(arena):
+    with arena.numpy():
+        x = np.full(1000, 7, dtype=np.int64)
+        y = np.zeros(10, dtype=np.uint8)
+    seg = arena.allocate(100).fill(1)
+    keys = ("live_bytes", "live_segments", "numpy_arrays", "numpy_bytes", "exports", "closed")
+    before = {k: arena.stats()[k] for k in keys}
+    for attempt in (arena.close, arena.reset):
+        with pytest.raises(BufferError, match=r"2 NumPy array\(s\) of 8010 bytes"):
+            attempt()
+    assert {k: arena.stats()[k] for k in keys} == before
+    assert not arena.closed and seg.alive and seg.tobytes() == b"\x01" * 100
+    assert int(x.sum()) == 7000 and int(y.sum()) == 0
+    view = memoryview(seg)
+    with pytest.raises(BufferError, match=r"2 NumPy array\(s\) .* and 1 buffer export"):
+        arena.close()
+    view.release()
+    del x, y
+    arena.reset()
+    assert not seg.alive
+
+
+def test_the_end_of_with_arena_closes_deferred_and_the_last_array_completes_it():
+    before = slots_in_use()
+    with arenalib.Arena() as a, a.numpy():
+        x = np.arange(100_000, dtype=np.int64)
+        y = np.ones(5)
+    assert a.closed and slots_in_use() == before + 1
+    assert "held by 2 NumPy array(s)" in repr(a)
+    stats = a.stats()
+    assert stats["numpy_arrays"] == 2 and stats["held_by_exports"] == 0 and stats["held_bytes"] > 800_000
+    assert arenalib.live_objects()["closing_arenas"] >= 1
+    x[:] += 1  # still the arena's memory, readable and writable
+    assert int(x.sum()) == 100_000 * 100_001 // 2
+    del x
+    assert slots_in_use() == before + 1
+    del y  # the last one gives the slot back
+    assert slots_in_use() == before and a.stats()["numpy_arrays"] == 0
+    assert repr(a) == "<arenalib.Arena closed>"
+
+
+def test_the_arena_object_lives_as_long_as_its_arrays():
+    with arenalib.Arena() as a, a.numpy():
+        x = np.ones(1000)
+    del a  # the arrays' handler holds the arena object
+    gc.collect()
+    assert arenalib.live_objects()["closing_arenas"] >= 1
+    assert float(x.sum()) == 1000.0
+    del x
+    assert arenalib.live_objects()["numpy_arrays"] == 0
+
+
+def test_an_array_and_a_segment_export_each_may_be_the_last(arena):
+    for array_last in (True, False):
+        with arenalib.Arena() as a, a.numpy():
+            x = np.ones(10)
+            view = memoryview(a.allocate(10))
+        if array_last:
+            view.release()
+            assert a.stats()["numpy_arrays"] == 1
+            del x
+        else:
+            del x
+            view.release()
+        assert arenalib.live_objects()["closing_arenas"] == 0
+
+
+# -- what NumPy does with the memory ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 100, 4096, 70_000, 3 * MiB // 8, 5 * MiB // 8])
+def test_sizes_zeros_and_a_free_of_another_size(arena, n):
+    with arena.numpy():
+        z = np.zeros(n)
+        e = np.empty(n, dtype=np.int8)
+        e[:] = 5
+    assert get_handler_name(z) == HANDLER_NAME and not z.any()
+    assert (e == 5).all()
+    z.shape = (n, 1) if n else (0, 3)  # a shape (and, empty, a size) NumPy frees with differs
+    e.dtype = np.uint8
+    del z, e
+    assert arrays(arena) == 0 and arena.stats()["numpy_bytes"] == 0
+
+
+def test_zeros_are_zero_in_reused_memory(arena):
+    with arena.numpy():
+        for n in (100, 5000, 200_000, 5 * MiB // 8):
+            dirty = np.full(n, 0xAB, dtype=np.float64)
+            del dirty
+            assert not np.zeros(n).any()
+
+
+def test_resize_grows_and_shrinks_in_the_arena(arena):
+    with arena.numpy():
+        x = np.arange(10, dtype=np.int64)
+    x.resize(100_000)  # refcheck: x is the only reference
+    assert list(x[:10]) == list(range(10)) and not x[10:].any()
+    assert arena.stats()["numpy_bytes"] == 800_000 and get_handler_name(x) == HANDLER_NAME
+    x.resize(3)
+    assert list(x) == [0, 1, 2] and arena.stats()["numpy_bytes"] == 24
+    x.resize(0)
+    assert arena.stats()["numpy_bytes"] == 1
+    del x
+    assert arrays(arena) == 0
+
+
+def test_fromiter_grows_its_buffer_by_realloc(arena):
+    with arena.numpy():
+        x = np.fromiter((i * i for i in range(50_000)), dtype=np.int64)
+    assert int(x[-1]) == 49_999**2 and arrays(arena) == 1
+    assert arena.stats()["numpy_bytes"] >= 400_000
+    del x
+
+
+def test_max_bytes_is_a_memory_error_and_the_arena_stays_usable():
+    with arenalib.Arena(max_bytes=MiB) as a, a.numpy():
+        small = np.ones(1000)
+        with pytest.raises(MemoryError):
+            np.empty(200_000)
+        with pytest.raises(MemoryError):
+            small.resize(200_000, refcheck=False)
+        assert float(small.sum()) == 1000.0
+        more = np.ones(1000)
+        assert a.stats()["numpy_arrays"] == 2
+    del small, more
+
+
+def test_pickles_load_with_the_handler_current_where_they_load(arena):
+    objects = np.array([1, "two", None, 4.0] * 10, dtype=object)
+    with arena.numpy():
+        x = np.arange(1000.0)
+        inside = pickle.loads(pickle.dumps(objects))  # an object array's items are set one by one
+        floats = pickle.loads(pickle.dumps(x))  # may view the pickle's bytes rather than copy
+        buffers = []
+        data = pickle.dumps(x, protocol=5, buffer_callback=buffers.append)
+        out_of_band = pickle.loads(data, buffers=buffers)  # views x's memory
+    outside = pickle.loads(pickle.dumps(objects))
+    assert get_handler_name(inside) == HANDLER_NAME and get_handler_name(outside) == "default_allocator"
+    assert get_handler_name(floats) in (None, HANDLER_NAME) and get_handler_name(out_of_band) is None
+    assert list(inside) == list(objects) == list(outside)
+    assert (floats == x).all() and (out_of_band == x).all()
+    del x
+    assert float(out_of_band[999]) == 999.0  # the buffer still holds x's memory
+    del out_of_band, buffers, inside, floats
+    assert arrays(arena) == 0
+
+
+def test_sorting_structured_arrays_uses_the_current_handler_for_scratch(arena):
+    dtype = np.dtype([("a", ">i4"), ("b", "<f8")], align=False)
+    with arena.numpy():
+        x = np.array([(3, 1.0), (1, 2.0), (2, 0.5)] * 100, dtype=dtype)
+        x.sort(order=["a", "b"])
+    assert list(x["a"][:3]) == [1, 1, 1] and arrays(arena) == 1
+    del x
+
+
+# -- after the block ---------------------------------------------------------------------------------
+
+
+def test_asyncio_tasks_inherit_the_block_and_fall_back_after_the_close():
+    async def make(event=None):
+        if event is not None:
+            await event.wait()
+        return np.arange(100.0)
+
+    async def main():
+        event = asyncio.Event()
+        with arenalib.Arena() as a, a.numpy():
+            during = asyncio.create_task(make())
+            after = asyncio.create_task(make(event))  # created in the block: its context has the handler
+            first = await during
+        assert get_handler_name() == "default_allocator" and a.closed
+        event.set()
+        second = await after
+        return a, first, second
+
+    a, first, second = asyncio.run(main())
+    assert get_handler_name(first) == get_handler_name(second) == HANDLER_NAME
+    stats = a.stats()
+    assert stats["numpy_fallbacks"] == 1  # the task's array came from NumPy's default allocation
+    assert stats["numpy_arrays"] == 1  # first, still the arena's
+    assert float(second.sum()) == 4950.0
+    second.resize(10_000, refcheck=False)  # a fallback block reallocates with NumPy's default
+    assert float(second.sum()) == 4950.0
+    del first
+    assert arenalib.live_objects()["closing_arenas"] == 0
+    del second
+
+
+def test_a_realloc_after_the_close_moves_the_bytes_to_numpys_default(arena):
+    with arenalib.Arena() as a, a.numpy():
+        x = np.arange(1000, dtype=np.int64)
+    x.resize(2000, refcheck=False)
+    assert list(x[:1000]) == list(range(1000)) and not x[1000:].any()
+    assert a.stats()["numpy_fallbacks"] == 1 and a.stats()["numpy_arrays"] == 0
+    assert arenalib.live_objects()["closing_arenas"] == 0  # the move was the last arena block
+    del x
+
+
+def test_threads_started_in_the_block_follow_the_interpreter():
+    # CPython 3.10-3.13 start a thread with an empty context: NumPy's default handler.  3.14 can make
+    # threads inherit their starter's context (sys.flags.thread_inherit_context).
+    inherits = bool(getattr(sys.flags, "thread_inherit_context", 0))
+    names = []
+    with arenalib.Arena() as a, a.numpy():
+        t = threading.Thread(target=lambda: names.append(get_handler_name(np.ones(3))))
+        t.start()
+        t.join()
+    assert names == [HANDLER_NAME if inherits else "default_allocator"]
+
+
+def test_a_copied_context_runs_in_other_threads_with_the_arena(arena):
+    with arena.numpy():
+        context = contextvars.copy_context()
+    made = run_threads(lambda i: context.copy().run(np.full, 1000, i), 4)
+    assert [int(m[0]) for m in made] == [0, 1, 2, 3] and arrays(arena) == 4
+    del made
+
+
+# -- threads -----------------------------------------------------------------------------------------
+
+
+def test_frees_from_many_threads(arena):
+    with arena.numpy():
+        batches = [[np.full(n, i, dtype=np.int32) for n in (10, 1000, 100_000)] for i in range(8)]
+    expected = arena.stats()["numpy_bytes"]
+    assert arrays(arena) == 24 and expected == 8 * 101_010 * 4
+
+    def drop(i):
+        ok = all((x == i).all() for x in batches[i])
+        batches[i] = None
+        return ok
+
+    assert run_threads(drop, 8) == [True] * 8
+    assert arrays(arena) == 0 and arena.stats()["numpy_bytes"] == 0
+    assert arena.stats()["live_bytes"] == 0
+
+
+def test_one_scope_entered_and_exited_by_threads_at_once(arena):
+    # Misuse (a scope object shared by threads): refusals and handlers restored in the wrong context
+    # are the price, never a crash (with the GIL off the fields change under a critical section).
+    scope = arena.numpy()
+
+    def hammer(i):
+        for _ in range(300):
+            try:
+                scope.__enter__()
+            except RuntimeError:
+                pass
+            x = np.ones(10)
+            scope.__exit__(None, None, None)
+            del x
+        return get_handler_name()
+
+    assert set(run_threads(hammer, 4)) <= {"default_allocator", HANDLER_NAME}
+    assert get_handler_name() == "default_allocator" and arrays(arena) == 0
+
+
+def test_threads_allocate_free_and_race_a_deferred_close():
+    # Each round: threads make and drop arrays in the arena's context while the main thread closes
+    # it (refused while an array lives), then closes deferred; the last array's free, from
+    # whichever thread, completes the close, and what comes after falls back to NumPy's default.
+    for _ in range(10):
+        a = arenalib.Arena()
+        with a.numpy():
+            context = contextvars.copy_context()
+        started = threading.Event()
+
+        def work(i, context=context, started=started):
+            run = context.copy().run  # a context is entered by one thread at a time
+            kept = []
+            for j in range(200):
+                x = run(np.full, 1 + (i * 7919 + j * 104729) % 20_000, j, dtype=np.int32)
+                started.set()
+                assert x[0] == j and x[-1] == j
+                if j % 10 == 0:
+                    kept.append(x)
+            return all((x == x[0]).all() for x in kept)
+
+        results = []
+        t = threading.Thread(target=lambda results=results, work=work: results.append(run_threads(work, 4)))
+        t.start()
+        started.wait()
+        for _ in range(20):
+            try:
+                a.close()
+            except BufferError:
+                continue
+        a.close(deferred=True)
+        t.join()
+        assert results == [[True] * 4]
+        stats = a.stats()
+        assert stats["closed"] and stats["numpy_arrays"] == 0
+    assert arenalib.live_objects()["closing_arenas"] == 0
+
+
+# -- re-entrancy, fork, the process-wide operations ---------------------------------------------------
+
+
+def test_a_finalizer_that_closes_the_arena_during_allocations():
+    # With gc.set_threshold(1) a collection can run at any object NumPy makes (before it allocates the
+    # data, or after), and a finalizer there closes or resets the arena: the handler sees the arena
+    # closed or open, never half-closed, and the arrays made either way stay valid.
+    class Closer:
+        def __init__(self, arena, how):
+            self.arena, self.how = arena, how
+            self.cycle = self
+
+        def __del__(self):
+            try:
+                self.arena.reset() if self.how == "reset" else self.arena.close(deferred=True)
+            except BufferError:
+                pass
+
+    threshold = gc.get_threshold()
+    for how in ("reset", "close"):
+        a = arenalib.Arena()
+        kept = []
+        gc.set_threshold(1)
+        try:
+            with a.numpy():
+                for i in range(300):
+                    Closer(a, how)
+                    x = np.full(1 + i * 37 % 5000, i, dtype=np.int16)
+                    if how == "close" and i % 7 == 0:
+                        kept.append(x)
+                    y = x + 1
+                    assert (y == i + 1).all()
+                    del x, y
+        finally:
+            gc.set_threshold(*threshold)
+        gc.collect()
+        assert all((x == x[0]).all() for x in kept)
+        stats = a.stats()
+        if how == "close":  # closed at the first collection: the later arrays are NumPy's default's
+            assert stats["closed"] and stats["numpy_arrays"] <= len(kept)
+            # (3.13t's collector skips young collections while few objects are new: none may run.)
+            assert stats["numpy_fallbacks"] > 100 or FREE_THREADED
+        else:
+            assert not stats["closed"] and stats["numpy_arrays"] == 0
+        del kept
+        assert a.stats()["numpy_arrays"] == 0
+        a.close()
+    assert arenalib.live_objects()["closing_arenas"] == 0 and arenalib.live_objects()["numpy_arrays"] == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_a_forked_child_frees_makes_and_closes_its_copy(arena):
+    with arena.numpy():
+        x = np.full(100_000, 3, dtype=np.int64)
+    closing = arenalib.live_objects()["closing_arenas"]
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ok = int(x.sum()) == 300_000
+            with arena.numpy():
+                y = np.ones(1000)
+            del x
+            ok = ok and arena.stats()["numpy_arrays"] == 1 and float(y.sum()) == 1000.0
+            arena.close(deferred=True)
+            del y
+            ok = ok and arenalib.live_objects()["closing_arenas"] == closing
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert int(x.sum()) == 300_000 and arrays(arena) == 1
+    del x
+
+
+def test_process_wide_operations_leave_live_arrays_alone():
+    closing = arenalib.live_objects()["closing_arenas"]
+    retention = arenalib.get_retention()
+    with arenalib.Arena() as a, a.numpy():
+        big = np.full(3 * MiB // 8, 5.0)
+        small = np.full(100, 6.0)
+        a.purge()
+        for n in (0, 1 << 20):
+            arenalib.set_retention(n)
+            arenalib.trim()
+        temporary = big * 2
+        del temporary
+        a.purge()
+    try:
+        others = [arenalib.Arena() for _ in range(6)]  # take and give back slots meanwhile
+        for other in others:
+            with other.numpy():
+                np.ones(100_000)
+            other.close()
+        arenalib.set_retention(0)
+        arenalib.trim()
+    finally:
+        arenalib.set_retention(retention)
+    assert (big == 5.0).all() and (small == 6.0).all()
+    del big, small
+    assert arenalib.live_objects()["closing_arenas"] == closing
+
+
+def vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping that holds ``address`` (/proc/self/smaps)."""
+    current = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                current = lo <= address < hi
+            elif head == "VmFlags:" and current:
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def thp_mode():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return next((w[1:-1] for w in f.read().split() if w.startswith("[")), None)
+    except OSError:
+        return None
+
+
+@pytest.mark.skipif(thp_mode() != "madvise", reason="huge pages are advised where THP is in madvise mode")
+def test_big_arrays_get_the_huge_page_advice_numpys_handler_gives(arena):
+    # NumPy's default handler advises MADV_HUGEPAGE from 4 MiB on; so does arenalib's, on a 2 MiB
+    # boundary, and takes the advice back when the block goes back to the arena.
+    was = np._core.multiarray._set_madvise_hugepage(True)
+    try:
+        with arena.numpy():
+            big = np.ones(MiB)  # 8 MiB
+            small = np.ones(1000)
+        middle = big.ctypes.data + 4 * MiB
+        assert "hg" in vm_flags(middle) and "hg" not in vm_flags(small.ctypes.data)
+        assert (big.ctypes.data - 16) % (2 * MiB) == 0
+        del big
+        assert "hg" not in vm_flags(middle)
+        np._core.multiarray._set_madvise_hugepage(False)
+        with arena.numpy():  # NumPy's switch is read when the scope is entered
+            plain = np.ones(MiB)
+        assert "hg" not in vm_flags(plain.ctypes.data + 4 * MiB)
+    finally:
+        np._core.multiarray._set_madvise_hugepage(was)
+    del small, plain
+
+
+# -- tracemalloc ---------------------------------------------------------------------------------------
+
+
+def arenalib_traces():
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN)])
+    return sorted(t.size for t in snapshot.traces)
+
+
+def test_tracemalloc_sees_the_arrays_in_arenalibs_domain(arena):
+    tracemalloc.start()
+    try:
+        with arena.numpy():
+            x = np.ones(12_345, dtype=np.uint8)
+            y = np.ones(100, dtype=np.float64)
+        assert arenalib_traces() == [800, 12_345]
+        x.resize(50_000, refcheck=False)
+        assert arenalib_traces() == [800, 50_000]
+        del x
+        assert arenalib_traces() == [800]
+    finally:
+        tracemalloc.stop()
+    del y
+
+
+# -- the handler's functions, called as NumPy calls them ---------------------------------------------
+
+
+class _Allocator(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p),
+                ("malloc", ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)),
+                ("calloc", ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                             ctypes.c_size_t)),
+                ("realloc", ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                              ctypes.c_size_t)),
+                ("free", ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t))]
+
+
+class _Handler(ctypes.Structure):  # NEP 49's PyDataMem_Handler, version 1
+    _fields_ = [("name", ctypes.c_char * 127), ("version", ctypes.c_uint8), ("allocator", _Allocator)]
+
+
+def handler_struct(capsule) -> _Allocator:
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    handler = _Handler.from_address(get(capsule, b"mem_handler"))
+    assert handler.name == HANDLER_NAME.encode() and handler.version == 1
+    return handler.allocator
+
+
+def test_the_handlers_functions_directly(arena):
+    capsule = arenalib.numpy_handler(arena)
+    h = handler_struct(capsule)
+    p = h.malloc(h.ctx, 100)
+    ctypes.memset(p, 1, 100)
+    p = h.realloc(h.ctx, p, 10_000)  # moves or grows: the first 100 bytes kept
+    assert ctypes.string_at(p, 100) == b"\x01" * 100
+    q = h.calloc(h.ctx, 10, 10)
+    assert ctypes.string_at(q, 100) == bytes(100)
+    r = h.realloc(h.ctx, None, 10)  # realloc of NULL is a malloc
+    assert arena.stats()["numpy_arrays"] == 3
+    assert h.calloc(h.ctx, 1 << 62, 8) is None  # overflows: NULL, nothing counted
+    assert h.malloc(h.ctx, sys.maxsize) is None
+    assert h.realloc(h.ctx, p, sys.maxsize) is None and ctypes.string_at(p, 100) == b"\x01" * 100
+    for block in (p, q, r):
+        h.free(h.ctx, block, 12345)  # NumPy's size is not trusted
+    h.free(h.ctx, None, 0)
+    assert arena.stats()["numpy_arrays"] == 0 and arena.stats()["live_bytes"] == 0
+    del capsule
+
+
+def test_a_block_the_handler_never_made_is_left_alone(arena):
+    capsule = arenalib.numpy_handler(arena)  # alive while its functions are called
+    h = handler_struct(capsule)
+    foreign = ctypes.create_string_buffer(b"\xee" * 64)
+    data = ctypes.addressof(foreign) + 16
+    h.free(h.ctx, data, 48)
+    assert h.realloc(h.ctx, data, 100) is None
+    assert foreign.raw[:64] == b"\xee" * 64
+    before = arena.stats()
+    p = h.malloc(h.ctx, 100)
+    h.free(h.ctx, p, 100)
+    h.free(h.ctx, p, 100)  # a second free of the same block finds no tag: nothing happens
+    after = arena.stats()
+    assert after["numpy_arrays"] == 0 and after["live_segments"] == before["live_segments"]
+    del capsule
+
+
+# -- NumPy's C API, as arenalib reads it --------------------------------------------------------------
+
+
+def test_the_c_api_entries_are_those_of_the_installed_numpys_header():
+    # arenalib reads NumPy's C-API table at run time, by index (src/numpy.h): the indices must be the
+    # ones the installed NumPy's own header gives its functions.
+    header = Path(np.get_include()) / "numpy" / "__multiarray_api.h"
+    text = header.read_text()
+    ours = dict(re.findall(r"#define ARENALIB_NP_(\w+) (\d+)\b",
+                           (ROOT / "arenalib" / "src" / "numpy.h").read_text()))
+    names = {"GET_ABI_VERSION": "PyArray_GetNDArrayCVersion",
+             "GET_FEATURE_VERSION": "PyArray_GetNDArrayCFeatureVersion",
+             "SET_HANDLER": "PyDataMem_SetHandler", "GET_HANDLER": "PyDataMem_GetHandler",
+             "DEFAULT_HANDLER": "PyDataMem_DefaultHandler"}
+    assert set(ours) == set(names)
+    for key, name in names.items():
+        found = re.search(rf"#define {name}\b[^#]*?PyArray_API\[(\d+)\]", text)
+        assert found, f"{name} is not in {header}"
+        assert int(found.group(1)) == int(ours[key]), (name, found.group(1), ours[key])
+    # ... and the handler struct, its layout (version 1) as src/numpy.h declares it.
+    types = (Path(np.get_include()) / "numpy" / "ndarraytypes.h").read_text()
+    assert re.search(r"char name\[127\];.*\n\s*uint8_t version;.*\n\s*PyDataMemAllocator allocator;", types)
+
+
+# -- NumPy absent or too old ----------------------------------------------------------------------------
+
+
+def test_without_numpy_the_error_says_so():
+    out = assert_ok(run_python("""
+        import sys
+        sys.modules["numpy"] = None  # import numpy raises ImportError
+        import arenalib
+        for call in (lambda: arenalib.Arena().numpy(), lambda: arenalib.numpy_handler(arenalib.Arena())):
+            try:
+                call()
+            except ImportError as e:
+                print("ImportError:", e)
+    """))
+    assert out.count("need NumPy 1.22 or newer") == 2 and out.count("import of numpy halted") == 2
+
+
+def test_a_numpy_older_than_1_22_is_refused():
+    # A stand-in for NumPy 1.21's C API: the table's version functions say ABI 1, C API 0x0e.
+    out = assert_ok(run_python("""
+        import ctypes, sys, types
+        VERSION = ctypes.CFUNCTYPE(ctypes.c_uint)
+        abi, feature = VERSION(lambda: 0x01000009), VERSION(lambda: 0x0E)
+        table = (ctypes.c_void_p * 400)()
+        table[0] = ctypes.cast(abi, ctypes.c_void_p).value
+        table[211] = ctypes.cast(feature, ctypes.c_void_p).value
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        umath = types.ModuleType("numpy._core._multiarray_umath")
+        umath._ARRAY_API = new(ctypes.addressof(table), None, None)
+        numpy = types.ModuleType("numpy")
+        numpy.__version__ = "1.21.6"
+        core = types.ModuleType("numpy._core")
+        core._multiarray_umath = umath
+        numpy._core = core
+        sys.modules.update({"numpy": numpy, "numpy._core": core, "numpy._core._multiarray_umath": umath})
+        import arenalib
+        try:
+            arenalib.Arena().numpy()
+        except ImportError as e:
+            print("ImportError:", e)
+    """))
+    assert "NumPy 1.21.6 has C API 0xe (1.22 is 0xf)" in out
+
+
+# -- memory ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(SANITIZED, reason="ASan's quarantine keeps freed memory resident")
+def test_the_memory_goes_back_at_the_end_of_the_scope():
+    before = settled_rss()
+    with arenalib.Arena() as a, a.numpy():
+        x = np.ones(8 * MiB)  # 64 MiB
+        for _ in range(3):
+            x = x * 2 + 1
+        assert settled_rss() > before + 60 * MiB
+        del x
+    assert settled_rss() < before + 8 * MiB
