@@ -2,7 +2,17 @@ import builtins
 import threading
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, ClassVar, Literal, SupportsIndex, TypedDict, final, overload, type_check_only
+from typing import (
+    Any,
+    ClassVar,
+    Literal,
+    NoReturn,
+    SupportsIndex,
+    TypedDict,
+    final,
+    overload,
+    type_check_only,
+)
 
 from typing_extensions import Buffer, Self, disjoint_base
 
@@ -47,6 +57,10 @@ class Segment:
     def slice(self, offset: SupportsIndex, size: SupportsIndex) -> Segment: ...
     def free(self, *, deferred: bool = False) -> None: ...
     def resize(self, size: SupportsIndex, *, zero: bool | int = True) -> Segment: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]: ...
     @overload
     def __getitem__(self, key: SupportsIndex, /) -> int: ...
     @overload
@@ -114,6 +128,15 @@ class SlicingArena(ArenaBase):
     def mark(self) -> Mark: ...
     def rewind(self, mark: Mark) -> None: ...
     def frame(self) -> Frame: ...
+
+@final
+class AutoArena(ArenaBase):
+    def __new__(cls, *args: Any, **kwargs: Any) -> NoReturn: ...
+
+def allocate(
+    size: SupportsIndex, *, zero: bool | int = True, align: SupportsIndex | None = None
+) -> Segment: ...
+def auto_arena() -> AutoArena: ...
 
 @final
 class Mark:

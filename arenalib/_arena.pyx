@@ -14,6 +14,7 @@ The one extension that links the private jemalloc.  Its parts, in the order they
     _segment_ops.pxi  what Segment's indexing, slice assignment and slice() do
     _segment_helpers.pxi  the Panama-style helpers: allocate_from, copy, mismatch, ==, hex, readonly
     (this file)       ArenaBase: the lifecycle, stats and Python API every arena kind shares
+    _auto.pxi         AutoArena and arenalib.allocate(): segments freed when they become garbage
     _confined.pxi     ConfinedArena: its rule and class (its inline rule: _confined.pxd)
     _shared.pxi       Arena: likewise (_shared.pxd)
     _slicing.pxi      SlicingArena: likewise (_slicing.pxd)
@@ -117,6 +118,14 @@ cdef str exported_segments(ArenaBase arena):
              f"{stack}" for address, (size, stack, exports) in arena._debug_blocks.items() if exports > 0]
     more = len(shown) - DEBUG_SHOWN
     return "".join(shown[:DEBUG_SHOWN]) + (f"\n  and {more} more" if more > 0 else "")
+
+
+cdef str _segment_named(ArenaBase arena, Segment seg):
+    """``seg`` named for an error message: its size and address, and in debug mode where it was
+    allocated."""
+    name = f"a segment of {seg._size} bytes at {<size_t>seg._ptr:#x}"
+    entry = arena._debug_blocks.get(<size_t>seg._ptr) if arena._debug_blocks is not None else None
+    return name + (f", allocated at:\n{entry[1]}\n" if entry is not None else "")
 
 
 def jemalloc_version():
@@ -250,8 +259,9 @@ cdef class ArenaBase(SegmentOwner):
         access_exit(token)
         if err == ARENA_EEXPORTED:
             raise BufferError(
-                f"cannot free a segment while {exports} buffer export(s) of it "
-                "(memoryview, NumPy array, io_uring request in flight ...) are alive; release them first")
+                f"cannot free {_segment_named(self, seg)} while {exports} buffer export(s) of it "
+                "(memoryview, NumPy array, io_uring request in flight ...) are alive; release them "
+                "first, or free(deferred=True) to free it with the last")
         if err:
             self._raise(err, "cannot free this segment")
         if self._traced is not None:
@@ -298,8 +308,9 @@ cdef class ArenaBase(SegmentOwner):
         access_exit(token)
         if err == ARENA_EEXPORTED:
             raise BufferError(
-                f"cannot resize a segment while {exports} buffer export(s) of it or of its slices "
-                "(memoryview, NumPy array, io_uring request in flight ...) are alive; release them first")
+                f"cannot resize {_segment_named(self, seg)} while {exports} buffer export(s) of it "
+                "or of its slices (memoryview, NumPy array, io_uring request in flight ...) are alive; "
+                "release them first")
         if err == ARENA_EINVAL:
             raise ValueError("cannot grow this SlicingArena segment: it would move into a mark or frame "
                              "opened after it was carved, and die at its rewind; resize it there")
@@ -556,6 +567,7 @@ cdef bint open_now(ArenaBase arena) noexcept:
     return is_open
 
 
+include "_auto.pxi"
 include "_confined.pxi"
 include "_shared.pxi"
 include "_slicing.pxi"
@@ -577,10 +589,12 @@ cdef extern from "src/arena_freelist.h":
 cdef int _module_init() except -1:
     """The start-up steps, in the order they depend on each other."""
     segment_dealloc_init()
+    auto_init()        # (after the hook: what it calls for an automatic segment)
     for kind in (Arena, ConfinedArena, SlicingArena):
         arenalib_arena_freelist_for(kind)
     fast_with_init(ArenaBase)
     fast_with_init(Frame)
+    fast_with_init(Segment)
     slots_init()       # the shared state and the jemalloc control names (every arena needs them)
     slicing_init()     # biased carving, if membarrier() is there
     _figures_init()    # stats() names

@@ -18,6 +18,9 @@ cdef ArenaCore* arena_core_of(object arena) except NULL:
     if not isinstance(arena, ArenaBase):
         raise TypeError(f"expected Arena, ConfinedArena or SlicingArena, not {type(arena).__name__}")
     cdef ArenaBase base = arena
+    if type(arena) is AutoArena:  # freed by the collector, which knows nothing of C's pointers
+        raise UnsupportedOperation("the automatic arena is not handed to C; give C a segment's "
+                                   "address, or an arena of its own")
     if not base._core.open:
         raise_error(ARENA_ECLOSED, base, None)
     return &base._core

@@ -282,6 +282,37 @@ cdef class Segment:
         else:
             self._arena._free_segment(self)  # the owner's rule (and its refusal while exports live)
 
+    def __enter__(self):
+        """``with arena.allocate(n) as seg:`` / ``with pool.acquire() as seg:``: the segment is freed
+        (released to its pool) at the block's end, deferred while a buffer export of it is alive
+        (see free()).  UnsupportedOperation for a slice or a SlicingArena's segment, which are not
+        freed one by one (``with arena.frame()`` frees a SlicingArena's)."""
+        self._check()
+        if self._root is not None:
+            raise UnsupportedOperation("a slice (or readonly() view) is not freed by itself: "
+                                       "use `with` on the segment it was made from")
+        self._arena._check_freeable()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        # free(deferred=True), unless the memory went already (freed, resized, reset or closed in the
+        # block).  The block's exception, if any, propagates unchanged; a failure of the free is
+        # noted on it (as ArenaBase.__exit__ does).
+        cdef int status = self._status()
+        if status == SEGMENT_DEAD:
+            return False
+        try:
+            if status:
+                self._raise_status(status)  # (a ConfinedArena's segment left on another thread)
+            self._free_when_unexported()
+        except ArenaClosedError:
+            pass  # another thread freed it, or reset or closed its arena, since the look above
+        except Exception as free_error:
+            if exc is None:
+                raise
+            _add_note(exc, f"and freeing the segment failed: {free_error!r}")
+        return False
+
     def resize(self, size, *, zero=True):
         """A segment of ``size`` bytes holding this one's bytes (up to the smaller size), from
         the same arena; this segment dies (ArenaClosedError), as a pointer passed to C's

@@ -27,6 +27,20 @@ cdef extern from "Python.h":
     void* PyUnicode_DATA(object text) noexcept
 
 cdef const char* _HEX_DIGITS = b"0123456789abcdef"
+cdef unsigned short _HEX_PAIRS[256]  # byte -> its two digits, as they lie in memory (_hex_init)
+
+
+cdef int _hex_init() except -1:
+    cdef int byte
+    cdef unsigned char* pair
+    for byte in range(256):
+        pair = <unsigned char*>&_HEX_PAIRS[byte]
+        pair[0] = _HEX_DIGITS[byte >> 4]
+        pair[1] = _HEX_DIGITS[byte & 15]
+    return 0
+
+
+_hex_init()
 
 
 cdef int _acquire_bytes(object value, Py_buffer* view, str what) except -1:
@@ -241,9 +255,8 @@ cdef str _segment_hex(Segment seg, object sep, object bytes_per_sep):
     out = <unsigned char*>PyUnicode_DATA(text)
     seg._pin(&token)
     data = <const unsigned char*>seg._ptr
-    for i in range(seg._size):
-        out[2 * i] = _HEX_DIGITS[data[i] >> 4]
-        out[2 * i + 1] = _HEX_DIGITS[data[i] & 15]
+    for i in range(seg._size):  # both digits of a byte in one 2-byte store
+        memcpy(out + 2 * i, &_HEX_PAIRS[data[i]], 2)
     seg._unpin(token)
     return text
 

@@ -300,11 +300,9 @@ cdef class _Anchor:
     """One thread's stand-in for an Arena in that thread's segments."""
     cdef ArenaBase arena
 
-    def __cinit__(self):
-        shard_add(LIVE_ANCHORS, 1)
-
     def __dealloc__(self):
-        shard_add(LIVE_ANCHORS, -1)
+        if self.arena is not _auto:  # (the AutoArena's live as long as their thread: not counted)
+            shard_add(LIVE_ANCHORS, -1)
 
 
 @cython.final
@@ -417,6 +415,8 @@ cdef int shared_make_anchor(ArenaBase arena) except -1:
             return 0
         anchor = _Anchor.__new__(_Anchor)  # not tracked by the GC: no collection starts here
         anchor.arena = arena
+        if arena is not _auto:
+            shard_add(LIVE_ANCHORS, 1)
         Py_INCREF(anchor)
         holder.anchors[holder.count] = <PyObject*>anchor
         holder.count += 1

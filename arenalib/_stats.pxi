@@ -9,9 +9,11 @@ def live_objects():
     """Counts of open arenas and pools, arenas closed deferred whose memory buffer exports still
     hold, Segment objects, buffer exports and threads' anchors (what a free-threaded build's
     segments hold in a shared Arena's place) and arena-backed NumPy arrays (numpy() scopes') alive
-    now (for leak checks)."""
+    now (for leak checks).  The AutoArena, open for the process's life once made, is no open arena
+    here, nor are threads' anchors of it; its segments count."""
     return {"open_arenas": count_read(&_inline_state.arenas_opened)
-            - count_read(&_inline_state.arenas_closed), "closing_arenas": count_read(&_closing_arenas),
+            - count_read(&_inline_state.arenas_closed) - (_auto is not None),
+            "closing_arenas": count_read(&_closing_arenas),
             "open_pools": count_read(&_open_pools),
             "segments": shard_sum(LIVE_SEGMENTS), "exports": shard_sum(LIVE_EXPORTS),
             "anchors": shard_sum(LIVE_ANCHORS), "numpy_arrays": shard_sum(LIVE_NUMPY)}

@@ -16,6 +16,10 @@ as soon as the last export is released instead, which is what a frame's consumer
         seg.free(deferred=True)
 
     server = await loop.create_server(lambda: FrameReader(on_frame), host, port)
+
+``FrameReader.write(data)`` sends a Segment (or any buffer) on the connection: asyncio's
+``transport.write()`` takes bytes, bytearray and memoryview only, so the segment goes as a
+memoryview of it, whose buffer export keeps its memory from being freed while the transport holds it.
 """
 
 from __future__ import annotations
@@ -26,12 +30,16 @@ import errno
 import logging
 import os
 import struct
+import sys
 import threading
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from arenalib._arena import Arena, ArenaBase, Segment, copy
 from arenalib._errors import ArenaError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = ["FRAME_HEADER", "FrameError", "FrameReader", "RingFrameReader", "frame_header"]
 
@@ -141,6 +149,14 @@ def _free_deferred(seg: Segment) -> None:
         pass
 
 
+def _add_note(exc: BaseException, note: str) -> None:
+    """BaseException.add_note() (3.11+), or the __notes__ it fills on 3.10."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
+
+
 def _report(protocol: asyncio.BaseProtocol, transport: asyncio.BaseTransport | None, message: str,
             exc: BaseException) -> None:
     """Report ``exc`` as asyncio reports an error in a protocol callback: to the running loop's
@@ -177,7 +193,17 @@ class FrameReader(asyncio.BufferedProtocol):
     error going to ``on_connection_lost``; a frame that cannot be allocated (the arena's
     ``max_bytes``, or no memory) raises from buffer_updated(), which asyncio reports the same way
     before it closes the connection.  ``on_connection_lost`` is called whatever happens to the
-    connection's frames."""
+    connection's frames.
+
+    ``transport``: the connection's asyncio transport once connection_made() ran (None before);
+    ``write(data)`` sends on it.  ``error``: what ended the connection on the reader's side, if
+    anything; ``frames``: how many were delivered.
+
+    A frame whose bytes were received into its segment is exported to the event loop until
+    on_frame returns (asyncio holds the buffer it received into during the call): a plain
+    ``seg.free()`` there raises BufferError, noted with what to call instead, and asyncio closes
+    the connection as for any error of a protocol callback; ``seg.free(deferred=True)`` frees it
+    when the loop lets go."""
 
     def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
                  max_frame_size: int = 1 << 30, staging_size: int = 65536,
@@ -216,8 +242,7 @@ class FrameReader(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._frame is not None:
-            # (The stub gives Segment __buffer__ from Python 3.12 on, as CPython's types have it.)
-            return memoryview(self._frame)[self._filled:]  # type: ignore[arg-type]
+            return memoryview(self._frame)[self._filled:]
         staging = self._staging
         if staging is None:
             staging = self._staging = _take_staging(self._staging_size)
@@ -232,7 +257,7 @@ class FrameReader(asyncio.BufferedProtocol):
             self._filled += nbytes
             if self._filled == len(frame):
                 self._frame = None
-                self._deliver(frame)
+                self._deliver(frame, received_into=True)
             return
         self._staged += nbytes
         self._take_staged_frames()
@@ -284,19 +309,49 @@ class FrameReader(asyncio.BufferedProtocol):
             staging[:rest] = staging[start:self._staged]
         self._staged = rest
 
-    def _deliver(self, frame: Segment) -> None:
+    def write(self, data: Buffer) -> None:
+        """Send ``data`` (a Segment, a slice of one, any bytes-like object) on the transport, as
+        ``transport.write()`` does.
+
+        A Segment goes as a memoryview of it (asyncio's transports take bytes, bytearray and
+        memoryview only): no copy where the transport sends at once or keeps the memoryview until
+        the socket takes the rest (asyncio's selector loop from 3.12 on; on 3.10 and 3.11 it copies
+        what the socket did not take at once into its own buffer).  While the transport holds the
+        memoryview, the segment's buffer export keeps its memory: ``seg.free()`` raises BufferError
+        (``seg.free(deferred=True)`` frees it once the transport let go), and its arena closes
+        deferred at a with-block's end.  RuntimeError before connection_made()."""
+        transport = self.transport
+        if transport is None:
+            raise RuntimeError("FrameReader.write() before connection_made(): no transport yet")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            data = memoryview(data)  # (not released here: the transport may keep it)
+            if data.ndim != 1 or data.format != "B":
+                data = data.cast("B")
+        transport.write(data)
+
+    def _deliver(self, frame: Segment, received_into: bool = False) -> None:
+        """Hand ``frame`` to on_frame; ``received_into``: the loop received into the segment, and
+        holds that buffer's export during the call."""
         self.frames += 1
-        if not self._tracks:
-            self._on_frame(frame)
-            return
         try:
             self._on_frame(frame)
+        except BufferError as exc:
+            if received_into and frame.exports:
+                _add_note(exc, "FrameReader: the event loop holds the buffer it received this frame "
+                          "into until on_frame returns; free the frame with seg.free(deferred=True) "
+                          "(or pool.release(seg, deferred=True)), which frees it when the loop lets go")
+            raise
         finally:
-            if frame.alive:  # not freed by its consumer (a deferred free counts as alive until done)
-                delivered = self._delivered
-                delivered.append(frame)
-                if len(delivered) >= self._prune_at:
-                    self._prune()
+            if self._tracks:
+                self._track(frame)
+
+    def _track(self, frame: Segment) -> None:
+        """Keep a delivered frame of the shared arena, to free it with the connection."""
+        if frame.alive:  # not freed by its consumer (a deferred free counts as alive until done)
+            delivered = self._delivered
+            delivered.append(frame)
+            if len(delivered) >= self._prune_at:
+                self._prune()
 
     def _prune(self) -> None:
         """Forget the delivered frames that are dead (freed by their consumer)."""

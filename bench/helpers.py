@@ -9,7 +9,10 @@ ops per inner batch, the garbage collector off), per op at 64 B, 4 KiB and 64 Ki
 * ``mm(other)`` (``mm = seg.mismatch``) and ``seg == other`` (equal contents, so the whole of both is
   compared) against ``a == b``, two distinct bytes objects of equal contents;
 * ``hx()`` (``hx = seg.hex``) against ``bh()`` (``bh = b.hex``);
-* ``st(s)`` (``st = arena.allocate_string``, NUL included) against ``s.encode()``, ``s`` an ASCII str.
+* ``st(s)`` (``st = arena.allocate_string``, NUL included) against ``s.encode()``, ``s`` an ASCII str;
+* ``al(n)`` (``al = arenalib.allocate``: a zeroed automatic segment, freed as it is dropped) against
+  ``ba(n)`` (``bytearray(n)``, zeroed, dropped): what a segment without a scope costs (reported, no
+  target of issue 27's).
 
 ``seg.resize(n)`` in place (issue 27's target: <= 1.5x one allocate) is measured at more sizes, the
 cache's size classes and jemalloc's large extents (RESIZE_SIZES): ``h[0] = h[0].resize(m)`` then
@@ -38,7 +41,8 @@ LIMIT = 1.2
 RESIZE_SIZES = [64, 200, 1000, 3000, 4096, 24_000, 65536, 100_000, 1_000_000, 3_000_000]
 RESIZE_LIMIT = 1.5
 RESIZE_PAIR = ("seg.resize(n) in place", "arena.allocate(n).free()")
-# helper key -> (its label, its peer's key)
+# helper key -> (its label, its peer's key): the targets, and the pairs only reported
+INFO_PAIRS = {"auto": ("arenalib.allocate(n)", "bytearray(n)")}
 PAIRS = {
     "allocate_from": ("arena.allocate_from(b)", "bytearray(b)"),
     "copy": ("arenalib.copy(src, 0, seg, 0, n)", "mv[0:n] = src"),
@@ -84,6 +88,10 @@ def candidates(slicing, confined) -> list[roundtrip.Candidate]:
                                        "reset": slicing.reset}, batch=reset),
         roundtrip.Candidate("s.encode()", "s.encode()", "peer", "s.encode()",
                             lambda n: {"s": "z" * n}),
+        roundtrip.Candidate("auto", INFO_PAIRS["auto"][0], "arenalib", "al(n)",
+                            lambda n: {"al": arenalib.allocate, "n": n}),
+        roundtrip.Candidate("bytearray(n)", "bytearray(n)", "peer", "ba(n)",
+                            lambda n: {"ba": bytearray, "n": n}),
     ]
 
 
@@ -104,7 +112,7 @@ def resize_candidates(resizing, allocating) -> list[roundtrip.Candidate]:
 
 def plan(cfg: Config) -> float:
     s = SETTINGS[cfg.mode]
-    return s["target_ms"] * (s["rounds"] + 3) * (len(SIZES) * 11 + len(RESIZE_SIZES) * 2)
+    return s["target_ms"] * (s["rounds"] + 3) * (len(SIZES) * 13 + len(RESIZE_SIZES) * 2)
 
 
 def _measure(cands, n: int, s: dict, progress: Progress, what: str) -> dict[str, list[float]]:
@@ -144,7 +152,7 @@ def run(cfg: Config, progress: Progress) -> dict:
             sizes[str(n)] = {
                 "cells": {key: {"ns_per_op": summarize(v)} for key, v in per_round.items()},
                 "ratios": {key: same_round_ratio(per_round[key], per_round[peer])
-                           for key, (_, peer) in PAIRS.items()},
+                           for key, (_, peer) in (PAIRS | INFO_PAIRS).items()},
             }
         for n in RESIZE_SIZES:
             per_round = _measure(resize_candidates(confined, allocating), n, s, progress, "resize")
@@ -155,7 +163,7 @@ def run(cfg: Config, progress: Progress) -> dict:
         confined.close()
         allocating.close()
     return {"sizes": sizes, "rounds": s["rounds"], "pairs": {k: list(v) for k, v in PAIRS.items()},
-            "resize": resize}
+            "info_pairs": {k: list(v) for k, v in INFO_PAIRS.items()}, "resize": resize}
 
 
 def targets(results: dict) -> list[dict]:
@@ -181,7 +189,7 @@ def target_line(check: dict) -> str:
 
 def tables(results: dict, markdown: bool = False) -> str:
     rows = []
-    for key, (label, peer) in results["pairs"].items():
+    for key, (label, peer) in (results["pairs"] | results.get("info_pairs", {})).items():
         for n, cell in results["sizes"].items():
             r = cell["ratios"][key]
             rows.append([label, fmt_size(int(n)), fmt_ns(cell["cells"][key]["ns_per_op"]["median"]),

@@ -28,7 +28,8 @@ Experiments, one module each (its docstring says what it measures and how; each 
     aio.py         asyncio frames over loopback between two processes, 1 MiB and 64 MiB: FrameReader
                    into arena segments vs a bytearray(n) per frame; throughput and server CPU per frame
     helpers.py     the Panama-style helpers (allocate_from, copy, mismatch, ==, hex, allocate_string), each
-                   against its fastest Python equivalent at 64 B, 4 KiB and 64 KiB: ratios
+                   against its fastest Python equivalent at 64 B, 4 KiB and 64 KiB: ratios; resize in
+                   place against allocate + free; arenalib.allocate(n) against bytearray(n)
     numpy_scope.py NumPy in `with arena.numpy():` against NumPy's default handler: the loop c = a*b + a at
                    64 MiB and 1-16 MiB (ms and page faults per iteration), small arrays, RSS at scope exit
     bufring.py     provided buffers and multishot receive (Ring.provide, recv_multishot) over loopback in two

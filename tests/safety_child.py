@@ -149,13 +149,15 @@ def disarm_finalizer() -> None:
 
 # -- the re-entrancy matrix ------------------------------------------------------------------------
 
+# exit: the end of `with seg:` (a free, deferred while an export is alive).
 KILLS = {
-    "Arena": ("free", "reset", "close"),
-    "ConfinedArena": ("free", "reset", "close"),
+    "Arena": ("free", "exit", "reset", "close"),
+    "ConfinedArena": ("free", "exit", "reset", "close"),
     "SlicingArena": ("reset", "close"),
-    "BufferPool": ("free", "release", "reset", "close"),
+    "BufferPool": ("free", "exit", "release", "reset", "close"),
+    "AutoArena": ("free", "exit"),  # arenalib.allocate(): never reset or closed
 }
-KIND_NAMES = tuple(KILLS)  # the three arena classes and BufferPool, by name
+KIND_NAMES = tuple(KILLS)  # the three arena classes, BufferPool and the automatic arena, by name
 
 # (entry point, trigger): how the call is made and what runs inside it.  index_*: an __index__
 # of that argument kills; class_property / buffer: the value's __class__ property or __buffer__
@@ -184,11 +186,15 @@ ENTRIES = [
     ("allocate_from", "index_align"), ("allocate_from", "finalizer"),
     # resize(): its size's __index__; the bytes of the segment it returns are what it read.
     ("resize", "index_size"), ("resize", "finalizer"),
+    # readonly(): a read through the view it makes; with: a read inside `with seg:`, whose exit
+    # frees it (not for a SlicingArena's segments, which `with` refuses).
+    ("readonly", "finalizer"), ("with", "finalizer"),
 ]
 POOL_ENTRIES = [("pool_index", "finalizer"), ("pool_release", "finalizer")]
 READS = {"getitem", "getslice", "getslice_step", "copy_from", "mismatch", "equals", "hex", "allocate_from",
-         "resize"}
+         "resize", "readonly", "with"}
 FIXED_SIZE = {"resize"}  # not for a BufferPool's buffers
+FREED_ONE_BY_ONE = {"with"}  # not for a SlicingArena's segments
 WRITES = {"fill", "setitem", "setslice", "setslice_step", "copy_into"}
 _helper_arena = None
 
@@ -206,6 +212,8 @@ def cells(kind: str) -> list[tuple[str, str, str, str]]:
     entries = ENTRIES + (POOL_ENTRIES if kind == "BufferPool" else [])
     if kind == "BufferPool":
         entries = [e for e in entries if e[0] not in FIXED_SIZE]
+    if kind == "SlicingArena":
+        entries = [e for e in entries if e[0] not in FREED_ONE_BY_ONE]
     if sys.version_info < (3, 12):  # no __buffer__ before 3.12
         entries = [e for e in entries if e[1] != "buffer"]
     return [(kind, kill, entry, trigger) for kill in KILLS[kind] for entry, trigger in entries]
@@ -224,6 +232,8 @@ class Env:
         self.arena = self.new_arena()
 
     def new_arena(self):
+        if self.kind == "AutoArena":
+            return arenalib.auto_arena()  # the process's: not closed by close()
         if self.kind == "BufferPool":
             arena = arenalib.BufferPool(SIZE, 4)
         else:
@@ -234,11 +244,15 @@ class Env:
     def get(self):
         if self.kind == "BufferPool":
             return self.arena.try_acquire()
+        if self.kind == "AutoArena":
+            return arenalib.allocate(SIZE, zero=False)
         return self.arena.allocate(SIZE, zero=False)
 
     def kill(self, seg, how: str) -> None:
         if how == "free":
             seg.free()
+        elif how == "exit":
+            seg.__exit__(None, None, None)
         elif how == "release":
             self.arena.release(seg)
         elif how == "reset":
@@ -350,6 +364,13 @@ def build_call(entry: str, trigger: str, seg, pool, fire):
     if entry == "resize":
         size = idx(2 * SIZE, "index_size")
         return lambda: seg.resize(size, zero=False).tobytes()[:SIZE]
+    if entry == "readonly":
+        return lambda: seg.readonly().tobytes()
+    if entry == "with":
+        def with_block():
+            with seg:
+                return seg.tobytes()
+        return with_block
     if entry == "pool_index":
         return lambda: pool.index(seg)
     if entry == "pool_release":
@@ -401,7 +422,7 @@ def run_cell(cell) -> dict:
     seg.fill(SEG_FILL)
     address = seg.address
     state = {"killed": False, "in_call": False, "killed_in_call": False, "refused": None,
-             "kill_error": None, "victims": []}
+             "kill_error": None, "victims": [], "deferred": False}
 
     def fire():
         if state["killed"] or state["refused"] or state["kill_error"]:
@@ -421,6 +442,11 @@ def run_cell(cell) -> dict:
             return
         state["killed"] = True
         state["killed_in_call"] = state["in_call"]
+        if seg.alive:
+            # `with` exit while the call holds an export (a memoryview of it): the free waits for
+            # the export's release, the memory stays the segment's until then.
+            state["deferred"] = True
+            return
         state["victims"] = env.victims(address)
 
     pool = env.arena
@@ -442,6 +468,8 @@ def run_cell(cell) -> dict:
             disarm_finalizer()
     if not (state["killed"] or state["refused"] or state["kill_error"]):
         fire()  # a trigger the call never ran: kill now, and check that the segment is dead
+    if state["deferred"]:
+        state["victims"] = env.victims(address)  # freed once the call let go of its export
 
     problems = []
     if state["kill_error"]:
@@ -457,7 +485,7 @@ def run_cell(cell) -> dict:
         if bytes([VICTIM]) in data:
             problems.append(f"the call read the victim's bytes: {data.hex()}")
     if (outcome == "returned" and state["killed_in_call"] and trigger.startswith("index")
-            and (entry in READS or entry in WRITES)):
+            and not state["deferred"] and (entry in READS or entry in WRITES)):
         # The segment died while the call converted its arguments: any access after that is to
         # memory that is no longer the segment's.
         problems.append(f"the call {'read' if entry in READS else 'wrote'} memory after the "
@@ -680,7 +708,7 @@ def race_finalizer(seconds: float) -> None:
     refused = dict.fromkeys(KIND_NAMES, 0)
     corrupted = dict.fromkeys(KIND_NAMES, 0)
     how = {"Arena": "free", "ConfinedArena": "free", "SlicingArena": "reset",
-           "BufferPool": "release"}
+           "BufferPool": "release", "AutoArena": "free"}
     pattern = patterns()
     whole = slice(0, SIZE)
     step_key = slice(0, SIZE, 2)
@@ -741,7 +769,7 @@ def race_finalizer(seconds: float) -> None:
             if state["victim"] is not None:
                 victim, p = state["victim"]
                 race.verify(victim, p)
-                if kind in ("Arena", "ConfinedArena"):
+                if kind in ("Arena", "ConfinedArena", "AutoArena"):
                     victim.free()
                 elif kind == "BufferPool":
                     env.arena.release(victim)

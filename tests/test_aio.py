@@ -6,13 +6,16 @@ relies on (free or release while asyncio still holds the buffer)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+import sys
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import run_python
+from support import assert_ok, run_python
 
 import arenalib
 from arenalib import Arena, BufferPool, ConfinedArena
@@ -81,6 +84,25 @@ def test_a_frame_freed_inside_on_frame_waits_for_the_transports_export():
         [(seg, alive_inside)] = seen
         assert alive_inside and not seg.alive  # freed once feed() let the buffer go
         assert arena.stats()["live_segments"] == 0
+
+
+def test_a_plain_free_inside_on_frame_says_to_defer():
+    # A frame received into its segment is exported to the loop during on_frame: the plain free's
+    # BufferError (naming the segment) carries the note that says what to call instead.
+    def on_frame(seg):
+        seg.free()
+
+    with Arena() as arena:
+        reader = FrameReader(on_frame, arena=arena, staging_size=16)
+        with pytest.raises(BufferError, match="a segment of 1000 bytes") as info:
+            feed(reader, wire([payload(1000, 1)]), [16, 1000])
+        assert any("seg.free(deferred=True)" in note for note in info.value.__notes__)
+        # A small frame, copied out of the staging buffer, is exported to nobody: the free works.
+        small = FrameReader(on_frame, arena=arena, staging_size=65536)
+        feed(small, wire([payload(100, 2)]), [])
+        assert small.frames == 1
+        reader.connection_lost(None)
+        small.connection_lost(None)
 
 
 def test_a_frame_above_the_limit_aborts_the_connection():
@@ -267,6 +289,125 @@ def test_frames_over_loopback(loop):
     figures = __import__("json").loads(result.stdout.splitlines()[-1])
     assert figures == {"same": True, "live": 0, "loop": figures["loop"]}
     assert figures["loop"].startswith("uvloop" if loop == "uvloop" else "asyncio")
+
+
+# -- FrameReader.write: a Segment on the transport ---------------------------------------------------
+
+async def _serve(on_frame):
+    """A FrameReader server calling ``on_frame(reader, seg)``, and a client stream to it."""
+    def make():
+        reader = FrameReader(lambda seg: on_frame(reader, seg))
+        return reader
+
+    server = await asyncio.get_running_loop().create_server(make, "127.0.0.1", 0)
+    client = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    return server, client
+
+
+def test_write_sends_segments_back_without_a_copy_to_bytes():
+    frames = [payload(n, n) for n in (0, 1, 100, 70_000, 1 << 20)]
+
+    def echo(reader, seg):
+        reader.write(frame_header(len(seg)))
+        reader.write(seg)              # a Segment: asyncio's own write() refuses it
+        reader.write(seg.slice(0, 0))  # a slice, empty: nothing sent
+        seg.free(deferred=True)        # freed once the transport let go of it
+
+    async def main():
+        server, (rd, wr) = await _serve(echo)
+        for f in frames:
+            wr.write(frame_header(len(f)) + f)
+        await wr.drain()
+        got = []
+        for _ in frames:
+            (size,) = arenalib.aio.FRAME_HEADER.unpack(await rd.readexactly(8))
+            got.append(await rd.readexactly(size))
+        wr.close()
+        server.close()
+        await server.wait_closed()
+        return got
+
+    assert asyncio.run(main()) == frames
+
+
+WRITE_HELD = r"""
+import asyncio, json, socket, sys
+from arenalib import Arena
+from arenalib.aio import FrameReader, frame_header
+
+size = 4 << 20
+outcome = {}
+
+def send(reader, seg):
+    seg.free(deferred=True)
+    reader.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+    with Arena() as arena:
+        big = arena.allocate(size, zero=False).fill(0x5A)
+        reader.write(big)
+        try:
+            big.free()
+            outcome["free"] = "freed"  # copied by the transport (3.10, 3.11)
+        except BufferError:
+            outcome["free"] = "refused"  # held by the transport: no copy
+    stats = arena.stats()
+    outcome["arena"] = {"closed": stats["closed"], "held_by_exports": stats["held_by_exports"]}
+
+async def main():
+    def make():
+        reader = FrameReader(lambda seg: send(reader, seg))
+        return reader
+    server = await asyncio.get_running_loop().create_server(make, "127.0.0.1", 0)
+    rd, wr = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    wr.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+    wr.write(frame_header(1) + b"x")
+    await wr.drain()
+    while "arena" not in outcome:
+        await asyncio.sleep(0.01)
+    data = await rd.readexactly(size)
+    wr.close()
+    server.close()
+    await server.wait_closed()
+    outcome["intact"] = data == b"\x5a" * size
+
+asyncio.run(main())
+print(json.dumps(outcome))
+"""
+
+
+def test_write_keeps_the_segment_until_the_transport_sent_it():
+    # The peer reads nothing until the segment was written and its arena closed: the transport
+    # holds what the socket did not take (a memoryview of the segment from 3.12 on, a copy
+    # before), and the bytes arrive intact whatever the writer did meanwhile.  Small socket buffers
+    # on both sides, so that a few MiB stay with the transport.  In a child: the megabytes it moves
+    # would stay in this process, and a later test's child, forked from it, inherits its peak RSS
+    # (ru_maxrss survives fork and exec).
+    outcome = json.loads(assert_ok(run_python(WRITE_HELD)).splitlines()[-1])
+    assert outcome["intact"] and outcome["arena"]["closed"]
+    if sys.version_info >= (3, 12):
+        assert outcome["free"] == "refused"
+        assert outcome["arena"]["held_by_exports"] == 1  # closed deferred at the with's end
+
+
+def test_write_needs_a_transport_and_a_buffer():
+    reader = FrameReader(lambda seg: None)
+    with pytest.raises(RuntimeError, match="connection_made"):
+        reader.write(b"x")
+
+    class Transport:
+        def __init__(self):
+            self.sent = []
+
+        def write(self, data):
+            assert isinstance(data, (bytes, bytearray, memoryview))
+            self.sent.append(bytes(data))
+
+    reader.connection_made(Transport())
+    reader.write(arenalib.allocate(3).fill(1))
+    reader.write(np.arange(6, dtype=np.uint16).reshape(2, 3))  # cast to bytes, C order
+    with pytest.raises(TypeError):
+        reader.write("text")
+    assert reader.transport.sent == [b"\x01" * 3, np.arange(6, dtype=np.uint16).tobytes()]
+    reader.connection_lost(None)
 
 
 def test_module_is_importable_without_a_running_loop():

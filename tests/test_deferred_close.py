@@ -248,9 +248,9 @@ class DeferredCloseMachine(RuleBasedStateMachine):
         self.new_arena()
 
     @precondition(lambda self: self.closed[-1])
-    @rule()
-    def new_arena(self):
-        self.arenas.append(arenalib.Arena())
+    @rule(kind=st.sampled_from([arenalib.Arena, arenalib.ConfinedArena, arenalib.SlicingArena]))
+    def new_arena(self, kind=arenalib.Arena):
+        self.arenas.append(kind())
         self.closed.append(False)
         self.segments = []
 
@@ -275,6 +275,25 @@ class DeferredCloseMachine(RuleBasedStateMachine):
             t.join()
         else:
             view.release()
+
+    @precondition(lambda self: len(self.views) >= 2)
+    @rule(data=st.data())
+    def release_at_once(self, data):
+        # Several exports released by threads started together: with the GIL off (3.13t) they
+        # run in parallel, and of the last ones exactly one gives a closed arena's slot back.
+        count = data.draw(st.integers(2, min(6, len(self.views))))
+        picked = [self.views.pop(data.draw(st.integers(0, len(self.views) - 1)))[0] for _ in range(count)]
+        barrier = threading.Barrier(count)
+
+        def release(view):
+            barrier.wait()
+            view.release()
+
+        threads = [threading.Thread(target=release, args=(view,)) for view in picked]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def _exported(self, index):
         return sum(1 for v in self.views if v[3] == index)

@@ -101,6 +101,61 @@ def test_allocate_string_other_encodings(arena, encoding):
     assert arena.allocate_string(text, encoding).tobytes() == text.encode(encoding) + b"\x00"
 
 
+@pytest.mark.parametrize("how", ["reset", "close"])
+def test_allocate_string_with_a_codec_that_resets_or_closes_the_arena(kind, how):
+    # The encoding runs Python code (a codec of the user's) before anything is allocated: a reset
+    # there leaves the arena usable, a close makes the call raise ArenaClosedError.
+    import codecs
+
+    a = kind()
+    old = a.allocate(16).fill(1)
+
+    def encode(text, errors="strict"):
+        getattr(a, how)()
+        return text.encode("utf-8"), len(text)
+
+    def search(name):
+        if name == f"arenalib_test_{how}":
+            return codecs.CodecInfo(encode, lambda data, errors="strict": (data.decode(), len(data)),
+                                    name=name)
+        return None
+
+    codecs.register(search)
+    try:
+        if how == "close":
+            with pytest.raises(ArenaClosedError):
+                a.allocate_string("abc", f"arenalib_test_{how}")
+        else:
+            assert a.allocate_string("abc", f"arenalib_test_{how}").tobytes() == b"abc\x00"
+        assert not old.alive
+    finally:
+        codecs.unregister(search)
+        a.close()
+
+
+def test_allocate_string_refuses_a_codec_giving_no_bytes(arena):
+    # (str.encode() itself turns a bytearray into bytes, and refuses a str; a subclass of bytes,
+    # whose buffer its own code could give, comes through, and is refused here.)
+    import codecs
+
+    class Bytes(bytes):
+        pass
+
+    def search(name):
+        if name == "arenalib_test_bytearray":
+            return codecs.CodecInfo(lambda text, errors="strict": (Bytes(text, "utf-8"), len(text)),
+                                    lambda data, errors="strict": (bytes(data).decode(), len(data)),
+                                    name=name)
+        return None
+
+    codecs.register(search)
+    try:
+        with pytest.raises(TypeError, match="Bytes"):
+            arena.allocate_string("abc", "arenalib_test_bytearray")
+    finally:
+        codecs.unregister(search)
+
+
 def test_allocate_string_errors_are_encodes(arena):
     with pytest.raises(UnicodeEncodeError):
         arena.allocate_string("\ud800")  # a lone surrogate, as "\ud800".encode() raises

@@ -106,6 +106,10 @@ E = inspect.Parameter.empty
                             ("bytes_per_sep", "POSITIONAL_OR_KEYWORD", 1)]),
     (arenalib.Arena, [("max_bytes", "KEYWORD_ONLY", None)]),
     (arenalib.set_debug, [("enabled", "POSITIONAL_OR_KEYWORD", E)]),
+    (arenalib.allocate, [("size", "POSITIONAL_OR_KEYWORD", E), ("zero", "KEYWORD_ONLY", True),
+                         ("align", "KEYWORD_ONLY", None)]),
+    (arenalib.Segment.__exit__, [("self", "POSITIONAL_ONLY", E), ("exc_type", "POSITIONAL_OR_KEYWORD", E),
+                                 ("exc", "POSITIONAL_OR_KEYWORD", E), ("tb", "POSITIONAL_OR_KEYWORD", E)]),
 ], ids=lambda v: getattr(v, "__qualname__", "") if callable(v) else "")
 def test_inspect_signature_gives_the_parameters(obj, expected):
     assert _parameters(obj) == expected

@@ -81,12 +81,65 @@ static destructor arenalib_segment_cython_dealloc;
 static Py_ssize_t arenalib_segment_life_offset;
 static Py_ssize_t arenalib_segment_owner_offset;
 
+/* The automatic arena (arenalib.allocate(), _auto.pxi), once made, and what frees a segment of it
+   that became garbage: called as the type's tp_finalize, through
+   PyObject_CallFinalizerFromDealloc(), which lends the segment a reference meanwhile (the free is
+   Cython code that takes and drops references to it; without one, the drop would deallocate it
+   again) and restores the error state the dealloc was called with. */
+static PyObject *arenalib_auto_owner;
+static void (*arenalib_auto_free)(PyObject *seg);
+
+static void arenalib_segment_finalize(PyObject *o) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    arenalib_auto_free(o);
+    PyErr_Restore(type, value, traceback);
+}
+
+static void arenalib_segment_dealloc(PyObject *o);
+
+/* The dealloc of an automatic segment, out of line: the common path stays a leaf function. */
+static __attribute__((noinline)) void arenalib_segment_dealloc_auto(PyObject *o) {
+    if (PyObject_CallFinalizerFromDealloc(o) < 0)
+        return;  /* resurrected by the free (it cannot be: the free keeps no reference) */
+    arenalib_shard_add(arenalib_live_segments, -1);
+    *(PyObject **)((char *)o + arenalib_segment_owner_offset) = NULL;
+    arenalib_segment_cython_dealloc(o);
+}
+
 static void arenalib_segment_dealloc(PyObject *o) {
     if (*(void **)((char *)o + arenalib_segment_life_offset) != NULL) {
+        PyObject **owner = (PyObject **)((char *)o + arenalib_segment_owner_offset);
+        /* Every other segment pays one compare for this (a made segment's owner is never NULL,
+           the automatic arena's pointer is until it is made). */
+        if (__builtin_expect(*owner == __atomic_load_n(&arenalib_auto_owner, __ATOMIC_RELAXED), 0)) {
+            arenalib_segment_dealloc_auto(o);
+            return;
+        }
         arenalib_shard_add(arenalib_live_segments, -1);
-        *(PyObject **)((char *)o + arenalib_segment_owner_offset) = NULL;
+        *owner = NULL;
     }
     arenalib_segment_cython_dealloc(o);
+}
+
+/* What frees an automatic segment (set once, at the module's start, before any thread can
+   deallocate a segment). */
+static void arenalib_set_auto_free(void (*free)(PyObject *)) {
+    arenalib_auto_free = free;
+}
+
+/* Make ``owner`` the automatic arena (once, at its creation), or forget it when it goes (at the
+   interpreter's exit, so that no later object at its address is taken for it).  Atomic: other
+   threads' segments compare their owner with it meanwhile (any value they see is right for them:
+   a segment of the automatic arena is handed to another thread after its creation). */
+static void arenalib_set_auto_owner(PyObject *owner) {
+    __atomic_store_n(&arenalib_auto_owner, owner, __ATOMIC_RELEASE);  /* borrowed: the module keeps it */
+}
+
+static void arenalib_forget_auto_owner(PyObject *owner) {
+    PyObject *expected = owner;
+    __atomic_compare_exchange_n(&arenalib_auto_owner, &expected, NULL, 0, __ATOMIC_RELEASE,
+                                __ATOMIC_RELAXED);
 }
 
 /* Point a new segment at its owner without a reference (the None Cython's tp_new put there
@@ -104,6 +157,7 @@ static void arenalib_segment_dealloc_init(PyTypeObject *t, Py_ssize_t life_offse
     arenalib_segment_owner_offset = owner_offset;
     arenalib_segment_cython_dealloc = t->tp_dealloc;
     t->tp_dealloc = arenalib_segment_dealloc;
+    t->tp_finalize = arenalib_segment_finalize;  /* called for automatic segments only (above) */
 }
 
 #endif  /* ARENALIB_SEGMENT_H */

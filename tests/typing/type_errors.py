@@ -15,3 +15,7 @@ def main() -> None:
         arenalib.copy(seg, 0, seg, 0, "8")  # error
         name: str = seg.mismatch(b"")  # error
         print(name)
+    arenalib.allocate("64")  # error
+    with arenalib.allocate(8) as auto:
+        size: str = len(auto)  # error
+        print(size)

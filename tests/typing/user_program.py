@@ -60,6 +60,14 @@ def main() -> None:
         src.tobytes()
     except ArenaClosedError:
         pass
+    scratch: Segment = arenalib.allocate(256, zero=False, align=64)  # freed when garbage
+    auto: arenalib.AutoArena = arenalib.auto_arena()
+    assert scratch.arena is auto
+    with arenalib.allocate(32) as block, arenalib.BufferPool(4096, 2) as pool:
+        block.fill(1)
+        with pool.acquire() as buffer:
+            arenalib.copy(block, 0, buffer, 0, 32)
+    print(auto.stats()["live_bytes"])
 
 
 if __name__ == "__main__":
