@@ -407,6 +407,30 @@ def test_a_reset_or_close_inside_a_frame_leaves_nothing_to_rewind(arena):
         frame.__enter__()
 
 
+def test_an_export_of_a_framed_segment_outlives_a_deferred_close():
+    # The export's release counts on its segment's level of marks: the close keeps the stack for it
+    # (it segfaulted here, the stack freed at the close).
+    a = SlicingArena()
+    outer = a.mark()
+    with a.frame() as f:
+        view = memoryview(f.allocate(8).fill(5))
+        inner = a.mark()
+        pinned = memoryview(a.allocate(16).fill(6))
+        a.close(deferred=True)
+        assert a.stats()["marks"] == 0 and not outer.valid and not inner.valid
+        assert bytes(view) == bytes([5]) * 8 and bytes(pinned) == bytes([6]) * 16
+    view.release()
+    pinned.release()
+    assert a.stats()["held_by_exports"] == 0
+    with SlicingArena() as b:
+        b.mark()
+        kept = memoryview(b.allocate(4).fill(7))  # as a NumPy array returned from the block
+    assert bytes(kept) == bytes([7]) * 4
+    kept.release()
+    del a, b, f
+    gc.collect()
+
+
 def test_reentrant_index_that_rewinds_mid_allocate(arena):
     marks = [arena.mark()]
     doomed = carve(arena, 2, 1)
