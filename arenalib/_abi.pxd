@@ -58,8 +58,9 @@ cdef struct Lifetime:
 cdef struct FrameLevel:
     # One level of the stack of marks: where carving stood when its mark was made, and the stamp
     # of the segments carved in it since (renewed when a rewind kills them).
-    uint64_t stamp            # (serial << FRAME_DEPTH_BITS) | depth, read by segments (relaxed); a
-                              # mark of the level holds the stamp it had when pushed
+    # (serial << FRAME_DEPTH_BITS) | depth, read by segments (relaxed); a mark of the level holds
+    # the stamp it had when pushed
+    uint64_t stamp
     Py_ssize_t chunk          # the chunk being carved at the mark
     size_t cursor             # ... and where in it (0: no chunk yet)
     Py_ssize_t live_bytes     # the books at the mark
