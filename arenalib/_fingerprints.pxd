@@ -7,7 +7,7 @@ from libc.stdint cimport uint64_t
 cdef extern from *:
     """
     #define ARENALIB_TABLE_FINGERPRINT 0x2a01dd9381f9d70bULL
-    #define ARENALIB_ABI_FINGERPRINT 0x129faabe15b9535eULL
+    #define ARENALIB_ABI_FINGERPRINT 0xb7c3f14d087f78bbULL
     """
     uint64_t TABLE_FINGERPRINT "ARENALIB_TABLE_FINGERPRINT"
     uint64_t ABI_FINGERPRINT "ARENALIB_ABI_FINGERPRINT"

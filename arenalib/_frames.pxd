@@ -204,12 +204,12 @@ cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark,
     cdef FrameLevel* level
     cdef uint64_t serial
     cdef int err = FRAME_SLOW
-    # The mark is of this open arena (its serial is unique per open; a reset renewed the stamps),
-    # and the innermost level (so no frame is open above it) still has the stamp the mark holds
-    # (a stamp's low bits are its depth: the mark's level is the innermost); that level is a
-    # frame's for exit_frame and no frame's otherwise (so not abandoned).
-    if stack != NULL and stack.depth != 0 and mark.arena == core.serial:
-        depth = stack.depth
+    # The mark is of this open arena and generation (frames_check_mark()'s test, in another
+    # order), its level is the innermost (so no frame is open above it) and still has the stamp the
+    # mark holds, and is a frame's for exit_frame and no frame's otherwise (so not abandoned).
+    if (stack != NULL and mark.depth == stack.depth and mark.depth != 0
+            and mark.arena == core.serial and mark.generation == core.life.generation):
+        depth = mark.depth
         level = frame_level(stack, depth)
         if (level.stamp == mark.serial and (stack.top_frame == depth) == exit_frame
                 and load_ssize(&level.exports) == 0

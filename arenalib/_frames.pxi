@@ -195,8 +195,7 @@ cdef class Mark:
 
     def __repr__(self):
         state = "valid" if self.valid else "used up"
-        return (f"<arenalib.Mark {self._mark.serial} at depth {self._mark.depth} of SlicingArena "
-                f"{id(self._arena):#x}, {state}>")
+        return f"<arenalib.Mark at depth {self._mark.depth} of SlicingArena {id(self._arena):#x}, {state}>"
 
     def __reduce__(self):
         raise TypeError("a Mark names a position in native memory and cannot be pickled")

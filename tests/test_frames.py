@@ -80,6 +80,21 @@ def test_a_mark_is_used_up_by_its_rewind(arena):
     assert arena.stats()["marks"] == 0
 
 
+def test_a_mark_made_before_any_chunk_carves_from_the_first_chunk_again():
+    with SlicingArena(chunk_size=4096) as a:
+        for _ in range(3):
+            with a.frame():
+                pass  # nothing carved: nothing to put back
+        m = a.mark()
+        assert repr(m).startswith("<arenalib.Mark at depth 1 ") and repr(m).endswith(", valid>")
+        first = a.allocate(100)
+        address = first.address
+        a.rewind(m)
+        assert repr(m).endswith(", used up>")
+        assert a.allocate(100).address == address
+        assert a.stats()["chunks"] == 1
+
+
 def test_at_most_16384_marks_are_open(arena):
     first = arena.mark()
     for _ in range(16383):
@@ -682,6 +697,13 @@ def test_c_rewind_kills_python_segments_and_refuses_stale_marks(consumer, arena)
     forged = bytearray(consumer.mark(arena))
     forged[16] ^= 0xFF  # its serial
     assert consumer.rewind(arena, bytes(forged)) == 9
+    inner = consumer.mark(arena)
+    for field in range(4):  # arena, generation, serial, depth: each forged alone is refused
+        forged = bytearray(inner)
+        forged[field * 8] ^= 1
+        assert consumer.rewind(arena, bytes(forged)) == 9
+    assert arena.stats()["marks"] == 2
+    assert consumer.rewind(arena, inner) == 0
 
 
 def test_c_rewind_refuses_to_kill_an_exported_segment(consumer, arena):
