@@ -307,10 +307,10 @@ cdef object _frame_allocate(object obj, object size, object zero):
 
 
 cdef extern from "src/frames.h":
-    ctypedef object (*frame_allocate_fn)(object self, object size, object zero)
-    ctypedef object (*frame_exit_fn)(object self)
-    int arenalib_frame_entries_install(type frame_type, frame_allocate_fn allocate,
-                                       frame_exit_fn exit_frame) except -1
+    ctypedef object (*arenalib_frame_allocate_fn)(object self, object size, object zero)
+    ctypedef object (*arenalib_frame_exit_fn)(object self)
+    int arenalib_frame_entries_install(type frame_type, arenalib_frame_allocate_fn allocate,
+                                       arenalib_frame_exit_fn exit_frame) except -1
 
 
 cdef int frame_entries_init() except -1:

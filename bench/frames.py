@@ -179,7 +179,7 @@ def targets(results: dict) -> list[dict]:
                    512, BASELINE, labels[BASELINE], 0.9, at.get("SlicingArena.frame")),
     ]
     floor = at.get(FLOOR)
-    for check in checks:  # what CPython alone charges for the same statement, next to the limit
+    for check in checks:  # the floor: what CPython alone charges for the same statement
         check["floor_ratio"] = floor["median"] if floor else None
     flat = results["depth"]["flatness"]
     checks.append(ratio_item(f"an empty frame at depth {DEPTHS[-1]} costs <= {FLAT_LIMIT}x one at depth 1 "
@@ -193,7 +193,7 @@ def target_line(check: dict) -> str:
         return f"{check['status']:6s} not measured"
     size = f" at {fmt_size(check['size'])}" if check["size"] else ""
     border = " (borderline)" if check.get("borderline") else ""
-    floor = (f"; over no-op C objects: {check['floor_ratio']:.2f}x"
+    floor = (f"; the floor: {check['floor_ratio']:.2f}x"
              if check.get("floor_ratio") is not None else "")
     return (f"{check['status']:6s} {check['label']}{size}: {check['ratio']:.2f}x {check['versus_label']} "
             f"(limit {check['limit']}){border}{floor}")
@@ -218,8 +218,8 @@ def tables(results: dict, markdown: bool = False) -> str:
              for c in results["candidates"].values()], ""]
     over = next(iter(results["sizes"].values())).get("over_floor", {})
     if over:
-        out += [f"{h}arenalib's frames against the floor (the same statement over no-op C objects, "
-                "same round)",
+        out += [f"{h}arenalib's frames against the floor (no-op C objects: what CPython alone charges), "
+                "same round",
                 table(["size", *[results["candidates"][k]["label"] for k in over]],
                       [[fmt_size(int(n)), *[f"{cell['over_floor'][k]['median']:.2f}x" for k in over]]
                        for n, cell in results["sizes"].items()], markdown), ""]

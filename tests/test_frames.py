@@ -345,6 +345,38 @@ def test_frames_left_out_of_order_are_refused_and_never_rewind_wrongly(arena):
     assert arena.stats()["marks"] == 0
 
 
+def test_frame_methods_take_every_call_shape(arena):
+    # allocate(size[, zero=]) and __exit__(t, v, tb) skip Cython's argument parsing (src/frames.h);
+    # every other call shape, and every error, is Cython's as before.
+    frame = arena.frame()
+    frame.__enter__()
+    assert frame.allocate(3).tobytes() == bytes(3)
+    assert len(frame.allocate(5, zero=False)) == 5
+    assert len(frame.allocate(size=6, zero=True)) == 6
+    assert frame.allocate(7, align=256).address % 256 == 0
+    assert frame.allocate(8, zero=0, align=None).tobytes() != b"x"
+    zero = "".join(["ze", "ro"])  # a keyword name that is not the interned "zero"
+    assert len(frame.allocate(9, **{zero: False})) == 9
+    with pytest.raises(TypeError, match="zerox"):
+        frame.allocate(10, zerox=False)
+    with pytest.raises(TypeError, match="zero"):
+        frame.allocate(10, zero="no")
+    with pytest.raises(TypeError):
+        frame.allocate(10, False)
+    with pytest.raises(TypeError):
+        frame.allocate()
+    with pytest.raises(TypeError):
+        frame.__exit__(None, None)
+    with pytest.raises(TypeError):
+        frame.__exit__(None, None, None, None)
+    assert frame.__exit__(None, None, None) is False
+    with pytest.raises(ValueError, match="not open"):
+        frame.__exit__(None, None, None)
+    with pytest.raises(ValueError, match="not open"):
+        frame.allocate(1)
+    assert arena.stats()["marks"] == 0
+
+
 def test_only_the_innermost_frame_allocates(arena):
     with arena.frame() as outer:
         with arena.frame() as inner:

@@ -2,9 +2,9 @@
    (arenalib/_frames.pxi says why).
 
    Cython's wrapper of a def method with keyword arguments walks the keyword names, takes and drops
-   a reference on every argument and fills the defaults: ~100 instructions of `f.allocate(n,
-   zero=False)` and ~50 of the with statement's `__exit__(None, None, None)`, for a frame whose own
-   work is a few dozen.  Here the method's PyMethodDef keeps its Cython wrapper for every other
+   a reference on every argument and fills the defaults: ~80 instructions of `f.allocate(n,
+   zero=False)` and ~50 of the with statement's `__exit__(None, None, None)` (callgrind), for a
+   frame whose own work is a few dozen.  Here the method's PyMethodDef keeps its Cython wrapper for every other
    call shape (and so every error message, help() and inspect.signature()), and its ml_meth becomes
    an entry that sends the common shapes straight to a C-level implementation:
 
