@@ -74,14 +74,27 @@ def child(key: str, size: int, ops: int) -> None:
 
 
 def _per_object(out_file: Path) -> dict[str, int]:
-    """Instructions per shared object in a callgrind output file (callgrind_annotate's listing)."""
-    listing = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=100", str(out_file)],
-                             check=True, capture_output=True, text=True).stdout
+    """Instructions per shared object (self cost) in a callgrind output file, read from the file
+    itself: "ob=" names the object the cost lines that follow ran in, and the line after "calls="
+    is a callee's inclusive cost, already counted where it ran."""
+    names: dict[str, str] = {}
     totals: dict[str, int] = defaultdict(int)
-    for line in listing.splitlines():
-        m = re.match(r"\s*([\d,]+) (?:\([\s\d.]+%\) )?\s*\S.*\[(.+)\]\s*$", line)
-        if m:
-            totals[m.group(2)] += int(m.group(1).replace(",", ""))
+    current, callee_cost = "?", False
+    for line in out_file.read_text().splitlines():
+        if line.startswith(("ob=", "cob=")):  # (one table of compressed names for both)
+            m = re.match(r"c?ob=(?:\((\d+)\))? ?(.*)", line)
+            if m.group(1) and m.group(2):
+                names[m.group(1)] = m.group(2)
+            if line.startswith("ob="):
+                current = names.get(m.group(1), m.group(2)) if m.group(1) else m.group(2)
+        elif line.startswith("calls="):
+            callee_cost = True
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            fields = line.split()  # the position, then the count (missing: 0)
+            if callee_cost:
+                callee_cost = False
+            elif len(fields) > 1:
+                totals[current] += int(fields[1])
     return totals
 
 
@@ -113,7 +126,7 @@ def main() -> int:
     if args.child:
         child(args.child, args.size, args.ops)
         return 0
-    if shutil.which("valgrind") is None or shutil.which("callgrind_annotate") is None:
+    if shutil.which("valgrind") is None:
         print("bench/instructions.py needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 1
     sys.path.insert(0, str(HERE))
