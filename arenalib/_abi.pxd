@@ -58,13 +58,14 @@ cdef struct Lifetime:
 cdef struct FrameLevel:
     # One level of the stack of marks: where carving stood when its mark was made, and the stamp
     # of the segments carved in it since (renewed when a rewind kills them).
-    uint64_t stamp            # (serial << FRAME_DEPTH_BITS) | depth, read by segments (relaxed)
-    uint64_t mark             # the serial of the mark that pushed it
-    Py_ssize_t chunk          # the chunk being carved at the mark (-1: none yet)
-    size_t cursor
+    # (serial << FRAME_DEPTH_BITS) | depth, read by segments (relaxed); a mark of the level holds
+    # the stamp it had when pushed
+    uint64_t stamp
+    Py_ssize_t chunk          # the chunk being carved at the mark
+    size_t cursor             # ... and where in it (0: no chunk yet)
     Py_ssize_t live_bytes     # the books at the mark
     Py_ssize_t live_segments
-    Py_ssize_t exports        # buffer exports and pins of this level's segments
+    Py_ssize_t exports        # buffer exports and pins of this level's segments (0 when popped)
     Py_ssize_t outer_frame    # a frame's level: the depth of the frame it was entered in; -1: not a frame
     bint abandoned            # a frame whose exit was refused: a rewind below it pops it
 
@@ -73,8 +74,15 @@ cdef struct FrameStack:
     # A SlicingArena's marks and frames, innermost last (see arenalib/_frames.pxd).
     Py_ssize_t depth          # levels pushed (0: none)
     Py_ssize_t top_frame      # the depth of the innermost open frame (0: none)
-    uint64_t serial           # the last serial given to a mark or a stamp
-    uint64_t version          # bumped by every mark and rewind (read by other threads: relaxed)
+    # A push takes the straight-line path while depth < push_limit: the levels whose blocks are
+    # made, or 0 while an abandoned frame is on the stack (the general push lets it go first).
+    Py_ssize_t push_limit
+    Py_ssize_t levels         # levels whose blocks are made (blocks are made in order)
+    Py_ssize_t abandoned      # abandoned frames on the stack
+    # The last serial given to a stamp: every push and pop takes new ones, so it is also the
+    # stack's version (read by other threads: relaxed), unchanged across a carve that no mark or
+    # rewind came between.
+    uint64_t serial
     Py_ssize_t rewinds        # rewinds so far (tracemalloc's books follow them)
     FrameLevel* blocks[FRAME_BLOCKS]
 

@@ -550,6 +550,7 @@ cdef class ArenaBase(SegmentOwner):
         # As an unclosed file does: free the memory and say so with a ResourceWarning.  Done here
         # rather than in __del__, which would cost every arena's deallocation (see DESIGN.md).
         if not self._core.open:
+            frames_free(&self._core.life)  # kept by a close while exports were alive
             return
         message = f"unclosed {self!r}"
         if self._created_at is not None:
@@ -593,7 +594,7 @@ cdef int _module_init() except -1:
     for kind in (Arena, ConfinedArena, SlicingArena):
         arenalib_arena_freelist_for(kind)
     fast_with_init(ArenaBase)
-    fast_with_init(Frame)
+    frame_entries_init()
     fast_with_init(Segment)
     slots_init()       # the shared state and the jemalloc control names (every arena needs them)
     slicing_init()     # biased carving, if membarrier() is there

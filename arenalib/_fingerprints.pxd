@@ -7,7 +7,7 @@ from libc.stdint cimport uint64_t
 cdef extern from *:
     """
     #define ARENALIB_TABLE_FINGERPRINT 0x2a01dd9381f9d70bULL
-    #define ARENALIB_ABI_FINGERPRINT 0xf1a9c6de5ad5d7edULL
+    #define ARENALIB_ABI_FINGERPRINT 0x79299de81ea1b73dULL
     """
     uint64_t TABLE_FINGERPRINT "ARENALIB_TABLE_FINGERPRINT"
     uint64_t ABI_FINGERPRINT "ARENALIB_ABI_FINGERPRINT"

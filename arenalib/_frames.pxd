@@ -5,25 +5,31 @@
 #
 # The stack: a mark pushes level d (1 = outermost), which records where carving stood, the books
 # then, and the stamp that segments carved in it get, (serial << FRAME_DEPTH_BITS) | d; a segment
-# carved with no mark open gets stamp 0.  A rewind to the mark of level d renews the stamps of
-# levels d and above (their segments die: an O(1) test each, no list of segments anywhere), pops
-# them and puts the cursor back: the mark is used up, and so is every mark made after it.  A frame
+# carved with no mark open gets stamp 0.  The mark holds that stamp too: it is valid while level d
+# is pushed and still has it.  A rewind to the mark of level d renews the stamps of levels d and
+# above (their segments and marks die: an O(1) test each, no list of segments anywhere), pops them
+# and puts the cursor back: the mark is used up, and so is every mark made after it.  A frame
 # (`with arena.frame():`) is a mark that only the innermost open frame may rewind to, at its exit;
 # a frame whose exit is refused is abandoned, and goes with the next rewind below it (or, once
 # nothing above it is open and none of its segments is exported, with the next mark).  A segment's
-# stamp is read before its carve and the stack's version after it: a mark or rewind in between (of
+# stamp is read before its carve and the stack's serial after it: a mark or rewind in between (of
 # another thread, or through the C API without the GIL) makes the carve's level unknown, and the
 # caller carves again.
+#
+# Two paths: frames_mark_fast() and frames_rewind_fast() are straight-line code for the common case
+# (the calling thread is the one the arena is biased to; a push with the level's block made and no
+# abandoned frame; a rewind to the innermost level, of the kind asked for, nothing of it exported,
+# carving in the chunk it was made in), each thing computed once.  Everything else, and every refusal,
+# is the general frames_push() and frames_rewind(), under the busy lock (_frames.pxi).
 
 from libc.stdint cimport uint64_t
 
 from arenalib._abi cimport (
     FRAME_BLOCK_LEVELS, FRAME_BLOCK_SHIFT, FRAME_DEPTH_BITS, FRAME_MAX_DEPTH, FREE_THREADED, ArenaCore,
-    CarverRecord, FrameLevel, FrameStack, Lifetime, SlicingState, arenalib_clear_carving,
-    arenalib_compiler_fence, arenalib_load_owner, arenalib_set_carving, load_frames, load_ssize, load_u64,
+    CarverRecord, FrameLevel, FrameStack, Lifetime, SlicingState, load_frames, load_ssize, load_u64,
     store_u64, thread_ident,
 )
-from arenalib._slicing cimport biased_record
+from arenalib._slicing cimport biased_begin, biased_end
 from arenalib._table cimport (
     ARENA_EEXPORTED, ARENA_ELIMIT, ARENA_EORDER, ARENA_ESTALEMARK, ARENA_OK, ArenaMark,
 )
@@ -36,6 +42,7 @@ cdef extern from "arenalib/platform.h":
 
 cdef enum:
     FRAME_NEEDS_BLOCK = -1    # frames_push(): the level's block is not made yet (the slow path makes it)
+    FRAME_SLOW = -1           # frames_mark_fast(), frames_rewind_fast(): take the locked path
 
 
 cdef inline FrameLevel* frame_level(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
@@ -48,20 +55,20 @@ cdef inline FrameLevel* frame_level(FrameStack* stack, Py_ssize_t depth) noexcep
 
 cdef inline uint64_t frame_stamp_now(Lifetime* life, uint64_t* version) noexcept nogil:
     """The stamp of a segment carved now (the innermost level's, 0 with no mark open), and in
-    ``version`` the stack's version, to compare with frames_version() after the carve."""
+    ``version`` the stack's serial, to compare with frames_version() after the carve."""
     cdef FrameStack* stack = load_frames(&life.frames)
     if stack == NULL:
         version[0] = 0
         return 0
-    version[0] = load_u64(&stack.version)
+    version[0] = load_u64(&stack.serial)
     cdef Py_ssize_t depth = load_depth(&stack.depth)
     return load_u64(&frame_level(stack, depth).stamp) if depth else 0
 
 
 cdef inline uint64_t frames_version(Lifetime* life) noexcept nogil:
-    """Bumped by every mark and rewind: unchanged across a carve, the stamp read before it holds."""
+    """Moved by every mark and rewind: unchanged across a carve, the stamp read before it holds."""
     cdef FrameStack* stack = load_frames(&life.frames)
-    return load_u64(&stack.version) if stack != NULL else 0
+    return load_u64(&stack.serial) if stack != NULL else 0
 
 
 cdef inline bint frame_stamp_alive(Lifetime* life, uint64_t stamp) noexcept nogil:
@@ -74,21 +81,70 @@ cdef inline bint frame_stamp_alive(Lifetime* life, uint64_t stamp) noexcept nogi
 
 
 cdef inline FrameLevel* frame_level_of(Lifetime* life, uint64_t stamp) noexcept nogil:
-    """The level a live segment of ``stamp`` was carved in (NULL for stamp 0): where its exports count."""
+    """The level a segment of ``stamp`` was carved in (NULL for stamp 0): where its exports count.
+    The stack outlives every segment's exports (a close while they live keeps it: _frames.pxi)."""
     if stamp == 0:
         return NULL
     return frame_level(life.frames, <Py_ssize_t>(stamp & ((1 << FRAME_DEPTH_BITS) - 1)))
 
 
-cdef inline uint64_t _new_stamp(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
-    stack.serial += 1
-    return (stack.serial << FRAME_DEPTH_BITS) | <uint64_t>depth
+# -- push ------------------------------------------------------------------------------------------
+
+cdef inline void _push(ArenaCore* core, FrameStack* stack, bint frame, ArenaMark* out) noexcept nogil:
+    """Push level depth + 1, whose block exists, and describe its mark in ``out``.  A level comes
+    to a push with no export and not abandoned (a pop needs both: frames_pop_to)."""
+    cdef Py_ssize_t depth = stack.depth + 1
+    cdef FrameLevel* level = frame_level(stack, depth)
+    cdef uint64_t serial = stack.serial + 1
+    cdef uint64_t stamp = (serial << FRAME_DEPTH_BITS) | <uint64_t>depth
+    store_u64(&level.stamp, stamp)
+    level.chunk = core.slicing.current
+    level.cursor = core.slicing.cursor
+    level.live_bytes = core.books.live_bytes
+    level.live_segments = core.books.live_segments
+    if frame:
+        level.outer_frame = stack.top_frame
+        stack.top_frame = depth
+    else:
+        level.outer_frame = -1
+    store_u64(&stack.serial, serial)
+    store_depth(&stack.depth, depth)
+    out.arena = core.serial
+    out.generation = core.life.generation
+    out.serial = stamp
+    out.depth = depth
+
+
+cdef inline int frames_mark_fast(ArenaCore* core, bint frame, ArenaMark* out) noexcept nogil:
+    """Push a mark (``frame``: a frame's) in ``out`` with no lock and no atomic instruction: ARENA_OK,
+    or FRAME_SLOW when the case is not the common one (the arena not biased to this thread, no
+    stack yet, the level's block not made, an abandoned frame kept): the caller takes the locked
+    path, which judges every refusal."""
+    if core.self != core:
+        return FRAME_SLOW  # a copy: the slow path says it is closed
+    cdef CarverRecord* record = biased_begin(core, thread_ident())
+    if record == NULL:
+        return FRAME_SLOW
+    cdef FrameStack* stack = core.life.frames
+    cdef int err = FRAME_SLOW
+    if stack != NULL and stack.depth < stack.push_limit:
+        _push(core, stack, frame, out)
+        err = ARENA_OK
+    biased_end(record)
+    return err
+
+
+# -- rewind ----------------------------------------------------------------------------------------
+
+cdef inline void frames_limit(FrameStack* stack) noexcept nogil:
+    """Bring push_limit up to date (after a block was made, a frame abandoned or a pop)."""
+    stack.push_limit = 0 if stack.abandoned else stack.levels
 
 
 cdef inline void _carve_from(SlicingState* slicing, Py_ssize_t chunk, size_t cursor) noexcept nogil:
-    """Put the carve position back where a mark found it (chunk -1: before any chunk, so the
-    first one, made after the mark, from its start)."""
-    if chunk < 0:
+    """Put the carve position back where a mark found it (cursor 0: before any chunk, so from the
+    start of the first one, made after the mark)."""
+    if cursor == 0:
         chunk = 0
         cursor = <size_t>slicing.chunks[0] if slicing.nchunks else 0
     slicing.current = chunk
@@ -97,25 +153,83 @@ cdef inline void _carve_from(SlicingState* slicing, Py_ssize_t chunk, size_t cur
                           if slicing.nchunks else 0)
 
 
-cdef inline void frames_pop_to(ArenaCore* core, FrameStack* stack, Py_ssize_t depth) noexcept nogil:
-    """Pop levels ``depth`` and above (their segments die), carving again from level ``depth``'s
-    mark; what was carved since folds into the books' totals (see slicing_settle)."""
-    cdef FrameLevel* level = frame_level(stack, depth)
-    cdef Py_ssize_t d
-    for d in range(depth, stack.depth + 1):
-        store_u64(&frame_level(stack, d).stamp, _new_stamp(stack, d))
-    if core.books.live_bytes > core.books.peak_bytes:
-        core.books.peak_bytes = core.books.live_bytes
-    core.books.allocated_total += <size_t>(core.books.live_bytes - level.live_bytes)
+cdef inline void _settle_rewind(ArenaCore* core, FrameLevel* level) noexcept nogil:
+    """The books back to the mark's; what was carved since folds into the totals (see
+    slicing_settle)."""
+    cdef Py_ssize_t live = core.books.live_bytes
+    if live > core.books.peak_bytes:
+        core.books.peak_bytes = live
+    core.books.allocated_total += <size_t>(live - level.live_bytes)
     core.books.live_bytes = level.live_bytes
     core.books.live_segments = level.live_segments
+
+
+cdef inline void frames_pop_to(ArenaCore* core, FrameStack* stack, Py_ssize_t depth) noexcept nogil:
+    """Pop levels ``depth`` and above (their segments die), carving again from level ``depth``'s
+    mark.  None of them may hold an export."""
+    cdef FrameLevel* level = frame_level(stack, depth)
+    cdef FrameLevel* popped
+    cdef uint64_t serial = stack.serial
+    cdef Py_ssize_t d
+    for d in range(depth, stack.depth + 1):
+        popped = frame_level(stack, d)
+        serial += 1
+        store_u64(&popped.stamp, (serial << FRAME_DEPTH_BITS) | <uint64_t>d)
+        if popped.abandoned:
+            popped.abandoned = False
+            stack.abandoned -= 1
+    _settle_rewind(core, level)
     _carve_from(&core.slicing, level.chunk, level.cursor)
     while stack.top_frame >= depth:  # the frames popped (its own, abandoned ones above it)
         stack.top_frame = frame_level(stack, stack.top_frame).outer_frame
     stack.rewinds += 1
-    store_u64(&stack.version, stack.version + 1)
+    frames_limit(stack)
+    store_u64(&stack.serial, serial)
     store_depth(&stack.depth, depth - 1)
 
+
+cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark,
+                                   bint exit_frame) noexcept nogil:
+    """Rewind to ``mark`` (``exit_frame``: a frame's, at its exit) with no lock and no atomic
+    instruction: ARENA_OK, or FRAME_SLOW when the case is not the common one (see the top of this
+    file): the caller takes the locked path, which judges every refusal.  With the GIL off, a
+    rewind of an arena any thread may use waits for their accesses: always the locked path."""
+    if core.self != core or (FREE_THREADED and core.life.owner == 0):
+        return FRAME_SLOW
+    cdef CarverRecord* record = biased_begin(core, thread_ident())
+    if record == NULL:
+        return FRAME_SLOW
+    cdef FrameStack* stack = core.life.frames
+    cdef Py_ssize_t depth
+    cdef FrameLevel* level
+    cdef uint64_t serial
+    cdef int err = FRAME_SLOW
+    # The mark is of this open arena and generation (frames_check_mark()'s test, in another
+    # order), its level is the innermost (so no frame is open above it) and still has the stamp the
+    # mark holds, and is a frame's for exit_frame and no frame's otherwise (so not abandoned).
+    if (stack != NULL and mark.depth == stack.depth and mark.depth != 0
+            and mark.arena == core.serial and mark.generation == core.life.generation):
+        depth = mark.depth
+        level = frame_level(stack, depth)
+        if (level.stamp == mark.serial and (stack.top_frame == depth) == exit_frame
+                and load_ssize(&level.exports) == 0
+                and ((level.cursor != 0 and level.chunk == core.slicing.current)
+                     or level.cursor == core.slicing.cursor)):  # (nothing carved since)
+            serial = stack.serial + 1
+            store_u64(&level.stamp, (serial << FRAME_DEPTH_BITS) | <uint64_t>depth)
+            _settle_rewind(core, level)
+            core.slicing.cursor = level.cursor  # (the chunk and its end are the mark's)
+            if exit_frame:
+                stack.top_frame = level.outer_frame
+            stack.rewinds += 1
+            store_u64(&stack.serial, serial)
+            store_depth(&stack.depth, depth - 1)
+            err = ARENA_OK
+    biased_end(record)
+    return err
+
+
+# -- the general rule (under the busy lock or the bias: _frames.pxi) --------------------------------
 
 cdef inline bint _exported_from(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
     """Whether a segment of level ``depth`` or above is exported (a release may run meanwhile)."""
@@ -129,7 +243,7 @@ cdef inline bint _exported_from(FrameStack* stack, Py_ssize_t depth) noexcept no
 cdef inline void _pop_abandoned(ArenaCore* core, FrameStack* stack) noexcept nogil:
     """Let go of abandoned frames that nothing open lies above and no export holds."""
     cdef FrameLevel* level
-    while stack.depth and stack.top_frame == stack.depth:
+    while stack.abandoned and stack.top_frame == stack.depth:
         level = frame_level(stack, stack.depth)
         if not level.abandoned or load_ssize(&level.exports):
             return
@@ -141,33 +255,11 @@ cdef inline int frames_push(ArenaCore* core, FrameStack* stack, bint frame,
     """Mark the carve position in ``out`` (``frame``: a frame's mark).  The caller holds the
     arena's busy lock or bias."""
     _pop_abandoned(core, stack)
-    cdef Py_ssize_t depth = stack.depth
-    if depth == FRAME_MAX_DEPTH:
+    if stack.depth == FRAME_MAX_DEPTH:
         return ARENA_ELIMIT
-    if stack.blocks[<size_t>depth >> FRAME_BLOCK_SHIFT] == NULL:
+    if stack.depth >= stack.levels:  # (blocks are made in order)
         return FRAME_NEEDS_BLOCK
-    depth += 1
-    cdef FrameLevel* level = frame_level(stack, depth)
-    store_u64(&level.stamp, _new_stamp(stack, depth))
-    stack.serial += 1
-    level.mark = stack.serial
-    level.chunk = core.slicing.current if core.slicing.cursor else -1
-    level.cursor = core.slicing.cursor
-    level.live_bytes = core.books.live_bytes
-    level.live_segments = core.books.live_segments
-    level.exports = 0
-    level.abandoned = False
-    if frame:
-        level.outer_frame = stack.top_frame
-        stack.top_frame = depth
-    else:
-        level.outer_frame = -1
-    store_u64(&stack.version, stack.version + 1)
-    store_depth(&stack.depth, depth)
-    out.arena = core.serial
-    out.generation = core.life.generation
-    out.serial = level.mark
-    out.depth = depth
+    _push(core, stack, frame, out)
     return ARENA_OK
 
 
@@ -177,7 +269,7 @@ cdef inline int frames_check_mark(ArenaCore* core, FrameStack* stack,
     to an earlier mark) has used up."""
     if (stack == NULL or mark.arena != core.serial or mark.generation != core.life.generation
             or mark.depth < 1 or mark.depth > stack.depth
-            or frame_level(stack, mark.depth).mark != mark.serial):
+            or frame_level(stack, mark.depth).stamp != mark.serial):
         return ARENA_ESTALEMARK
     return ARENA_OK
 
@@ -202,8 +294,7 @@ cdef inline int frames_rewind(ArenaCore* core, FrameStack* stack, const ArenaMar
     cdef int err = frames_check_mark(core, stack, mark)
     if err:
         return err
-    cdef FrameLevel* level = frame_level(stack, mark.depth)
-    if exit_frame and level.outer_frame < 0:
+    if exit_frame and frame_level(stack, mark.depth).outer_frame < 0:
         return ARENA_ESTALEMARK  # not a frame's mark
     if _open_frame_above(stack, mark.depth):
         return ARENA_EORDER
@@ -213,39 +304,10 @@ cdef inline int frames_rewind(ArenaCore* core, FrameStack* stack, const ArenaMar
     return ARENA_OK
 
 
-# -- without the lock, on the thread the arena is biased to --------------------------------------
-
-cdef inline int frames_mark_biased(ArenaCore* core, bint frame, ArenaMark* out) noexcept nogil:
-    """frames_push() with no lock and no atomic instruction when the arena is biased to the calling
-    thread and the level's block exists: ARENA_OK, or -1 when the caller takes the locked path
-    (which also judges every refusal)."""
-    cdef unsigned long me = thread_ident()
-    cdef CarverRecord* record = biased_record(core, me)
-    cdef FrameStack* stack = core.life.frames
-    cdef int err = -1
-    if record != NULL and stack != NULL:
-        arenalib_set_carving(&record.carving, core)
-        arenalib_compiler_fence()
-        if arenalib_load_owner(&core.carve_owner) == me:
-            err = frames_push(core, stack, frame, out)
-        arenalib_clear_carving(&record.carving)
-    return ARENA_OK if err == ARENA_OK else -1
-
-
-cdef inline int frames_rewind_biased(ArenaCore* core, const ArenaMark* mark,
-                                     bint exit_frame) noexcept nogil:
-    """frames_rewind() as frames_mark_biased() pushes: ARENA_OK, or -1 when the caller takes the
-    locked path (a refusal included: a frame's refused exit abandons it there).  With the GIL off,
-    a rewind of an arena any thread may use waits for their accesses: always the locked path."""
-    if FREE_THREADED and core.life.owner == 0:
-        return -1
-    cdef unsigned long me = thread_ident()
-    cdef CarverRecord* record = biased_record(core, me)
-    cdef int err = -1
-    if record != NULL:
-        arenalib_set_carving(&record.carving, core)
-        arenalib_compiler_fence()
-        if arenalib_load_owner(&core.carve_owner) == me:
-            err = frames_rewind(core, core.life.frames, mark, exit_frame)
-        arenalib_clear_carving(&record.carving)
-    return ARENA_OK if err == ARENA_OK else -1
+cdef inline void frames_abandon(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
+    """The frame of level ``depth`` had its exit refused: a rewind below it pops it."""
+    cdef FrameLevel* level = frame_level(stack, depth)
+    if not level.abandoned:
+        level.abandoned = True
+        stack.abandoned += 1
+        frames_limit(stack)

@@ -9,8 +9,8 @@ from arenalib._abi cimport (
     FRAME_BLOCK_LEVELS, FRAME_BLOCKS, FRAME_MAX_DEPTH, FrameLevel, FrameStack, store_frames,
 )
 from arenalib._frames cimport (
-    FRAME_NEEDS_BLOCK, frames_pop_to, frame_level, frames_check_mark, frames_mark_biased, frames_push,
-    frames_rewind, frames_rewind_biased, load_depth,
+    FRAME_NEEDS_BLOCK, frame_level, frames_abandon, frames_check_mark, frames_limit, frames_mark_fast,
+    frames_pop_to, frames_push, frames_rewind, frames_rewind_fast, load_depth, store_depth,
 )
 from arenalib._table cimport ARENA_EORDER, ARENA_ESTALEMARK, ArenaMark
 
@@ -34,11 +34,13 @@ cdef FrameStack* _stack_of(ArenaCore* core) noexcept nogil:
 
 cdef bint _grow_stack(FrameStack* stack) noexcept nogil:
     """Make the block of the next level (never moved: segments read levels without a lock)."""
-    cdef Py_ssize_t block = stack.depth // FRAME_BLOCK_LEVELS
+    cdef Py_ssize_t block = stack.levels // FRAME_BLOCK_LEVELS
     cdef FrameLevel* levels = <FrameLevel*>PyMem_RawCalloc(FRAME_BLOCK_LEVELS, sizeof(FrameLevel))
     if levels == NULL:
         return False
     store_frames_block(&stack.blocks[block], levels)
+    stack.levels += FRAME_BLOCK_LEVELS
+    frames_limit(stack)
     return True
 
 
@@ -50,8 +52,23 @@ cdef void frames_forget(ArenaCore* core) noexcept nogil:
         frames_pop_to(core, stack, 1)
 
 
+cdef void frames_close(Lifetime* life, bint holding) noexcept nogil:
+    """At close (after the generation moved on, so no segment's liveness test reads the stack
+    again): no mark is open.  ``holding``: buffer exports are alive, whose releases count on their
+    segments' levels, so the stack stays until the arena object goes (frames_free)."""
+    cdef FrameStack* stack = life.frames
+    if stack == NULL:
+        return
+    if not holding:
+        frames_free(life)
+        return
+    stack.push_limit = 0  # (a closed arena pushes nothing; the general push checks open first)
+    stack.top_frame = 0
+    store_depth(&stack.depth, 0)
+
+
 cdef void frames_free(Lifetime* life) noexcept nogil:
-    """At close (after the generation moved on, so no segment reads the stack again)."""
+    """Free the stack: at a close with no export alive, or when the arena object goes."""
     cdef FrameStack* stack = life.frames
     if stack == NULL:
         return
@@ -101,7 +118,7 @@ cdef int slicing_rewind(ArenaCore* core, const ArenaMark* mark, bint exit_frame)
     cdef FrameStack* stack = core.life.frames
     err = frames_rewind(core, stack, mark, exit_frame)
     if (exit_frame and (err == ARENA_EORDER or err == ARENA_EEXPORTED)):
-        frame_level(stack, mark.depth).abandoned = True
+        frames_abandon(stack, mark.depth)
     slicing_unlock(core)
     return err
 
@@ -130,7 +147,7 @@ cdef int _raise_mark_error(SlicingArena arena, int err, str doing) except -1:
 
 
 cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
-    if frames_mark_biased(&arena._core, frame, out) == ARENA_OK:
+    if frames_mark_fast(&arena._core, frame, out) == ARENA_OK:
         return ARENA_OK  # the common case: the arena is biased to this thread (no lock)
     cdef int err = arena_mark_checked(&arena._core, frame, out)
     while err == ARENA_EBUSY and FREE_THREADED:
@@ -141,7 +158,7 @@ cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
 
 cdef int _rewind_checked(SlicingArena arena, const ArenaMark* mark, bint exit_frame) noexcept:
     """A rewind with no other thread's access of the arena's memory under way: its error code."""
-    if frames_rewind_biased(&arena._core, mark, exit_frame) == ARENA_OK:
+    if frames_rewind_fast(&arena._core, mark, exit_frame) == ARENA_OK:
         return ARENA_OK
     cdef int err = arena_rewind_checked(&arena._core, mark, exit_frame)
     while err == ARENA_EBUSY and FREE_THREADED:
@@ -178,8 +195,7 @@ cdef class Mark:
 
     def __repr__(self):
         state = "valid" if self.valid else "used up"
-        return (f"<arenalib.Mark {self._mark.serial} at depth {self._mark.depth} of SlicingArena "
-                f"{id(self._arena):#x}, {state}>")
+        return f"<arenalib.Mark at depth {self._mark.depth} of SlicingArena {id(self._arena):#x}, {state}>"
 
     def __reduce__(self):
         raise TypeError("a Mark names a position in native memory and cannot be pickled")
@@ -244,25 +260,17 @@ cdef class Frame:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if self._state != FRAME_ENTERED:
-            raise ValueError("this frame is not open")
-        cdef ArenaCore* core = &self._arena._core
-        cdef int err = ARENA_OK
-        # A reset or close since made everything in it dead already: nothing to rewind.
-        if core.open and self._mark.generation == core.life.generation:
-            err = _rewind_checked(self._arena, &self._mark, True)
-        # Left unless the call could not judge it (another thread's confined arena, ...): a frame
-        # the rule refused is abandoned, and goes with the next rewind below it.
-        if err == ARENA_OK or err == ARENA_EORDER or err == ARENA_EEXPORTED or err == ARENA_ESTALEMARK:
-            self._state = FRAME_LEFT
-        if err:
-            _raise_mark_error(self._arena, err, "leave the frame")
-        self._arena._sync_traced()
-        return False
+        # The with statement's call (three positional arguments) goes to _frame_exit() straight
+        # (src/frames.h); this wrapper serves every other call.
+        return _frame_exit(self)
 
     def allocate(self, size, *, zero=True, align=None):
         """A new Segment in this frame (as SlicingArena.allocate()); the frame must be the
         innermost one open."""
+        # allocate(size) and allocate(size, zero=z) go to _frame_allocate() straight (src/frames.h).
+        return self._allocate(size, zero, align)
+
+    cdef Segment _allocate(self, size, zero, align):
         if self._state != FRAME_ENTERED:
             raise ValueError("allocate() of a frame that is not open")
         return self._arena._allocate(_parse_size(size, "size"), parse_flag(zero, "zero"),
@@ -272,11 +280,52 @@ cdef class Frame:
         raise TypeError("a Frame cannot be pickled")
 
 
+cdef object _frame_exit(object obj):
+    """Frame.__exit__(): rewind to the frame's mark; a frame whose exit the rule refuses is left
+    abandoned (see _frames.pxd)."""
+    cdef Frame self = <Frame>obj
+    if self._state != FRAME_ENTERED:
+        raise ValueError("this frame is not open")
+    cdef ArenaCore* core = &self._arena._core
+    cdef int err = ARENA_OK
+    # A reset or close since made everything in it dead already: nothing to rewind.
+    if core.open and self._mark.generation == core.life.generation:
+        err = _rewind_checked(self._arena, &self._mark, True)
+    # Left unless the call could not judge it (another thread's confined arena, ...): a frame
+    # the rule refused is abandoned, and goes with the next rewind below it.
+    if err == ARENA_OK or err == ARENA_EORDER or err == ARENA_EEXPORTED or err == ARENA_ESTALEMARK:
+        self._state = FRAME_LEFT
+    if err:
+        _raise_mark_error(self._arena, err, "leave the frame")
+    self._arena._sync_traced()
+    return False
+
+
+cdef object _frame_allocate(object obj, object size, object zero):
+    """Frame.allocate(size) and Frame.allocate(size, zero=z)."""
+    return (<Frame>obj)._allocate(size, zero, None)
+
+
+cdef extern from "src/frames.h":
+    ctypedef object (*arenalib_frame_allocate_fn)(object self, object size, object zero)
+    ctypedef object (*arenalib_frame_exit_fn)(object self)
+    int arenalib_frame_entries_install(type frame_type, arenalib_frame_allocate_fn allocate,
+                                       arenalib_frame_exit_fn exit_frame) except -1
+
+
+cdef int frame_entries_init() except -1:
+    """Frame.allocate() and Frame.__exit__() called the common way skip Cython's argument
+    parsing (src/frames.h); then the with statement's binding of __enter__ and __exit__
+    (_with.pxi), which wraps Frame.__exit__'s method descriptor."""
+    arenalib_frame_entries_install(Frame, _frame_allocate, _frame_exit)
+    return fast_with_init(Frame)
+
+
 cdef bint frame_is_innermost(Lifetime* life, const ArenaMark* frame) noexcept nogil:
     """Whether ``frame``'s level is the innermost open frame (Frame.allocate() carves there)."""
     cdef FrameStack* stack = life.frames
     return (stack != NULL and frame.generation == life.generation and stack.top_frame == frame.depth
-            and frame.depth <= stack.depth and frame_level(stack, frame.depth).mark == frame.serial)
+            and frame.depth <= stack.depth and frame_level(stack, frame.depth).stamp == frame.serial)
 
 
 cdef Frame arena_frame_object(SlicingArena arena):

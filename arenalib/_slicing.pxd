@@ -7,7 +7,8 @@
 from libc.string cimport memset
 
 from arenalib._abi cimport (
-    ArenaCore, Books, CarverRecord, SlicingState, arenalib_load_owner, load_carve_record,
+    ArenaCore, Books, CarverRecord, SlicingState, arenalib_clear_carving, arenalib_compiler_fence,
+    arenalib_load_owner, arenalib_set_carving, load_carve_record,
 )
 
 
@@ -56,3 +57,26 @@ cdef inline CarverRecord* biased_record(ArenaCore* core, unsigned long me) noexc
         return NULL
     record = load_carve_record(&core.slicing.carve_record)
     return record if record != NULL and record.thread == me else NULL
+
+
+cdef inline CarverRecord* biased_begin(ArenaCore* core, unsigned long me) noexcept nogil:
+    """biased_record(), with the work announced: the record, or NULL (the caller takes the locked
+    path); biased_end() ends the work.  The caller has checked that ``core`` is at its own address
+    (core.self: a copy must not reach the original's chunks and marks)."""
+    # The record, not carve_owner, is tested before the announcement: a record of this thread's
+    # that the arena names makes the announcement harmless even while the arena is being taken
+    # over (the taker, reading it, answers ARENA_EBUSY and tries again), and carve_owner, tested
+    # after it, decides.
+    cdef CarverRecord* record = load_carve_record(&core.slicing.carve_record)
+    if record == NULL or record.thread != me:
+        return NULL
+    arenalib_set_carving(&record.carving, core)
+    arenalib_compiler_fence()
+    if arenalib_load_owner(&core.carve_owner) == me:
+        return record
+    arenalib_clear_carving(&record.carving)  # not biased to this thread (any more)
+    return NULL
+
+
+cdef inline void biased_end(CarverRecord* record) noexcept nogil:
+    arenalib_clear_carving(&record.carving)

@@ -327,7 +327,7 @@ cdef void slicing_close(ArenaCore* core, size_t* stale, size_t* churn, bint hold
     bytes allocated in all.  ``holding``: exports are alive, every chunk stays."""
     cdef SlicingState* slicing = &core.slicing
     _drop_bias(core)
-    frames_free(&core.life)
+    frames_close(&core.life, holding)
     slicing_settle(core)
     churn[0] = slicing.chunk_bytes
     if slicing.nchunks <= RECENT_MAX and not holding:

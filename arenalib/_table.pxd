@@ -42,7 +42,7 @@ cdef struct ArenaMark:
     # keeps, never read by it.
     uint64_t arena            # the open arena's serial number
     uint64_t generation       # the arena's generation: a reset or close makes the mark stale
-    uint64_t serial           # the mark's own number
+    uint64_t serial           # the stamp its level had when it was made (renewed by a rewind)
     Py_ssize_t depth          # its place in the arena's stack of marks
 
 

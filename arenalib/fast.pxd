@@ -23,16 +23,16 @@ from arenalib._arena cimport (  # noqa: F401  (the classes, for modules that typ
 )
 from arenalib._abi cimport (
     CACHE_MAX_SIZE, INLINE_PARKING, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, InlineState,
-    ThreadCache, abi_check, allocate_fn, arenalib_allocate_slow_fn, arenalib_clear_carving,
-    arenalib_compiler_fence, arenalib_free_slow_fn, arenalib_inline_state_ptr, arenalib_load_owner,
-    arenalib_set_carving, books_remove, core_state, free_fn, load_first_cache, thread_ident,
+    ThreadCache, abi_check, allocate_fn, arenalib_allocate_slow_fn, arenalib_free_slow_fn,
+    arenalib_inline_state_ptr, arenalib_load_owner, books_remove, core_state, free_fn,
+    load_first_cache, thread_ident,
 )
 from arenalib._blocks cimport cache_pop, cache_push, small_align
 from arenalib._confined cimport close_small_scope, confined_count_allocation, confined_count_free
 from arenalib._dispatch cimport open_parked
-from arenalib._frames cimport frames_mark_biased, frames_rewind_biased
+from arenalib._frames cimport frames_mark_fast, frames_rewind_fast
 from arenalib._shared cimport shared_count_allocation
-from arenalib._slicing cimport biased_record, slicing_carve_current
+from arenalib._slicing cimport biased_begin, biased_end, slicing_carve_current
 from arenalib._table cimport (  # noqa: F401  (the same names as arenalib's table-only API)
     ARENA_EBUSY,
     ARENA_ECLOSED,
@@ -87,14 +87,10 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
         elif small_align(align):
             # A SlicingArena biased to this thread carves with no atomic read-modify-write and no
             # fence instruction (see biased_record).
-            record = biased_record(core, me)
+            record = biased_begin(core, me)
             if record != NULL:
-                arenalib_set_carving(&record.carving, core)
-                arenalib_compiler_fence()
-                ptr = NULL
-                if arenalib_load_owner(&core.carve_owner) == me:
-                    ptr = slicing_carve_current(core, size, SLICE_DEFAULT_ALIGN, zero)
-                arenalib_clear_carving(&record.carving)
+                ptr = slicing_carve_current(core, size, SLICE_DEFAULT_ALIGN, zero)
+                biased_end(record)
                 if ptr != NULL:
                     out[0] = ptr
                     return ARENA_OK
@@ -141,7 +137,7 @@ cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
 cdef inline int arena_mark(ArenaCore* core, ArenaMark* out) noexcept nogil:
     """Mark a SlicingArena's carve position in ``out`` (storage the caller keeps) for
     arena_rewind().  Marks nest, one stack per arena.  ARENA_EUNSUPPORTED for the other kinds."""
-    if frames_mark_biased(core, False, out) == ARENA_OK:
+    if frames_mark_fast(core, False, out) == ARENA_OK:
         return ARENA_OK
     cdef InlineState* state = core_state(core)
     if state == NULL:
@@ -155,7 +151,7 @@ cdef inline int arena_rewind(ArenaCore* core, const ArenaMark* mark) noexcept no
     arena or used up (by a rewind to it or to an earlier mark, a reset, a close); ARENA_EEXPORTED
     while a buffer export of a segment it would kill is alive; ARENA_EORDER while a frame entered
     after the mark is open.  No other thread may use what it kills meanwhile."""
-    if frames_rewind_biased(core, mark, False) == ARENA_OK:
+    if frames_rewind_fast(core, mark, False) == ARENA_OK:
         return ARENA_OK
     cdef InlineState* state = core_state(core)
     if state == NULL:

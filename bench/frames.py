@@ -10,9 +10,14 @@ batch, the garbage collector off), per op at several block sizes:
 * ``m = mark(); alloc(n, zero=False).fill(3); rewind(m)``: the same with an explicit mark;
 * ``with CA() as a: a.allocate(n, zero=False).fill(3)``: a whole ConfinedArena scope (experiment 5's
   per-scope row, for reference);
+* the floor: ``with fa() as f: f.allocate(n, zero=False).fill(3)`` over C objects that do nothing
+  but the memset (bench/native/arenalib_bench_floor.c, built with experiment 4b's kernels; left out
+  when they cannot be built): what CPython itself charges for the statement;
 
 against ``bytearray(n)[:] = pattern`` (experiment 1's baseline), candidates interleaved over rounds
-with the starting one rotating, reported as the median of same-round ratios.  A second table times
+with the starting one rotating, reported as the median of same-round ratios; arenalib's frames are
+also taken against the floor in the same rounds.  bench/instructions.py counts the instructions of
+the same statements (callgrind), split between the interpreter, arenalib and libc.  A second table times
 an empty frame (``with fa(): pass``) with 0, 9, 99 and 999 frames already open below it: push and
 pop are O(1) when the time per frame stays flat from depth 1 to 1,000.  The C level (mark + carve
 64 B + rewind against glibc malloc+free) is in experiment 4b (bench/native.py).
@@ -39,11 +44,28 @@ SIZES = [64, 512, 1000, 4096]
 DEPTHS = [1, 10, 100, 1000]
 SETTINGS = {"quick": {"rounds": 7, "target_ms": 10.0}, "full": {"rounds": 21, "target_ms": 30.0}}
 FLAT_LIMIT = 1.25  # time per frame at depth 1,000 against depth 1
+FLOOR = "floor"
+FRAMES = ("frame", "SlicingArena.frame")  # arenalib's frame statements, also taken against the floor
 
 
-def candidates(arena) -> list[roundtrip.Candidate]:
+def floor_module():
+    """The floor's C objects (bench/native/arenalib_bench_floor.c), or None when they cannot be built."""
+    try:
+        import native
+
+        return native.build_kernels("arenalib_bench_floor")
+    except Exception:  # no compiler, meson or ninja: the run goes on without the floor
+        return None
+
+
+def candidates(arena, floor=None) -> list[roundtrip.Candidate]:
+    """The statements of the first table; ``floor``: floor_module(), whose row is left out when None."""
     import arenalib
 
+    floor_row = [] if floor is None else [
+        roundtrip.Candidate(FLOOR, "no-op C frame", "reference",
+                            "with fa() as f: f.allocate(n, zero=False).fill(3)",
+                            lambda n: {"fa": floor.NullArena().frame, "n": n})]
     return [
         roundtrip.Candidate(BASELINE, "bytearray(n)+fill", "peer", "ba(n)[:] = pattern",
                             lambda n: {"ba": bytearray, "pattern": bytearray(b"\x03") * n, "n": n}),
@@ -57,9 +79,10 @@ def candidates(arena) -> list[roundtrip.Candidate]:
                             "m = mark(); alloc(n, zero=False).fill(3); rewind(m)",
                             lambda n: {"mark": arena.mark, "rewind": arena.rewind,
                                        "alloc": arena.allocate, "n": n}),
-        roundtrip.Candidate("ConfinedArena", "with ConfinedArena() per op", "reference",
+        roundtrip.Candidate("ConfinedArena", "with ConfinedArena()", "reference",
                             "with CA() as a: a.allocate(n, zero=False).fill(3)",
                             lambda n: {"CA": arenalib.ConfinedArena, "n": n}),
+        *floor_row,
     ]
 
 
@@ -77,7 +100,7 @@ def _rounds(runners: dict, outers: dict, ops: dict, rounds: int, progress: Progr
 
 def plan(cfg: Config) -> float:
     s = SETTINGS[cfg.mode]
-    return s["target_ms"] * (s["rounds"] + 3) * (len(SIZES) * 5 + len(DEPTHS))
+    return s["target_ms"] * (s["rounds"] + 3) * (len(SIZES) * 6 + len(DEPTHS))
 
 
 def run(cfg: Config, progress: Progress) -> dict:
@@ -86,10 +109,11 @@ def run(cfg: Config, progress: Progress) -> dict:
     s = SETTINGS[cfg.mode]
     target_ns = s["target_ms"] * 1e6
     arena = arenalib.SlicingArena()
+    floor = floor_module()
     try:
         sizes = {}
         for n in SIZES:
-            cands = candidates(arena)
+            cands = candidates(arena, floor)
             runners = {c.key: roundtrip.make_runner(c, n, c.setup(n)) for c in cands}
             for run_ in runners.values():
                 run_(3)
@@ -102,6 +126,8 @@ def run(cfg: Config, progress: Progress) -> dict:
                           for key, v in per_round.items()},
                 "ratios": {key: same_round_ratio(v, per_round[BASELINE])
                            for key, v in per_round.items() if key != BASELINE},
+                "over_floor": {key: same_round_ratio(per_round[key], per_round[FLOOR])
+                               for key in FRAMES if FLOOR in per_round},
             }
         depth = _depth_run(arena, s, target_ns, progress)
     finally:
@@ -109,7 +135,7 @@ def run(cfg: Config, progress: Progress) -> dict:
         arenalib.frame_arena().close()
     return {"sizes": sizes, "depth": depth, "rounds": s["rounds"],
             "candidates": {c.key: {"label": c.label, "op": c.op, "family": c.family}
-                           for c in candidates(None)}}
+                           for c in candidates(None, floor)}}
 
 
 def _depth_run(arena, s: dict, target_ns: float, progress: Progress) -> dict:
@@ -152,6 +178,9 @@ def targets(results: dict) -> list[dict]:
                    "bytearray(512)+fill (issue 26)", "SlicingArena.frame", labels["SlicingArena.frame"],
                    512, BASELINE, labels[BASELINE], 0.9, at.get("SlicingArena.frame")),
     ]
+    floor = at.get(FLOOR)
+    for check in checks:  # the floor: what CPython alone charges for the same statement
+        check["floor_ratio"] = floor["median"] if floor else None
     flat = results["depth"]["flatness"]
     checks.append(ratio_item(f"an empty frame at depth {DEPTHS[-1]} costs <= {FLAT_LIMIT}x one at depth 1 "
                              "(O(1) push and pop, issue 26)", "depth", f"depth {DEPTHS[-1]}", 0,
@@ -164,8 +193,10 @@ def target_line(check: dict) -> str:
         return f"{check['status']:6s} not measured"
     size = f" at {fmt_size(check['size'])}" if check["size"] else ""
     border = " (borderline)" if check.get("borderline") else ""
+    floor = (f"; the floor: {check['floor_ratio']:.2f}x"
+             if check.get("floor_ratio") is not None else "")
     return (f"{check['status']:6s} {check['label']}{size}: {check['ratio']:.2f}x {check['versus_label']} "
-            f"(limit {check['limit']}){border}")
+            f"(limit {check['limit']}){border}{floor}")
 
 
 def tables(results: dict, markdown: bool = False) -> str:
@@ -185,6 +216,13 @@ def tables(results: dict, markdown: bool = False) -> str:
            table(["size", *labels], rows, markdown), "", "Statements, per op:",
            *[f"{'- ' if markdown else '  '}{c['label']}: {quote}{c['op']}{quote}"
              for c in results["candidates"].values()], ""]
+    over = next(iter(results["sizes"].values())).get("over_floor", {})
+    if over:
+        out += [f"{h}arenalib's frames against the floor (no-op C objects: what CPython alone charges), "
+                "same round",
+                table(["size", *[results["candidates"][k]["label"] for k in over]],
+                      [[fmt_size(int(n)), *[f"{cell['over_floor'][k]['median']:.2f}x" for k in over]]
+                       for n, cell in results["sizes"].items()], markdown), ""]
     depth = results["depth"]
     out += [f"{h}An empty frame (`with a.frame(): pass`) with depth - 1 frames open below it",
             table(["depth", "ns per frame"],

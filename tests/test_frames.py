@@ -80,6 +80,21 @@ def test_a_mark_is_used_up_by_its_rewind(arena):
     assert arena.stats()["marks"] == 0
 
 
+def test_a_mark_made_before_any_chunk_carves_from_the_first_chunk_again():
+    with SlicingArena(chunk_size=4096) as a:
+        for _ in range(3):
+            with a.frame():
+                pass  # nothing carved: nothing to put back
+        m = a.mark()
+        assert repr(m).startswith("<arenalib.Mark at depth 1 ") and repr(m).endswith(", valid>")
+        first = a.allocate(100)
+        address = first.address
+        a.rewind(m)
+        assert repr(m).endswith(", used up>")
+        assert a.allocate(100).address == address
+        assert a.stats()["chunks"] == 1
+
+
 def test_at_most_16384_marks_are_open(arena):
     first = arena.mark()
     for _ in range(16383):
@@ -330,6 +345,38 @@ def test_frames_left_out_of_order_are_refused_and_never_rewind_wrongly(arena):
     assert arena.stats()["marks"] == 0
 
 
+def test_frame_methods_take_every_call_shape(arena):
+    # allocate(size[, zero=]) and __exit__(t, v, tb) skip Cython's argument parsing (src/frames.h);
+    # every other call shape, and every error, is Cython's as before.
+    frame = arena.frame()
+    frame.__enter__()
+    assert frame.allocate(3).tobytes() == bytes(3)
+    assert len(frame.allocate(5, zero=False)) == 5
+    assert len(frame.allocate(size=6, zero=True)) == 6
+    assert frame.allocate(7, align=256).address % 256 == 0
+    assert frame.allocate(8, zero=0, align=None).tobytes() != b"x"
+    zero = "".join(["ze", "ro"])  # a keyword name that is not the interned "zero"
+    assert len(frame.allocate(9, **{zero: False})) == 9
+    with pytest.raises(TypeError, match="zerox"):
+        frame.allocate(10, zerox=False)
+    with pytest.raises(TypeError, match="zero"):
+        frame.allocate(10, zero="no")
+    with pytest.raises(TypeError):
+        frame.allocate(10, False)
+    with pytest.raises(TypeError):
+        frame.allocate()
+    with pytest.raises(TypeError):
+        frame.__exit__(None, None)
+    with pytest.raises(TypeError):
+        frame.__exit__(None, None, None, None)
+    assert frame.__exit__(None, None, None) is False
+    with pytest.raises(ValueError, match="not open"):
+        frame.__exit__(None, None, None)
+    with pytest.raises(ValueError, match="not open"):
+        frame.allocate(1)
+    assert arena.stats()["marks"] == 0
+
+
 def test_only_the_innermost_frame_allocates(arena):
     with arena.frame() as outer:
         with arena.frame() as inner:
@@ -405,6 +452,30 @@ def test_a_reset_or_close_inside_a_frame_leaves_nothing_to_rewind(arena):
         pass
     with pytest.raises(ValueError, match="entered once"):
         frame.__enter__()
+
+
+def test_an_export_of_a_framed_segment_outlives_a_deferred_close():
+    # The export's release counts on its segment's level of marks: the close keeps the stack for it
+    # (it segfaulted here, the stack freed at the close).
+    a = SlicingArena()
+    outer = a.mark()
+    with a.frame() as f:
+        view = memoryview(f.allocate(8).fill(5))
+        inner = a.mark()
+        pinned = memoryview(a.allocate(16).fill(6))
+        a.close(deferred=True)
+        assert a.stats()["marks"] == 0 and not outer.valid and not inner.valid
+        assert bytes(view) == bytes([5]) * 8 and bytes(pinned) == bytes([6]) * 16
+    view.release()
+    pinned.release()
+    assert a.stats()["held_by_exports"] == 0
+    with SlicingArena() as b:
+        b.mark()
+        kept = memoryview(b.allocate(4).fill(7))  # as a NumPy array returned from the block
+    assert bytes(kept) == bytes([7]) * 4
+    kept.release()
+    del a, b, f
+    gc.collect()
 
 
 def test_reentrant_index_that_rewinds_mid_allocate(arena):
@@ -658,6 +729,13 @@ def test_c_rewind_kills_python_segments_and_refuses_stale_marks(consumer, arena)
     forged = bytearray(consumer.mark(arena))
     forged[16] ^= 0xFF  # its serial
     assert consumer.rewind(arena, bytes(forged)) == 9
+    inner = consumer.mark(arena)
+    for field in range(4):  # arena, generation, serial, depth: each forged alone is refused
+        forged = bytearray(inner)
+        forged[field * 8] ^= 1
+        assert consumer.rewind(arena, bytes(forged)) == 9
+    assert arena.stats()["marks"] == 2
+    assert consumer.rewind(arena, inner) == 0
 
 
 def test_c_rewind_refuses_to_kill_an_exported_segment(consumer, arena):

@@ -40,7 +40,10 @@ static inline unsigned long arenalib_thread_ident(void) {
 #define arenalib_load_acquire(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define arenalib_store_release(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #define arenalib_store_owner(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#define arenalib_load_carving(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+/* A thread taking a biased arena over reads the owner's record after membarrier() (slicing_lock):
+ * acquire, so that reading the owner's clearing of it (a release) orders the owner's carves, marks
+ * and rewinds before the taker's work for ThreadSanitizer too, which does not see membarrier(). */
+#define arenalib_load_carving(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define arenalib_set_carving(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 #define arenalib_clear_carving(p) __atomic_store_n((p), (void *)0, __ATOMIC_RELEASE)
 /* Orders this thread's own accesses for the compiler only: the thread that revokes a biased
