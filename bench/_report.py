@@ -309,13 +309,12 @@ def markdown_report(res: dict, experiments: Named, groups: Groups, pngs: list[st
         parts += [failures_text(res, markdown=True), ""]
     if disturbance(res, order):
         parts += [*_wrap(f"**{disturbance(res, order)}**"), ""]
-    by_prefix: dict[str, list[str]] = {}
-    for png in pngs:
-        by_prefix.setdefault(png.split("_")[0].removesuffix(".png"), []).append(png)
     for name, exp in experiments:
         parts += [f"## {plain(exp.TITLE)}", "", plain(exp.tables(res[name], markdown=True)), ""]
-        for png in by_prefix.get(name, []) or by_prefix.get(name.rstrip("s"), []):
-            parts += [f"![{png}]({png})", ""]
+        # An experiment's plots are named after it (numpy_scope_loop.png), or its singular (frame_...).
+        for png in pngs:
+            if png.startswith((name + "_", name + ".", name.rstrip("s") + "_")):
+                parts += [f"![{png}]({png})", ""]
     if any(cs for _, cs in groups):
         parts += ["## Targets the project set itself, checked on this run's figures", "",
                   targets_text(groups, markdown=True), ""]

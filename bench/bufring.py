@@ -56,7 +56,6 @@ import time
 from pathlib import Path
 
 from _common import Config, Progress, fmt_size, run_standalone, same_round_ratio, summarize, table
-from _experiment import no_plots
 
 HERE = Path(__file__).resolve().parent
 TITLE = "10. Provided buffers and multishot receive: Ring.recv_multishot (issue 30)"
@@ -519,7 +518,24 @@ def tables(results: dict, markdown: bool = False) -> str:
     return "\n".join(parts)
 
 
-plots = no_plots
+def plots(results: dict, out, plt) -> list[str]:
+    """Throughput of every receive loop by message size; the RSS the 10,000 idle connections add."""
+    from _plot import bars
+
+    sizes = list(results["throughput"])
+    tp = results["throughput"]
+    values = {LABELS[kind]: [summarize([_tp(c) for c in tp[n]["cells"][kind]])["median"] for n in sizes]
+              for kind in TP_KINDS}
+    written = bars(plt, out, "bufring_throughput.png", [f"{fmt_size(int(n))} messages" for n in sizes],
+                   values, ylabel="GB/s (median)",
+                   title=f"Receiving from {TP_CONNECTIONS} connections over loopback (higher is faster)")
+    mem = results["memory"]
+    growth = {LABELS[kind]: [summarize([c["rss_growth"] / (1 << 20) for c in mem["cells"][kind]])["median"]]
+              for kind in MEM_KINDS}
+    written += bars(plt, out, "bufring_memory.png", [f"{mem['connections']:,} idle connections"], growth,
+                    ylabel="RSS growth (MiB, median)",
+                    title="Memory a server holds for idle connections (lower is better)")
+    return written
 
 if __name__ == "__main__":
     if "--serve" in sys.argv:

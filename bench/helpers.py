@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import roundtrip
 from _common import Config, Progress, fmt_ns, fmt_size, run_standalone, same_round_ratio, summarize, table
-from _experiment import no_plots, ratio_item
+from _experiment import ratio_item
 
 TITLE = "9. Panama-style helpers against their Python equivalents (issue 27)"
 SIZES = [64, 4096, 65536]
@@ -210,7 +210,27 @@ def tables(results: dict, markdown: bool = False) -> str:
     return "\n".join(parts)
 
 
-plots = no_plots
+def plots(results: dict, out, plt) -> list[str]:
+    """Each helper's time over its Python equivalent's, grouped by size; resize in place over allocate."""
+    from _plot import bars, lines
+
+    pairs = results["pairs"] | results.get("info_pairs", {})
+    sizes = list(results["sizes"])
+    values = {f"{label} / {peer}": [results["sizes"][n]["ratios"][key]["median"] for n in sizes]
+              for key, (label, peer) in pairs.items()}
+    written = bars(plt, out, "helpers_ratio.png", [fmt_size(int(n)) for n in sizes], values, line=LIMIT,
+                   ylabel="time / the Python equivalent's (median of same-round ratios)",
+                   title=f"Panama-style helpers against their Python equivalents (lower is faster; "
+                         f"the line: the {LIMIT}x target)")
+    resize = results.get("resize")
+    if resize:
+        xs = [int(n) for n in resize]
+        series = {" over ".join(RESIZE_PAIR): ("arenalib", [c["ratio"]["median"] for c in resize.values()])}
+        written += lines(plt, out, "helpers_resize.png", xs, series, logx=True, hline=1.0,
+                         ylabel="time / allocate + free's (median of same-round ratios)",
+                         title="seg.resize(n) in place against a fresh allocate + free, by size "
+                               "(lower is faster)")
+    return written
 
 if __name__ == "__main__":
     run_standalone(__import__(__name__))

@@ -178,6 +178,23 @@ def test_one_plot_per_experiment_with_distinct_colours(recorded, tmp_path):
         sys.path.remove(str(BENCH))
 
 
+def test_the_experiments_recorded_alone_get_their_plots_too(tmp_path):
+    # helpers, numpy_scope and bufring are newer than the recording above: each has a run of its own.
+    pytest.importorskip("matplotlib.pyplot")
+    names = ("helpers", "numpy_scope", "bufring")
+    runs = {name: json.loads((BENCH / "results" / f"{name}.json").read_text()) for name in names}
+    res = copy.deepcopy(runs["helpers"])
+    res["failed"] = {}
+    for name in names:
+        res[name] = runs[name][name]
+    _, out = render(tmp_path, res)
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    for name in names:
+        assert any(p.startswith(name + "_") for p in pngs), (name, pngs)
+    markdown = (out / "results.md").read_text()
+    assert all(f"]({p})" in markdown for p in pngs)
+
+
 def test_only_names_the_experiments_when_given_an_unknown_one():
     proc = subprocess.run([sys.executable, str(RUN), "--only", "nonsense"], capture_output=True, text=True,
                           timeout=60)
