@@ -78,7 +78,7 @@ def test_a_thread_ends_with_its_frame_open_and_a_resized_segment_exported():
         thread = threading.Thread(target=work)
         thread.start()
         thread.join()
-    for frame, seg, view in zip(kept[::3], kept[1::3], kept[2::3]):
+    for frame, seg, view in zip(kept[::3], kept[1::3], kept[2::3], strict=True):
         assert view.tobytes() == b"\7" * 100
         assert not seg.alive  # its arena closed with the thread, deferred by the export
         assert frame.__exit__(None, None, None) is False
