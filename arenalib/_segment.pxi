@@ -304,6 +304,9 @@ cdef class Segment:
         try:
             if status:
                 self._raise_status(status)  # (a ConfinedArena's segment left on another thread)
+            if self._root is not None:  # __exit__ called without __enter__, which refuses these
+                raise UnsupportedOperation("a slice (or readonly() view) is not freed by itself")
+            self._arena._check_freeable()
             self._free_when_unexported()
         except ArenaClosedError:
             pass  # another thread freed it, or reset or closed its arena, since the look above

@@ -10,7 +10,7 @@ from cpython.mem cimport PyMem_RawFree, PyMem_RawRealloc
 from libc.string cimport memmove, memset
 
 from arenalib._abi cimport (
-    CARVER_RECORDS, RECENT_MAX, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, SlicingState,
+    CARVER_RECORDS, RECENT_MAX, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, SlicingState, books_note_peak,
     arenalib_load_carving, arenalib_load_owner, arenalib_store_owner, arenalib_try_lock, arenalib_unlock,
     load_carve_record, store_carve_record, thread_ident,
 )
@@ -279,6 +279,11 @@ cdef int slicing_resize(ArenaCore* core, void* ptr, size_t old, size_t new, size
         if new > old and over_limit(core, new - old):
             err = ARENA_ELIMIT
         else:
+            if new < old:
+                # The carve counts live bytes only and folds them in at reset, rewind and close:
+                # the bytes a shrink gives back fold in now, or peak and total would never see them.
+                books_note_peak(&core.books)
+                core.books.allocated_total += old - new
             slicing.cursor = start + new
             core.books.live_bytes += <Py_ssize_t>new - <Py_ssize_t>old
             if zero and new > old:

@@ -498,6 +498,27 @@ def test_with_refuses_what_is_not_freed_one_by_one(make):
     a.close()
 
 
+@pytest.mark.parametrize("make", ["slice", "readonly", "slicing", "slicing_exported"])
+def test_exit_alone_refuses_what_enter_refuses(make):
+    # __exit__ called without __enter__ (it is public): it refused nothing, so a slice's exit freed
+    # the parent's block at the slice's interior address (the books went to -1), and a SlicingArena
+    # segment's exported exit left a free for the release that raised there, unraisably.
+    a = arenalib.SlicingArena() if make.startswith("slicing") else arenalib.Arena()
+    seg = a.allocate(1 << 16).fill(5)
+    target = {"slice": lambda: seg.slice(4096, 4096), "readonly": seg.readonly}.get(make, lambda: seg)()
+    view = memoryview(target) if make == "slicing_exported" else None
+    with pytest.raises(UnsupportedOperation):
+        target.__exit__(None, None, None)
+    body = KeyError("body")
+    assert target.__exit__(KeyError, body, None) is False
+    assert any("freeing the segment failed" in note for note in body.__notes__)
+    if view is not None:
+        view.release()
+    assert seg.alive and target.alive and seg.tobytes() == b"\x05" * (1 << 16)
+    assert a.stats()["live_segments"] == 1 and a.stats()["live_bytes"] == 1 << 16
+    a.close()
+
+
 def test_with_a_dead_segment_raises_at_entry():
     a = arenalib.Arena()
     seg = a.allocate(8)

@@ -115,6 +115,22 @@ def test_slicing_arena_shrink_under_a_mark_leaves_the_mark_alone():
         assert a.allocate(64).address >= seg.address + 256
 
 
+@pytest.mark.parametrize("where", ["plain", "frame"])
+def test_slicing_arena_shrink_in_place_keeps_peak_and_total(where):
+    # The last carve shrunk in place gave its bytes back without folding them in: 1,000 bytes
+    # carved and shrunk to 10 left peak_bytes and allocated_total at 10 (a frame's rewind too).
+    a = arenalib.SlicingArena()
+    if where == "frame":
+        with a.frame() as f:
+            f.allocate(1000).resize(10)
+    else:
+        a.allocate(1000).resize(10)
+    books = a.stats()
+    assert books["peak_bytes"] == 1000 and books["allocated_total"] == 1000
+    a.close()
+    assert a.stats()["peak_bytes"] == 1000 and a.stats()["allocated_total"] == 1000
+
+
 def test_alignment_is_kept(kind):
     with kind() as a:
         for align in (64, 4096, 1 << 16):
