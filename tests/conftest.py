@@ -1,7 +1,8 @@
 """Shared fixtures of arenalib's tests.
 
-Hypothesis profiles: "default" (quick, the default) and "thorough", chosen with the environment
-variable ARENALIB_HYPOTHESIS_PROFILE, e.g. ``ARENALIB_HYPOTHESIS_PROFILE=thorough python3 dev.py test``.
+Hypothesis profiles: "default" (quick, the default), "sanitized" (the default under a sanitizer:
+fewer examples) and "thorough", chosen with the environment variable ARENALIB_HYPOTHESIS_PROFILE,
+e.g. ``ARENALIB_HYPOTHESIS_PROFILE=thorough python3 dev.py test``.
 
 Every test is followed by a leak check: once the garbage is collected, as many pooled jemalloc slots
 must be in use (held by open arenas) as before the test.  An arena left open and unreachable would
@@ -23,11 +24,23 @@ import sysconfig
 
 import pytest
 from hypothesis import HealthCheck, settings
-from support import FREEABLE_KINDS, KINDS, build_example_consumer, build_test_consumers, slots_in_use
+from support import (
+    FREEABLE_KINDS,
+    KINDS,
+    SANITIZED,
+    THREAD_SANITIZED,
+    build_example_consumer,
+    build_test_consumers,
+    slots_in_use,
+)
 
 import arenalib
 
 settings.register_profile("default", max_examples=50, deadline=None)
+# The sanitizer builds (dev.py sanitize, dev.py tsan) run every path several times slower; the
+# random search itself is the other suites' (each CI interpreter runs the default profile with
+# its own seeds), so under a sanitizer each property and state machine tries fewer examples.
+settings.register_profile("sanitized", max_examples=15, deadline=None)
 settings.register_profile(
     "thorough",
     max_examples=1000,
@@ -35,7 +48,8 @@ settings.register_profile(
     stateful_step_count=100,
     suppress_health_check=[HealthCheck.too_slow],
 )
-settings.load_profile(os.environ.get("ARENALIB_HYPOTHESIS_PROFILE", "default"))
+settings.load_profile(os.environ.get(
+    "ARENALIB_HYPOTHESIS_PROFILE", "sanitized" if SANITIZED or THREAD_SANITIZED else "default"))
 
 FREE_THREADED = sysconfig.get_config_var("Py_GIL_DISABLED") == 1
 _GIL_PROBLEM = pytest.StashKey[str]()

@@ -53,6 +53,10 @@ def slots_in_use() -> int:
 # space, and makes everything several times slower.
 SANITIZED = os.environ.get("ARENALIB_SANITIZE") == "1"
 not_sanitized = pytest.mark.skipif(SANITIZED, reason="not meaningful on the ASan build")
+# The tests of the tooling around arenalib (mypy over its stubs, the benchmark harness): what they
+# run of arenalib's native code, the library's own tests run on the ASan build too.
+tooling_only = pytest.mark.skipif(
+    SANITIZED, reason="a test of tooling: the native paths it reaches run under ASan in the library's tests")
 # `dev.py tsan`: an interpreter built --with-thread-sanitizer (about ten times slower).
 THREAD_SANITIZED = "--with-thread-sanitizer" in (sysconfig.get_config_var("CONFIG_ARGS") or "")
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from support import assert_ok, run_python
+from support import assert_ok, run_python, tooling_only
+
+pytestmark = tooling_only
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 

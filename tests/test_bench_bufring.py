@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from support import assert_ok, run_python
+from support import assert_ok, run_python, tooling_only
 
 import arenalib
+
+pytestmark = tooling_only
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 

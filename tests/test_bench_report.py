@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import tooling_only
+
+pytestmark = tooling_only
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 RUN = BENCH / "run.py"

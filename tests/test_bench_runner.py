@@ -13,6 +13,10 @@ import subprocess
 import sys
 import textwrap
 
+from support import tooling_only
+
+pytestmark = tooling_only
+
 RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench", "run.py")
 
 # What every stand-in has of bench/_experiment.Experiment besides its run() (and, for some, plan()).

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from support import HERE
+from support import HERE, tooling_only
 
 import arenalib
 
@@ -33,12 +33,14 @@ def run_mypy(program, target: str) -> subprocess.CompletedProcess:
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
 
 
+@tooling_only
 @pytest.mark.parametrize("target", TARGETS)
 def test_mypy_accepts_a_typed_user_program(target):
     result = run_mypy(TYPING / "user_program.py", target)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@tooling_only
 @pytest.mark.parametrize("target", TARGETS)
 def test_mypy_rejects_the_type_errors_of_a_user_program(target):
     program = TYPING / "type_errors.py"
