@@ -228,8 +228,9 @@ if sys.argv[1] == "purge":
     arena.purge()
 else:
     time.sleep(2.5)  # jemalloc's background thread decays what the threads gave back
-assert arena.stats()["live_bytes"] == 0
-print(peak - start, rss_mib() - start)
+stats = arena.stats()
+assert stats["live_bytes"] == 0
+print(peak - start, rss_mib() - start, (stats["active"] + stats["dirty"]) / 2**20)
 """
 
 
@@ -239,12 +240,14 @@ def test_caches_of_threads_that_ended_go_back(then):
     """200 threads each allocate 1 MiB from one shared Arena, free it and end.  Each thread's free
     blocks stayed in its caches: RSS rose by ~250 MiB and stayed there after purge() and after
     2.5 s idle.  Now a thread's caches go back to jemalloc when it ends, and purge() drains every
-    thread's cache: RSS returns to within 16 MiB of the start (measured after a first batch of
-    200 threads that allocate nothing, so that the interpreter's own memory for threads is not
-    counted)."""
-    peak, after = map(float, assert_ok(run_python(DEAD_THREADS, then, timeout=120)).split())
-    assert peak > 100, (peak, after)  # the scenario did hold the memory
-    assert after < 16, (peak, after)
+    thread's cache: the arena's pages in jemalloc's books (active and dirty, thread caches
+    included) are under 1 MiB, and RSS is back within 48 MiB of the start (measured after two
+    batches of 200 threads that allocate nothing, so that the interpreter's own memory for threads
+    is not counted; what 3.13t's allocator keeps of it still varies by some MiB with the load)."""
+    peak, after, held = map(float, assert_ok(run_python(DEAD_THREADS, then, timeout=120)).split())
+    assert peak > 100, (peak, after, held)  # the scenario did hold the memory
+    assert held < 1, (peak, after, held)
+    assert after < 48, (peak, after, held)
 
 
 THREAD_CHURN_RECORDS = r"""
