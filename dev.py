@@ -134,14 +134,20 @@ def up_to_date(stamp: Path, value: str) -> bool:
 
 
 def ensure_venv(python: str, tag: str, venv: Path | None = None) -> Path:
-    """The venv .venv/``tag`` (or ``venv``) of ``python``, made if it is not there."""
+    """The venv .venv/``tag`` (or ``venv``) of ``python``, made if it is not there, or made again if
+    its making was cut short (an interrupted run leaves a venv without pip)."""
     venv = venv or ROOT / ".venv" / tag
     vpython = venv / "bin" / "python"
-    if not vpython.exists():
+    made = venv / ".arenalib-venv"
+    if vpython.exists() and not made.exists() and subprocess.run(
+            [str(vpython), "-m", "pip", "--version"], capture_output=True).returncode == 0:
+        made.write_text(f"{python}\n")  # made before dev.py left this mark: whole
+    if not (vpython.exists() and made.exists()):
         say(f"creating {venv.relative_to(ROOT) if venv.is_relative_to(ROOT) else venv} with {python}")
-        run([python, "-m", "venv", str(venv)])
+        run([python, "-m", "venv", "--clear", str(venv)])
         # An old interpreter's bundled pip lacks -C (config settings for meson-python).
         run([str(vpython), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--upgrade", "pip"])
+        made.write_text(f"{python}\n")
     return venv
 
 

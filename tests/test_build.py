@@ -283,3 +283,30 @@ def test_every_wrap_is_fetched_and_pinned():
     assert wraps == sorted(fetch.WRAPS)
     for name in wraps:
         assert re.fullmatch(r"[0-9a-f]{64}", fetch.read_wrap(name)["source_hash"].strip())
+
+
+def test_a_venv_whose_making_was_cut_short_is_made_again(tmp_path, monkeypatch):
+    """An interrupted dev.py leaves a venv with a python but no pip, which the next run used as it
+    was (and every pip install in it failed): it is made again.  A whole venv is kept, and one made
+    before dev.py marked its venvs is kept when its pip works."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # (dev.py puts tools/ first)
+    spec = importlib.util.spec_from_file_location("dev", ROOT / "dev.py")
+    dev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dev)
+    ran = []
+    monkeypatch.setattr(dev, "run", lambda cmd, **kwargs: ran.append(cmd))
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("#!/bin/sh\nexit 1\n")  # `python -m pip` fails: no pip
+    python.chmod(0o755)
+    dev.ensure_venv(sys.executable, "cut-short", venv)
+    assert [cmd[1:4] for cmd in ran] == [["-m", "venv", "--clear"], ["-m", "pip", "install"]]
+    assert (venv / ".arenalib-venv").exists()
+    ran.clear()
+    dev.ensure_venv(sys.executable, "cut-short", venv)
+    assert ran == []
+    (venv / ".arenalib-venv").unlink()
+    python.write_text("#!/bin/sh\nexit 0\n")  # an older, whole venv: its pip answers
+    dev.ensure_venv(sys.executable, "cut-short", venv)
+    assert ran == [] and (venv / ".arenalib-venv").exists()
