@@ -121,15 +121,18 @@ cdef Segment _segment_slice(Segment seg, object offset, object size):
 
 cdef object _dead_segment_error(Segment seg):
     cdef SegmentOwner arena = seg._arena
-    cdef void* token = access_enter(seg._life)  # no close half done meanwhile
+    # Read under the access announcement: no close or reset of another thread half done (or
+    # writing the generation: ThreadSanitizer saw that race on 3.13t) meanwhile.
+    cdef void* token = access_enter(seg._life)
     cdef bint arena_open = arena._is_open()
+    cdef bint same_generation = seg._generation == seg._life.generation
     access_exit(token)
     if not arena_open:
         why = f"its {type(arena).__name__} is closed"
     elif seg._dead_root():
         why = ("it was resized (use the segment resize() returned)" if seg._owner_segment()._resized
                else "it was freed or released")
-    elif seg._generation == seg._life.generation:
+    elif same_generation:
         why = f"its {type(arena).__name__} was rewound to a mark made before it"
     else:
         why = f"its {type(arena).__name__} was reset"

@@ -718,3 +718,26 @@ def test_arena_closed_error_is_value_error(arena):
     arena.reset()
     with pytest.raises(ValueError):
         seg[0]
+
+
+def test_a_dead_segments_error_says_what_killed_it():
+    """The ArenaClosedError of a dead segment names the cause: a reset, a rewind to an earlier mark,
+    a free, a close."""
+    a = arenalib.SlicingArena()
+    seg = a.allocate(8)
+    a.reset()
+    with pytest.raises(arenalib.ArenaClosedError, match="was reset"):
+        seg.fill(1)
+    mark = a.mark()
+    seg = a.allocate(8)
+    a.rewind(mark)
+    with pytest.raises(arenalib.ArenaClosedError, match="rewound to a mark made before it"):
+        seg.fill(1)
+    a.close()
+    with pytest.raises(arenalib.ArenaClosedError, match="SlicingArena is closed"):
+        seg.fill(1)
+    with arenalib.ConfinedArena() as b:
+        seg = b.allocate(8)
+        seg.free()
+        with pytest.raises(arenalib.ArenaClosedError, match="freed or released"):
+            seg.fill(1)
