@@ -93,7 +93,11 @@ cdef int _debug_note_allocation(ArenaBase arena, size_t address, Py_ssize_t size
     """Debug mode: remember where the segment at ``address`` was allocated ([size, stack, exports])."""
     import traceback
     if arena._debug_blocks is None:
-        arena._debug_blocks = {}
+        # Made once and then only cleared, never dropped: other threads read the field unlocked
+        # (3.13t), and a dict dropped under one of them would be freed in its hands.
+        with cython.critical_section(arena):
+            if arena._debug_blocks is None:
+                arena._debug_blocks = {}
     # Called from C: the innermost Python frame is the one that allocated.
     arena._debug_blocks[address] = [size, "".join(traceback.format_stack()), 0]
     return 0
@@ -112,7 +116,7 @@ cdef int debug_note_export(Segment root, Py_ssize_t delta) except -1:
 
 cdef str exported_segments(ArenaBase arena):
     """The exported segments of ``arena``, named for an error message (debug mode only)."""
-    if arena._debug_blocks is None:
+    if not arena._debug_blocks:
         return " (arenalib.set_debug(True) names the segments)"
     shown = [f"\n  a segment of {size} bytes at {address:#x} ({exports} export(s)), allocated at:\n"
              f"{stack}" for address, (size, stack, exports) in arena._debug_blocks.items() if exports > 0]
@@ -157,6 +161,7 @@ cdef class ArenaBase(SegmentOwner):
             import traceback
             # Called from C: the innermost Python frame is the one that made the arena.
             self._created_at = "".join(traceback.format_stack())
+            self._debug_blocks = {}  # now, while no other thread can see the arena
         return 0
 
     cdef bint _is_open(self) noexcept:
@@ -440,7 +445,9 @@ cdef class ArenaBase(SegmentOwner):
 
     cdef void _untrack_all(self) noexcept:
         """Tell tracemalloc (and debug mode's books) that every traced block of the arena is gone."""
-        self._debug_blocks = None
+        cdef dict blocks = self._debug_blocks
+        if blocks is not None:
+            blocks.clear()  # not dropped: see _debug_note_allocation()
         if self._traced is None:
             return
         with cython.critical_section(self):

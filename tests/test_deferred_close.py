@@ -224,6 +224,29 @@ def test_debug_mode_names_the_exported_segment():
     a.close()
 
 
+@pytest.mark.parametrize("debug_first", [True, False], ids=["arena-made-in-debug", "debug-turned-on-later"])
+def test_debug_mode_names_the_segments_allocated_after_a_reset(debug_first):
+    """A reset clears debug mode's books, which go on: the segment exported after it is named."""
+    if debug_first:
+        arenalib.set_debug(True)
+    a = arenalib.Arena()
+    try:
+        arenalib.set_debug(True)
+        memoryview(a.allocate(77)).release()
+        a.reset()
+        seg = a.allocate(123)
+        view = memoryview(seg)
+        with pytest.raises(BufferError) as info:
+            a.reset()
+    finally:
+        arenalib.set_debug(False)
+    message = str(info.value)
+    assert f"a segment of 123 bytes at {seg.address:#x}" in message and "77 bytes" not in message
+    assert "test_debug_mode_names_the_segments_allocated_after_a_reset" in message
+    view.release()
+    a.close()
+
+
 def test_without_debug_mode_the_error_says_how_to_name_them():
     a = arenalib.ConfinedArena()
     view = memoryview(a.allocate(5))

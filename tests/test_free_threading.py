@@ -202,7 +202,18 @@ def _one_of(outcomes, *allowed):
     return attempt
 
 
-def test_shared_arena_every_operation_from_four_threads():
+@pytest.fixture(params=[False, True], ids=["plain", "debug"])
+def debug_mode(request):
+    """Debug mode off, then on (its books of each segment are kept by every allocate and free
+    and cleared by a reset, from all the threads at once)."""
+    arenalib.set_debug(request.param)
+    try:
+        yield request.param
+    finally:
+        arenalib.set_debug(False)
+
+
+def test_shared_arena_every_operation_from_four_threads(debug_mode):
     """allocate/free/fill/memoryview/reset/close/stats/live_objects on one Arena from four threads:
     every call either works or raises one of the documented exceptions, and what a thread wrote
     into a segment it owns is still there when it checks."""
