@@ -22,6 +22,7 @@ is a corruption.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import itertools
@@ -568,12 +569,19 @@ class Race:
              errors=self.other_errors[:5], **extra)
 
 
-def writer_loop(race: Race, target: list) -> None:
-    """Write plain bytes (and ints) through whatever segment ``target[0]`` is, dead or alive."""
+def writer_loop(race: Race, target: list, handoff=contextlib.nullcontext()) -> None:
+    """Write plain bytes (and ints) through whatever segment ``target[0]`` is, dead or alive.
+
+    ``handoff``: what the writer holds while it takes the handle from ``target``, where another
+    thread replaces it.  A bare read of a list item another thread replaces is CPython's own
+    speculative read (list_get_item_ref), which ThreadSanitizer reports against the next object
+    allocated where the replaced one was, a Segment here; the race under test is the use of the
+    handle, which runs outside the lock."""
     ops = 0
     try:
         while not race.over():
-            seg = target[0]
+            with handoff:
+                seg = target[0]
             ops += 1
             try:
                 if ops % 8 == 0:
@@ -601,7 +609,8 @@ def threaded_race(name: str, seconds: float, take, give) -> None:
     first = take()
     first.fill(SEG_FILL)
     target = [first]
-    writer = threading.Thread(target=writer_loop, args=(race, target))
+    handoff = threading.Lock()
+    writer = threading.Thread(target=writer_loop, args=(race, target, handoff))
     writer.start()
     victims = []
     pattern = patterns()
@@ -609,7 +618,8 @@ def threaded_race(name: str, seconds: float, take, give) -> None:
         while not race.over():
             seg = take()
             seg.fill(SEG_FILL)
-            target[0] = seg
+            with handoff:
+                target[0] = seg
             address = seg.address
             while len(victims) > 8:  # the writer writes through the live target meanwhile
                 old, p_old = victims.pop(0)
