@@ -185,8 +185,9 @@ cdef class ArenaBase(SegmentOwner):
         return _allocate_from(self, data, align)
 
     def allocate_string(self, s, encoding="utf-8", nul=True):
-        """A new Segment holding ``s`` encoded (``s.encode(encoding)``), then a NUL byte when
-        ``nul`` is true (a C string).  Panama's SegmentAllocator.allocateFrom(String)."""
+        """A new Segment holding ``s`` encoded (``s.encode(encoding)``), then a NUL character when
+        ``nul`` is true (a C string): one byte, two in UTF-16, four in UTF-32.  Panama's
+        SegmentAllocator.allocateFrom(String, Charset)."""
         return _allocate_string(self, s, encoding, nul)
 
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align,

@@ -187,6 +187,8 @@ cdef class Mark:
     @property
     def valid(self):
         """True while ``arena.rewind(self)`` would be accepted as far as the mark goes."""
+        if self._arena is None:  # made by Mark.__new__(Mark), not by a mark(): names no position
+            return False
         cdef ArenaCore* core = &self._arena._core
         cdef void* token = access_enter(&core.life)
         cdef bint valid = core.open and frames_check_mark(core, core.life.frames, &self._mark) == ARENA_OK
@@ -253,6 +255,8 @@ cdef class Frame:
     def __enter__(self):
         if self._state != FRAME_NEW:
             raise ValueError("a frame is entered once; make a new one with arena.frame()")
+        if self._arena is None:  # made by Frame.__new__(Frame): every other method needs an entry
+            raise TypeError("this Frame belongs to no arena; make frames with SlicingArena.frame()")
         cdef int err = _mark_checked(self._arena, True, &self._mark)
         if err:
             _raise_mark_error(self._arena, err, "enter a frame")

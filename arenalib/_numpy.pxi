@@ -432,6 +432,8 @@ cdef class NumpyScope:
         raise TypeError("NumpyScope cannot be constructed directly; use arena.numpy()")
 
     def __enter__(self):
+        if self._arena is None:  # made by NumpyScope.__new__(NumpyScope), not by arena.numpy()
+            raise TypeError("this NumpyScope belongs to no arena; make scopes with arena.numpy()")
         previous = numpy_api().set_handler(numpy_handler_of(self._arena))
         cdef bint refused
         # With the GIL off, two threads may enter or exit one scope object at once: its fields change

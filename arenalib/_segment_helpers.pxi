@@ -84,6 +84,7 @@ cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, obj
     cdef bint terminated = parse_flag(nul, "nul")
     cdef const char* data
     cdef Py_ssize_t length
+    cdef Py_ssize_t terminator = terminated  # the NUL's bytes: one code unit of the encoding
     cdef object encoded
     cdef Segment seg
     cdef void* token
@@ -94,18 +95,43 @@ cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, obj
         data = PyUnicode_AsUTF8AndSize(text, &length)
         encoded = text  # what keeps ``data``
     else:
+        if terminated:
+            terminator = _nul_width(encoding)
         encoded = text.encode(encoding)
         if type(encoded) is not bytes:
             raise TypeError(f"encoding {encoding!r} gave {type(encoded).__name__}, not bytes")
         data = PyBytes_AS_STRING(encoded)
         length = len(<bytes>encoded)
-    seg = arena._allocate(length + terminated, False, 1)
+    if length > PY_SSIZE_T_MAX - terminator:
+        raise MemoryError(f"a string of {length} bytes and its NUL is larger than any segment")
+    seg = arena._allocate(length + terminator, False, 1)
     seg._pin(&token)
     memcpy(seg._ptr, data, <size_t>length)
-    if terminated:
-        seg._ptr[length] = 0
+    memset(seg._ptr + length, 0, <size_t>terminator)
     seg._unpin(token)
     return seg
+
+
+cdef dict _NUL_WIDTHS = {}
+
+
+cdef Py_ssize_t _nul_width(object encoding) except -1:
+    """The bytes of a NUL character in ``encoding`` (2 in UTF-16, 4 in UTF-32, as Panama's
+    allocateFrom(String, Charset) terminates): what one more NUL character adds to the encoded
+    bytes, so a byte order mark counts once; 1 where that is not 1, 2 or 4 zero bytes (a codec
+    that refuses a NUL)."""
+    width = _NUL_WIDTHS.get(encoding)
+    if width is None:
+        try:
+            one, two = "\0".encode(encoding), "\0\0".encode(encoding)
+            width = len(two) - len(one) if type(two) is bytes and type(one) is bytes else 1
+            if width not in (1, 2, 4) or two[len(one):] != bytes(width):
+                width = 1
+        except Exception:
+            width = 1
+        if type(encoding) is str and len(_NUL_WIDTHS) < 64:
+            _NUL_WIDTHS[encoding] = width
+    return width
 
 
 # -- arenalib.copy -----------------------------------------------------------------------------------

@@ -569,7 +569,10 @@ class Race:
              errors=self.other_errors[:5], **extra)
 
 
-def writer_loop(race: Race, target: list, handoff=contextlib.nullcontext()) -> None:
+NO_HANDOFF = contextlib.nullcontext()  # a writer alone with the code that replaces its target
+
+
+def writer_loop(race: Race, target: list, handoff=NO_HANDOFF) -> None:
     """Write plain bytes (and ints) through whatever segment ``target[0]`` is, dead or alive.
 
     ``handoff``: what the writer holds while it takes the handle from ``target``, where another

@@ -24,7 +24,7 @@ import sysconfig
 
 import pytest
 import safety_child
-from support import HERE, KINDS, THREAD_SANITIZED, run_python
+from support import HERE, KINDS, THREAD_SANITIZED, assert_ok, run_python
 
 import arenalib
 
@@ -230,6 +230,49 @@ def test_no_object_owning_or_viewing_native_memory_can_be_pickled_copied_or_give
                     attempt(obj)
             assert not hasattr(obj, "__setstate__"), name
             assert not hasattr(obj, "__setstate_cython__"), name
+
+
+# Each extension type of arenalib made by tp_new alone (``Type.__new__(Type)``, which skips the
+# __init__ that refuses direct construction), then each method called and each attribute read with a
+# few argument shapes; a line before each, so that a crash names its call.
+_BARE_OBJECTS = """
+import sys
+import arenalib, arenalib._arena, arenalib._pool, arenalib._ring
+
+types = sorted({obj for module in (arenalib._arena, arenalib._pool, arenalib._ring)
+                for obj in vars(module).values()
+                if isinstance(obj, type) and obj.__module__.startswith("arenalib")
+                and not issubclass(obj, BaseException)}, key=lambda t: t.__qualname__)
+made = 0
+for cls in types:
+    try:
+        obj = cls.__new__(cls)
+    except Exception:
+        continue  # refused at birth
+    made += 1
+    for name in sorted(set(dir(cls)) - set(dir(object)) | {"__repr__"}):
+        print(cls.__qualname__, name, flush=True)
+        try:
+            attr = getattr(obj, name)
+        except Exception:
+            continue
+        if callable(attr):
+            for args in [(), (0,), (1, 1), (None, None, None)]:
+                try:
+                    attr(*args)
+                except Exception:
+                    pass
+print("made", made, "of", len(types))
+"""
+
+
+def test_objects_made_without_their_factory_raise_and_never_crash():
+    """Frame, Mark and NumpyScope refused direct construction in __init__ only, and their methods
+    then read an arena that was None as one (a segfault entering either, an out-of-bounds read in
+    Mark.valid): every type made by __new__ alone must raise or answer, whatever is called."""
+    out = assert_ok(run_python(_BARE_OBJECTS))
+    made = int(out.split()[-3])
+    assert made >= 10, out[-2000:]  # Frame, Mark, NumpyScope, Ring, Received ... are made this way
 
 
 def _close_in_a_finalizer(closeable):

@@ -95,10 +95,41 @@ def test_allocate_string_is_encode_plus_a_nul(arena, text):
     assert arena.allocate_string(text, nul=False).tobytes() == text.encode()
 
 
-@pytest.mark.parametrize("encoding", ["latin-1", "utf-16-le", "UTF-8", "ascii"])
-def test_allocate_string_other_encodings(arena, encoding):
+@pytest.mark.parametrize(("encoding", "nul"), [("latin-1", 1), ("UTF-8", 1), ("ascii", 1), ("cp1252", 1),
+                                               ("utf-16-le", 2), ("utf-16-be", 2), ("utf-16", 2),
+                                               ("utf-32-le", 4), ("utf-32", 4)])
+def test_allocate_string_other_encodings_end_with_one_nul_character(arena, encoding, nul):
+    """As Panama's allocateFrom(String, Charset): the terminator is a NUL character of the encoding,
+    two bytes in UTF-16 and four in UTF-32 (a C wchar_t/char16_t/char32_t string), after the byte
+    order mark the encoding may put first."""
     text = "caf\xe9" if encoding != "ascii" else "cafe"
-    assert arena.allocate_string(text, encoding).tobytes() == text.encode(encoding) + b"\x00"
+    for _ in range(2):  # the width is worked out once per encoding, then remembered
+        seg = arena.allocate_string(text, encoding)
+        assert seg.tobytes() == text.encode(encoding) + bytes(nul)
+        assert seg.tobytes() == (text + "\x00").encode(encoding)
+    assert arena.allocate_string(text, encoding, nul=False).tobytes() == text.encode(encoding)
+
+
+def test_allocate_string_with_a_codec_refusing_nul_ends_with_one_zero_byte(arena):
+    import codecs
+
+    def search(name):
+        if name != "arenalib_test_no_nul":
+            return None
+
+        def encode(text, errors="strict"):
+            if "\x00" in text:
+                raise UnicodeEncodeError("arenalib_test_no_nul", text, 0, 1, "no NUL")
+            return text.upper().encode("ascii"), len(text)
+
+        return codecs.CodecInfo(encode, lambda data, errors="strict": (bytes(data).decode(), len(data)),
+                                name=name)
+
+    codecs.register(search)
+    try:
+        assert arena.allocate_string("abc", "arenalib_test_no_nul").tobytes() == b"ABC\x00"
+    finally:
+        codecs.unregister(search)
 
 
 @pytest.mark.parametrize("how", ["reset", "close"])
