@@ -44,12 +44,12 @@ cdef extern from "src/access.h":
     void arenalib_yield "sched_yield"() noexcept nogil
 
 
-from arenalib._abi cimport FREE_THREADED, Lifetime
+from arenalib._abi cimport FREE_THREADED, Lifetime, load_life_owner
 
 
 cdef inline bint _any_thread(Lifetime* life) noexcept nogil:
     """The owner's segments may be used by several threads at once (all but a ConfinedArena's)."""
-    return FREE_THREADED and life.owner == 0
+    return FREE_THREADED and load_life_owner(&life.owner) == 0
 
 
 cdef void* access_enter(Lifetime* life) noexcept nogil:

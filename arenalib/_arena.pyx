@@ -118,8 +118,11 @@ cdef str exported_segments(ArenaBase arena):
     """The exported segments of ``arena``, named for an error message (debug mode only)."""
     if not arena._debug_blocks:
         return " (arenalib.set_debug(True) names the segments)"
+    # A copy, made in one call: other threads allocate and free meanwhile (and a dict changed
+    # under its iterator raises).
     shown = [f"\n  a segment of {size} bytes at {address:#x} ({exports} export(s)), allocated at:\n"
-             f"{stack}" for address, (size, stack, exports) in arena._debug_blocks.items() if exports > 0]
+             f"{stack}" for address, (size, stack, exports) in arena._debug_blocks.copy().items()
+             if exports > 0]
     more = len(shown) - DEBUG_SHOWN
     return "".join(shown[:DEBUG_SHOWN]) + (f"\n  and {more} more" if more > 0 else "")
 

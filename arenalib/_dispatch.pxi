@@ -7,7 +7,9 @@
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport uint64_t
 
-from arenalib._abi cimport FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, thread_ident
+from arenalib._abi cimport (
+    FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, load_life_owner, thread_ident,
+)
 from arenalib._confined cimport close_small_scope, confined_init
 from arenalib._slicing cimport slicing_books
 from arenalib._table cimport ArenaMark
@@ -38,9 +40,10 @@ cdef inline void core_forget_live(ArenaCore* core) noexcept nogil:
 
 cdef inline int _usable(ArenaCore* core) noexcept nogil:
     """ARENA_OK when the calling thread may use the open ``core``; a copy of a core is closed."""
+    cdef unsigned long owner = load_life_owner(&core.life.owner)  # before ``open``: see Segment._status
     if not core.open or core.self != core:
         return ARENA_ECLOSED
-    if core.life.owner and core.life.owner != thread_ident():
+    if owner and owner != thread_ident():
         return ARENA_EWRONGTHREAD
     return ARENA_OK
 

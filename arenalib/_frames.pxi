@@ -7,6 +7,7 @@ from cpython.pystate cimport PyThreadState, PyThreadState_Get
 
 from arenalib._abi cimport (
     FRAME_BLOCK_LEVELS, FRAME_BLOCKS, FRAME_MAX_DEPTH, FrameLevel, FrameStack, store_frames,
+    store_life_owner, thread_ident,
 )
 from arenalib._frames cimport (
     FRAME_NEEDS_BLOCK, frame_level, frames_abandon, frames_check_mark, frames_limit, frames_mark_fast,
@@ -370,10 +371,17 @@ cdef class _ThreadFrames:
         cdef SlicingArena arena = self.arena
         # The thread is ending (or its state is cleared): its arena closes, deferred while an
         # export of one of its segments is alive (the last one's release frees the memory).
-        if arena is not None and arena._core.open:
-            arena._core.life.owner = 0  # the release may come from any thread
-            if arena_close_checked(&arena._core, True) == ARENA_OK:
-                arena._untrack_all()
+        # Only on the thread itself, which uses the arena without access records: from another
+        # thread (its state dict reached by introspection) the arena goes with its last reference.
+        if arena is None or not arena._core.open or arena._core.life.owner != thread_ident():
+            return
+        if arena_close_checked(&arena._core, True) == ARENA_OK:
+            arena._untrack_all()
+        # Any thread from now on (the last export's release comes from anywhere).  After the close,
+        # not before: another thread that reads 0 then sees every segment dead, where one that read
+        # 0 before the close passed the owner check of a live segment and wrote into the memory as
+        # the close freed it (its access unannounced: the owner's arena takes no records).
+        store_life_owner(&arena._core.life.owner, 0)
 
 
 cdef SlicingArena _thread_frame_arena(object chunk_size):

@@ -21,7 +21,7 @@ from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABL
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.string cimport memcpy, memset
 
-from arenalib._abi cimport Lifetime, thread_ident
+from arenalib._abi cimport Lifetime, load_life_owner, thread_ident
 from arenalib._frames cimport frame_level_of, frame_stamp_alive
 
 from arenalib._errors import ArenaClosedError, UnsupportedOperation
@@ -123,10 +123,13 @@ cdef class Segment:
         cdef Lifetime* life = self._life
         if life == NULL:
             return SEGMENT_NOT_FROM_ARENA
+        # The owner first: one that became 0 did so after the close that made this segment dead,
+        # which the generation read next then shows (see load_life_owner).
+        cdef unsigned long owner = load_life_owner(&life.owner)
         # A free under way (SEG_FREEING) may still be refused: alive until it is done.
         if not self._current() or self._dead_root():
             return SEGMENT_DEAD
-        if life.owner and life.owner != thread_ident():
+        if owner and owner != thread_ident():
             return SEGMENT_WRONG_THREAD
         return SEGMENT_USABLE
 

@@ -835,3 +835,47 @@ def test_a_thread_using_many_arenas_keeps_a_bounded_number_of_anchors():
         other.close()
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("use", ["fill", "export"])
+def test_a_threads_frame_arena_closing_at_its_end_never_lets_another_thread_in(use):
+    """A thread's frame arena belongs to the thread (another thread's use raises WrongThreadError)
+    and closes when it ends (then ArenaClosedError).  The owner used to be cleared before that
+    close: another thread spinning on one of its segments could read the owner in its access
+    announcement (the owner's: no record, so the close does not wait for it) and 0 in its check
+    (anyone's), and wrote into the memory while the close freed it (3.13t, ~1% of thread ends);
+    a memoryview taken so outlived the close over memory the next arena got.  No call from
+    another thread may ever succeed."""
+    rounds = 1500 if FREE_THREADED else 150
+    got_in = []
+
+    def owner(handed, ready, refused):
+        handed.append(arenalib.frame_arena().allocate(4096, zero=False))
+        ready.set()
+        refused.wait()  # ends (closing the arena) while the intruder tries and tries
+
+    def intruder(handed, ready, refused):
+        ready.wait()
+        seg = handed[0]
+        while True:
+            try:
+                if use == "fill":
+                    seg.fill(ATTACK)
+                else:
+                    memoryview(seg).release()
+                got_in.append(use)
+            except arenalib.WrongThreadError:
+                refused.set()
+            except ArenaClosedError:
+                return
+
+    for _ in range(rounds):
+        shared = ([], threading.Event(), threading.Event())
+        threads = [threading.Thread(target=role, args=shared) for role in (owner, intruder)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if got_in:
+            break
+    assert got_in == [], f"another thread's {use} of a frame arena's segment went through"
