@@ -369,12 +369,15 @@ cdef class _ThreadFrames:
             _last_frames = NULL
             _last_thread_state = 0
         cdef SlicingArena arena = self.arena
-        # The thread is ending (or its state is cleared): its arena closes, deferred while an
-        # export of one of its segments is alive (the last one's release frees the memory).
-        # Only on the thread itself, which uses the arena without access records: from another
-        # thread (its state dict reached by introspection) the arena goes with its last reference.
-        if arena is None or not arena._core.open or arena._core.life.owner != thread_ident():
+        # The thread is ending, or its state is cleared by another thread (in a fork's child, or at
+        # the interpreter's exit, where the thread no longer runs): its arena closes, deferred while
+        # an export of one of its segments is alive (the last one's release frees the memory).
+        if arena is None or not arena._core.open:
             return
+        if arena._core.life.owner != thread_ident():
+            # From a thread that no longer runs, taken over to be closed: from one owner to another,
+            # every other thread is refused all along.
+            store_life_owner(&arena._core.life.owner, thread_ident())
         if arena_close_checked(&arena._core, True) == ARENA_OK:
             arena._untrack_all()
         # Any thread from now on (the last export's release comes from anywhere).  After the close,

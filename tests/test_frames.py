@@ -263,6 +263,48 @@ def test_marks_in_a_forked_child(arena):
     assert_dead(seg)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_threads_frame_arena_closes_in_a_forked_child_where_the_thread_is_gone():
+    """In a fork's child only the forking thread runs: the interpreter clears the other threads'
+    states there, and each one's frame arena closes then (its segments dead, not another thread's),
+    quietly, as at the thread's end."""
+    from support import assert_ok, run_python
+
+    result = run_python("""
+        import os, threading
+        import arenalib
+        handed, ready, done = [], threading.Event(), threading.Event()
+
+        def worker():
+            handed.append(arenalib.frame_arena().allocate(64).fill(7))
+            ready.set()
+            done.wait()
+
+        t = threading.Thread(target=worker)
+        t.start()
+        ready.wait()
+        pid = os.fork()
+        if pid == 0:
+            import gc
+            seg = handed[0]
+            try:
+                seg.fill(1)
+                os._exit(3)
+            except arenalib.ArenaClosedError:
+                pass
+            except BaseException:
+                os._exit(4)
+            gc.collect()
+            os._exit(0 if arenalib.live_objects()["closing_arenas"] == 0 else 5)
+        _, status = os.waitpid(pid, 0)
+        done.set()
+        t.join()
+        print("child", os.waitstatus_to_exitcode(status), handed[0].alive)
+    """, options=("-W", "error::ResourceWarning"))
+    assert assert_ok(result).split() == ["child", "0", "False"], result
+    assert "ResourceWarning" not in result.stderr, result.stderr
+
+
 def test_tracemalloc_sees_rewound_blocks_freed(arena):
     tracemalloc.start()
     try:
