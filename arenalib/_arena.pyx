@@ -561,12 +561,13 @@ cdef class ArenaBase(SegmentOwner):
         # As an unclosed file does: free the memory and say so with a ResourceWarning.  Done here
         # rather than in __del__, which would cost every arena's deallocation (see DESIGN.md).
         if not self._core.open:
-            frames_free(&self._core.life)  # kept by a close while exports were alive
+            frames_free(&self._core.life)  # kept by a close (see frames_close)
             return
         message = f"unclosed {self!r}"
         if self._created_at is not None:
             message += f", created at:\n{self._created_at}"
         core_close(&self._core)
+        frames_free(&self._core.life)
         self._untrack_all()
         if warnings is not None:  # None while the interpreter is tearing modules down
             warnings.warn(message, ResourceWarning, stacklevel=2)

@@ -5,7 +5,7 @@
 
 from arenalib._abi cimport (
     CACHE_MAX_SIZE, INLINE_PARKING, PURGE_LIMIT, RECENT_MAX, ArenaCore, ArenaSlot, ConfinedState,
-    InlineState, books_add, books_note_peak, books_remove, thread_ident,
+    InlineState, books_add, books_note_peak, books_remove, store_life_owner, thread_ident,
 )
 from arenalib._blocks cimport cache_push
 
@@ -79,5 +79,6 @@ cdef inline bint close_small_scope(ArenaCore* core, InlineState* state) noexcept
     core.fast_owner = 0
     core.open = False
     core.life.generation += 1
+    store_life_owner(&core.life.owner, 0)  # after the generation: see _core_shut
     core.slot = NULL
     return True

@@ -89,5 +89,6 @@ cdef class ConfinedArena(ArenaBase):
 
     @property
     def owner_thread(self):
-        """threading.get_ident() of the thread that owns this arena."""
+        """threading.get_ident() of the thread that owns this arena; 0 once it is closed (a closed
+        arena is no thread's: every thread is told it is closed)."""
         return self._core.life.owner

@@ -8,7 +8,8 @@ from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport uint64_t
 
 from arenalib._abi cimport (
-    FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, load_life_owner, thread_ident,
+    FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, load_life_owner, store_life_owner,
+    thread_ident,
 )
 from arenalib._confined cimport close_small_scope, confined_init
 from arenalib._slicing cimport slicing_books
@@ -40,11 +41,11 @@ cdef inline void core_forget_live(ArenaCore* core) noexcept nogil:
 
 cdef inline int _usable(ArenaCore* core) noexcept nogil:
     """ARENA_OK when the calling thread may use the open ``core``; a copy of a core is closed."""
-    cdef unsigned long owner = load_life_owner(&core.life.owner)  # before ``open``: see Segment._status
-    if not core.open or core.self != core:
-        return ARENA_ECLOSED
+    cdef unsigned long owner = load_life_owner(&core.life.owner)  # first: see Segment._status
     if owner and owner != thread_ident():
         return ARENA_EWRONGTHREAD
+    if not core.open or core.self != core:
+        return ARENA_ECLOSED
     return ARENA_OK
 
 
@@ -233,6 +234,10 @@ cdef void _core_shut(ArenaCore* core, size_t* stale, size_t* churn, bint holding
         shared_close(core, stale, churn)
     else:
         slicing_close(core, stale, churn, holding)
+    # A closed arena is no thread's: every thread is told it is closed.  Last, with a release store:
+    # another thread reads the owner first (Segment._status), and one that reads 0 then sees the
+    # new generation; one that reads the owner reads nothing else (see frames_close).
+    store_life_owner(&core.life.owner, 0)
 
 
 cdef void core_close(ArenaCore* core) noexcept:

@@ -7,7 +7,7 @@ from cpython.pystate cimport PyThreadState, PyThreadState_Get
 
 from arenalib._abi cimport (
     FRAME_BLOCK_LEVELS, FRAME_BLOCKS, FRAME_MAX_DEPTH, FrameLevel, FrameStack, store_frames,
-    store_life_owner, thread_ident,
+    load_life_owner, store_life_owner, thread_ident,
 )
 from arenalib._frames cimport (
     FRAME_NEEDS_BLOCK, frame_level, frames_abandon, frames_check_mark, frames_limit, frames_mark_fast,
@@ -54,13 +54,15 @@ cdef void frames_forget(ArenaCore* core) noexcept nogil:
 
 
 cdef void frames_close(Lifetime* life, bint holding) noexcept nogil:
-    """At close (after the generation moved on, so no segment's liveness test reads the stack
-    again): no mark is open.  ``holding``: buffer exports are alive, whose releases count on their
-    segments' levels, so the stack stays until the arena object goes (frames_free)."""
+    """At close (after the generation moved on, so no announced liveness test reads the stack
+    again): no mark is open.  The stack stays until the arena object goes (frames_free) when
+    ``holding`` (buffer exports are alive, whose releases count on their segments' levels) or when
+    the arena belongs to one thread (a thread's frame arena): another thread's liveness test of its
+    segment, refused in the end, takes no access record, and may read the stack as the close runs."""
     cdef FrameStack* stack = life.frames
     if stack == NULL:
         return
-    if not holding:
+    if not holding and load_life_owner(&life.owner) == 0:
         frames_free(life)
         return
     stack.push_limit = 0  # (a closed arena pushes nothing; the general push checks open first)
@@ -378,13 +380,12 @@ cdef class _ThreadFrames:
             # From a thread that no longer runs, taken over to be closed: from one owner to another,
             # every other thread is refused all along.
             store_life_owner(&arena._core.life.owner, thread_ident())
+        # The close makes the arena no thread's, last (_core_shut): a thread that cleared the owner
+        # first let another thread, spinning on one of its segments, read the owner in its access
+        # announcement (no record: the close did not wait for it) and 0 in its check, and write
+        # into the memory as the close freed it.
         if arena_close_checked(&arena._core, True) == ARENA_OK:
             arena._untrack_all()
-        # Any thread from now on (the last export's release comes from anywhere).  After the close,
-        # not before: another thread that reads 0 then sees every segment dead, where one that read
-        # 0 before the close passed the owner check of a live segment and wrote into the memory as
-        # the close freed it (its access unannounced: the owner's arena takes no records).
-        store_life_owner(&arena._core.life.owner, 0)
 
 
 cdef SlicingArena _thread_frame_arena(object chunk_size):

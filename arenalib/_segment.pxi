@@ -123,14 +123,16 @@ cdef class Segment:
         cdef Lifetime* life = self._life
         if life == NULL:
             return SEGMENT_NOT_FROM_ARENA
-        # The owner first: one that became 0 did so after the close that made this segment dead,
-        # which the generation read next then shows (see load_life_owner).
+        # The owner first, as Panama checks a confined segment's thread before its state: another
+        # thread reads nothing else of an arena one thread owns (whose accesses take no records),
+        # and a closed arena is no thread's.  An owner that became 0 did so after the close that
+        # made this segment dead, which the generation read next then shows (_core_shut).
         cdef unsigned long owner = load_life_owner(&life.owner)
+        if owner and owner != thread_ident():
+            return SEGMENT_WRONG_THREAD
         # A free under way (SEG_FREEING) may still be refused: alive until it is done.
         if not self._current() or self._dead_root():
             return SEGMENT_DEAD
-        if owner and owner != thread_ident():
-            return SEGMENT_WRONG_THREAD
         return SEGMENT_USABLE
 
     cdef bint _current(self) noexcept:
@@ -454,11 +456,17 @@ cdef int segment_dealloc_init() except -1:
 
 cdef inline void _count_export(Segment root, Lifetime* life, Py_ssize_t delta) noexcept:
     """An export or pin of ``root``'s memory begins (1) or ends (-1): counted on the root, its
-    owner and, for a segment carved under a mark, that mark's level (which a rewind may not kill)."""
-    count_add(&root._exports, delta)
-    count_add(&life.exports, delta)
+    owner and, for a segment carved under a mark, that mark's level (which a rewind may not kill).
+    The owner's count last when one ends: a close that reads it 0 frees the stack of marks (a
+    release takes no access record), so no level may be counted after."""
+    if delta > 0:
+        count_add(&root._exports, delta)
+        count_add(&life.exports, delta)
     if root._frame_stamp:
         count_add(&frame_level_of(life, root._frame_stamp).exports, delta)
+    if delta < 0:
+        count_add(&root._exports, delta)
+        count_add(&life.exports, delta)
 
 
 cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size, bint keep=True):

@@ -124,10 +124,10 @@ cdef Py_ssize_t _nul_width(object encoding) except -1:
     if width is None:
         try:
             one, two = "\0".encode(encoding), "\0\0".encode(encoding)
-            width = len(two) - len(one) if type(two) is bytes and type(one) is bytes else 1
-            if width not in (1, 2, 4) or two[len(one):] != bytes(width):
-                width = 1
-        except Exception:
+        except UnicodeError:
+            return 1  # (not remembered: only what the codec answered is)
+        width = len(two) - len(one) if type(two) is bytes and type(one) is bytes else 1
+        if width not in (1, 2, 4) or two[len(one):] != bytes(width):
             width = 1
         if type(encoding) is str and len(_NUL_WIDTHS) < 64:
             _NUL_WIDTHS[encoding] = width

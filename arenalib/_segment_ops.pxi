@@ -10,7 +10,7 @@ from cpython.buffer cimport PyBuffer_IsContiguous, PyBuffer_Release, PyBuffer_To
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.string cimport memcpy, memmove
 
-from arenalib._abi cimport thread_ident
+from arenalib._abi cimport load_life_owner, thread_ident
 
 from arenalib._errors import ArenaClosedError, WrongThreadError
 
@@ -140,6 +140,8 @@ cdef object _dead_segment_error(Segment seg):
 
 
 cdef object _wrong_thread_error(SegmentOwner arena):
+    # Read again, atomically: its owner's close may have made it no thread's since (then 0).
+    cdef unsigned long owner = load_life_owner(&arena._life.owner)
     return WrongThreadError(
-        f"{type(arena).__name__} belongs to thread {arena._life.owner}; "
+        f"{type(arena).__name__} belongs to {f'thread {owner}' if owner else 'another thread'}; "
         f"thread {thread_ident()} may not use it or its segments")

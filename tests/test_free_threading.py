@@ -837,20 +837,26 @@ def test_a_thread_using_many_arenas_keeps_a_bounded_number_of_anchors():
         worker.close()
 
 
+@pytest.mark.parametrize("carved", ["plain", "in a frame"])
 @pytest.mark.parametrize("use", ["fill", "export"])
-def test_a_threads_frame_arena_closing_at_its_end_never_lets_another_thread_in(use):
+def test_a_threads_frame_arena_closing_at_its_end_never_lets_another_thread_in(use, carved):
     """A thread's frame arena belongs to the thread (another thread's use raises WrongThreadError)
     and closes when it ends (then ArenaClosedError).  The owner used to be cleared before that
     close: another thread spinning on one of its segments could read the owner in its access
     announcement (the owner's: no record, so the close does not wait for it) and 0 in its check
     (anyone's), and wrote into the memory while the close freed it (3.13t, ~1% of thread ends);
     a memoryview taken so outlived the close over memory the next arena got.  No call from
-    another thread may ever succeed."""
+    another thread may ever succeed.  (Carved in a frame, the check reads the stack of marks,
+    which the close keeps for it: ThreadSanitizer, `dev.py tsan`, sees a read of freed memory.)"""
     rounds = 1500 if FREE_THREADED else 150
     got_in = []
 
     def owner(handed, ready, refused):
-        handed.append(arenalib.frame_arena().allocate(4096, zero=False))
+        if carved == "plain":
+            handed.append(arenalib.frame_arena().allocate(4096, zero=False))
+        else:  # a frame left open as the thread ends: the intruder's check reads the stack of marks
+            frame = arenalib.frame().__enter__()
+            handed.append(frame.allocate(4096, zero=False))
         ready.set()
         refused.wait()  # ends (closing the arena) while the intruder tries and tries
 
@@ -879,3 +885,29 @@ def test_a_threads_frame_arena_closing_at_its_end_never_lets_another_thread_in(u
         if got_in:
             break
     assert got_in == [], f"another thread's {use} of a frame arena's segment went through"
+
+
+def test_an_export_released_as_a_slicing_arena_closes_counts_its_mark_level_first():
+    """A release of an export of a segment carved under a mark counts down the mark's level, the
+    arena's exports and the segment's.  The arena's came first: a close on another thread that read
+    it 0 freed the stack of marks before the level's count went down, a write into freed memory
+    (ThreadSanitizer, `dev.py tsan`, sees it; a plain build may not)."""
+    for _ in range(300 if FREE_THREADED else 50):
+        arena = SlicingArena()
+        arena.mark()
+        view = memoryview(arena.allocate(64))
+        started = threading.Event()
+
+        def release(view=view, started=started):
+            started.set()
+            view.release()
+
+        t = threading.Thread(target=release)
+        t.start()
+        started.wait()
+        while not arena.closed:
+            try:
+                arena.close()
+            except BufferError:
+                pass
+        t.join()
