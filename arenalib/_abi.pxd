@@ -279,9 +279,9 @@ cdef extern from "arenalib/platform.h":
     void* arenalib_allocate_slow_fn
     void* arenalib_free_slow_fn
     unsigned long arenalib_load_owner(unsigned long* owner) noexcept nogil
-    # Lifetime.owner, which goes from a thread to 0 (any thread) only after the close that killed
-    # every segment of that owner (a thread's frame arena at its end): read before the generation,
-    # a 0 then orders the close's new generation before the reader's check of it (Segment._status).
+    # Lifetime.owner, which goes from a thread to 0 (no thread's) last in a close, after the close
+    # killed every segment: read before the generation, a 0 then orders the close's new generation
+    # before the reader's check of it (Segment._status, _core_shut).
     unsigned long load_life_owner "arenalib_load_acquire"(unsigned long* owner) noexcept nogil
     void store_life_owner "arenalib_store_release"(unsigned long* owner, unsigned long value) noexcept nogil
     ThreadCache* load_first_cache "arenalib_load_acquire"(ThreadCache** p) noexcept nogil
