@@ -91,4 +91,4 @@ cdef class ConfinedArena(ArenaBase):
     def owner_thread(self):
         """threading.get_ident() of the thread that owns this arena; 0 once it is closed (a closed
         arena is no thread's: every thread is told it is closed)."""
-        return self._core.life.owner
+        return load_life_owner(&self._core.life.owner)

@@ -26,8 +26,8 @@ from libc.stdint cimport uint64_t
 
 from arenalib._abi cimport (
     FRAME_BLOCK_LEVELS, FRAME_BLOCK_SHIFT, FRAME_DEPTH_BITS, FRAME_MAX_DEPTH, FREE_THREADED, ArenaCore,
-    CarverRecord, FrameLevel, FrameStack, Lifetime, SlicingState, load_frames, load_ssize, load_u64,
-    store_u64, thread_ident,
+    CarverRecord, FrameLevel, FrameStack, Lifetime, SlicingState, load_frames, load_life_owner,
+    load_ssize, load_u64, store_u64, thread_ident,
 )
 from arenalib._slicing cimport biased_begin, biased_end
 from arenalib._table cimport (
@@ -194,7 +194,7 @@ cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark,
     instruction: ARENA_OK, or FRAME_SLOW when the case is not the common one (see the top of this
     file): the caller takes the locked path, which judges every refusal.  With the GIL off, a
     rewind of an arena any thread may use waits for their accesses: always the locked path."""
-    if core.self != core or (FREE_THREADED and core.life.owner == 0):
+    if core.self != core or (FREE_THREADED and load_life_owner(&core.life.owner) == 0):
         return FRAME_SLOW
     cdef CarverRecord* record = biased_begin(core, thread_ident())
     if record == NULL:

@@ -376,7 +376,7 @@ cdef class _ThreadFrames:
         # an export of one of its segments is alive (the last one's release frees the memory).
         if arena is None or not arena._core.open:
             return
-        if arena._core.life.owner != thread_ident():
+        if load_life_owner(&arena._core.life.owner) != thread_ident():
             # From a thread that no longer runs, taken over to be closed: from one owner to another,
             # every other thread is refused all along.
             store_life_owner(&arena._core.life.owner, thread_ident())

@@ -352,8 +352,8 @@ cdef class Segment:
 
     cdef int _free_pending_now(self) except -1:
         """The deferred free, once its last export is gone (an error is unraisable from there)."""
-        cdef Lifetime* life = self._life
-        if life.owner and life.owner != thread_ident():
+        cdef unsigned long owner = load_life_owner(&self._life.owner)
+        if owner and owner != thread_ident():
             return 0  # a ConfinedArena's, released elsewhere: its reset or close takes it
         if self._current() and not self._dead_root():
             try:

@@ -320,7 +320,13 @@ cdef bint _segment_accessible_by(Segment seg, object thread) except -1:
     cdef Lifetime* life = seg._life
     if life == NULL:
         return False
+    # The owner first, as Segment._status reads it: a close clears it last, so a thread that read
+    # 0 (or the owner) then sees the close.  Read after the liveness, a close in between made a
+    # segment alive while its owner held it answer True for every thread.
+    cdef unsigned long owner = load_life_owner(&life.owner)
+    if owner != 0 and owner != ident:
+        return False
     cdef void* token = access_enter(life)
     cdef bint alive = seg._current() and not seg._dead_root()
     access_exit(token)
-    return alive and (life.owner == 0 or life.owner == ident)
+    return alive
