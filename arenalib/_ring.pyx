@@ -391,9 +391,10 @@ cdef class Ring:
         reach the kernel; completions not yet returned by wait() are dropped."""
         if not self._open:
             return
-        _check_thread(self)
-        if self._busy:
-            raise RuntimeError(BUSY.format("close"))
+        if not _owner_left_behind(self):  # (else the child's one thread closes it: no one else can)
+            _check_thread(self)
+            if self._busy:
+                raise RuntimeError(BUSY.format("close"))
         _shutdown(self)
 
     def __dealloc__(self):

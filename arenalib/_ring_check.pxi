@@ -15,8 +15,8 @@ cdef int _check_thread(Ring ring) except -1:
 
 
 cdef int _check_usable(Ring ring) except -1:
+    _check_not_forked(ring)  # first: in a fork child made by another thread, the owner is not there
     _check_thread(ring)
-    _check_not_forked(ring)
     if not ring._open:
         raise ArenaClosedError("the Ring is closed: make a new one")
     if ring._busy:
@@ -27,6 +27,12 @@ cdef int _check_usable(Ring ring) except -1:
 cdef inline bint _forked(Ring ring) noexcept:
     """True in a fork child of the ring's maker, where its queues are not mapped."""
     return ring._forks != ring_forks
+
+
+cdef inline bint _owner_left_behind(Ring ring) noexcept:
+    """In a fork child made by a thread other than the ring's owner: the owner, and any call of the
+    ring it was in, did not come along (the child has only the thread that forked)."""
+    return _forked(ring) and ring._owner != thread_ident()
 
 
 cdef inline int _check_not_forked(Ring ring) except -1:

@@ -891,6 +891,71 @@ def test_fork_child():
     assert assert_ok(run_python(FORK_CHILD, timeout=60)).strip() == "ok"
 
 
+FORK_FROM_ANOTHER_THREAD = """
+import os, signal, socket, threading, time, warnings, ctypes
+from arenalib import BufferPool, Ring, WrongThreadError
+warnings.simplefilter("ignore", DeprecationWarning)  # fork() of a process with threads
+pool = BufferPool(1024, 4)
+ring = Ring(8)
+ring.provide(pool, 1)
+a, b = socket.socketpair()
+ring.recv_multishot(a, 1)
+waiting = threading.Event()
+
+def fork_while_the_owner_waits():
+    waiting.wait()
+    time.sleep(0.2)  # the owner is in wait(1), without the GIL
+    pid = os.fork()
+    if pid == 0:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+        try:
+            try:
+                ring.wait(0)
+                print("wait worked in the child")
+            except RuntimeError as exc:  # the fork child's refusal, not another thread's
+                assert "fork" in str(exc), exc
+            ring.close()                 # the owner did not come along: this thread closes it
+            assert ring.closed and pool.available == 4, pool.stats()
+            pool.close()                 # no longer lent to the ring
+        except BaseException as exc:
+            print("child:", repr(exc), flush=True)
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("child", os.waitstatus_to_exitcode(status))
+    b.sendall(b"after fork")
+
+t = threading.Thread(target=fork_while_the_owner_waits)
+t.start()
+waiting.set()
+[(_, r)] = ring.wait(1)
+t.join()
+assert bytes(r.segment) == b"after fork"
+r.segment.free()                     # the parent's ring is untouched by the child's close
+errors = []
+def close_elsewhere():
+    try:
+        ring.close()
+    except WrongThreadError as exc:
+        errors.append(exc)
+closer = threading.Thread(target=close_elsewhere)
+closer.start()
+closer.join()
+assert len(errors) == 1 and not ring.closed  # outside a fork child, the owner's alone to close
+ring.close()
+pool.close()
+print("ok")
+"""
+
+
+def test_a_fork_child_made_by_another_thread_closes_the_ring_its_owner_left_behind():
+    """In a fork child made by a thread other than the Ring's owner, the owner is not there: every
+    use is refused as a fork child's (RuntimeError), and close() works from the child's thread, so
+    the pool it provides to can close.  close() said WrongThreadError, forever, and the pool stayed
+    pinned."""
+    assert assert_ok(run_python(FORK_FROM_ANOTHER_THREAD, timeout=60)).split() == ["child", "0", "ok"]
+
+
 # -- threads -----------------------------------------------------------------------------------------
 
 @contextmanager
