@@ -201,7 +201,11 @@ cdef int arena_close_checked(ArenaCore* core, bint deferred=False) noexcept:
     Python-level accesses to end (see _access.pxi)."""
     if not core.open:
         return ARENA_OK
-    exclusive_begin(&core.life)
+    # Decided once: the close makes an owned arena no thread's, and an end decided again after it
+    # would let go of a lock this close never took (another thread's, on the closed arena).
+    cdef bint exclusive = _any_thread(&core.life)
+    if exclusive:
+        exclusive_begin(&core.life)
     cdef int err = ARENA_OK
     cdef bint holding = False
     if core.open:  # a rival close may have won
@@ -214,7 +218,8 @@ cdef int arena_close_checked(ArenaCore* core, bint deferred=False) noexcept:
                 err = ARENA_EEXPORTED
         elif not err:
             core_close(core)
-    exclusive_end(&core.life)
+    if exclusive:
+        exclusive_end(&core.life)
     if holding:
         core_release_held(core)  # the last export may have gone meanwhile, from another thread
     return err
