@@ -308,6 +308,17 @@ cdef extern from "arenalib/platform.h":
     bint INLINE_PARKING "ARENALIB_INLINE_PARKING"
 
 
+cdef inline uint64_t life_generation(Lifetime* life) noexcept nogil:
+    """``life``'s generation, as any thread may read it: a thread that owns an arena renews it with
+    no lock (a reset, a close) while other threads ask whether a segment is alive."""
+    return load_u64(&life.generation)
+
+
+cdef inline void life_next_generation(Lifetime* life) noexcept nogil:
+    """Kill every segment of ``life`` at once: a new generation, never an earlier one."""
+    store_u64(&life.generation, life.generation + 1)
+
+
 # -- the books every kind keeps -------------------------------------------------------------------
 
 cdef inline void books_add(Books* books, size_t size) noexcept nogil:
@@ -357,7 +368,7 @@ cdef inline void core_init(ArenaCore* core, InlineState* state, ArenaSlot* slot,
     core.max_bytes = max_bytes if max_bytes >= 0 else -1
     core.life.owner = 0
     # Never back: a segment of this core from before a close must stay dead after a re-open.
-    core.life.generation += 1
+    life_next_generation(&core.life)
     core.life.exports = 0
     core.serial = serial
     books_clear(&core.books)

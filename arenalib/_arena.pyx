@@ -213,7 +213,13 @@ cdef class ArenaBase(SegmentOwner):
         cdef void* token = access_enter(life)
         cdef uint64_t version
         cdef int err = ARENA_OK
+        cdef unsigned long owner = load_life_owner(&life.owner)
         while True:
+            if owner and owner != thread_ident():
+                # Before anything else of another thread's arena is read (its marks, as it moves
+                # them with no lock), as Segment._status does.
+                err = ARENA_EWRONGTHREAD
+                break
             if frame != NULL and not frame_is_innermost(life, frame):
                 err = ARENA_EORDER  # Frame.allocate() of a frame that is not the innermost
                 break

@@ -8,8 +8,8 @@ from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport uint64_t
 
 from arenalib._abi cimport (
-    FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, load_life_owner, store_life_owner,
-    thread_ident,
+    FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, life_generation, life_next_generation,
+    load_life_owner, store_life_owner, thread_ident,
 )
 from arenalib._confined cimport close_small_scope, confined_init
 from arenalib._slicing cimport slicing_books
@@ -34,7 +34,7 @@ cdef inline bint over_limit(ArenaCore* core, size_t size) noexcept nogil:
 
 cdef inline void core_forget_live(ArenaCore* core) noexcept nogil:
     """Every segment of the core is dead: a new generation, nothing live in the books."""
-    core.life.generation += 1
+    life_next_generation(&core.life)
     core.books.live_bytes = 0
     core.books.live_segments = 0
 
@@ -231,7 +231,7 @@ cdef void _core_shut(ArenaCore* core, size_t* stale, size_t* churn, bint holding
     ``holding``: exports are alive, so no block goes back to jemalloc now."""
     core.fast_owner = 0
     core.open = False
-    core.life.generation += 1
+    life_next_generation(&core.life)
     count_add(&_inline_state.arenas_closed, 1)
     if core.kind == ARENA_KIND_CONFINED:
         confined_close(core, stale, churn, holding)

@@ -7,7 +7,7 @@ from cpython.pystate cimport PyThreadState, PyThreadState_Get
 
 from arenalib._abi cimport (
     FRAME_BLOCK_LEVELS, FRAME_BLOCKS, FRAME_MAX_DEPTH, FrameLevel, FrameStack, store_frames,
-    load_life_owner, store_life_owner, thread_ident,
+    life_generation, load_life_owner, store_life_owner, thread_ident,
 )
 from arenalib._frames cimport (
     FRAME_NEEDS_BLOCK, frame_level, frames_abandon, frames_check_mark, frames_limit, frames_mark_fast,
@@ -295,8 +295,11 @@ cdef object _frame_exit(object obj):
         raise ValueError("this frame is not open")
     cdef ArenaCore* core = &self._arena._core
     cdef int err = ARENA_OK
+    cdef unsigned long owner = load_life_owner(&core.life.owner)
+    if owner and owner != thread_ident():
+        raise _wrong_thread_error(self._arena)  # before reading what its owner moves with no lock
     # A reset or close since made everything in it dead already: nothing to rewind.
-    if core.open and self._mark.generation == core.life.generation:
+    if core.open and self._mark.generation == life_generation(&core.life):
         err = _rewind_checked(self._arena, &self._mark, True)
     # Left unless the call could not judge it (another thread's confined arena, ...): a frame
     # the rule refused is abandoned, and goes with the next rewind below it.
@@ -331,7 +334,7 @@ cdef int frame_entries_init() except -1:
 cdef bint frame_is_innermost(Lifetime* life, const ArenaMark* frame) noexcept nogil:
     """Whether ``frame``'s level is the innermost open frame (Frame.allocate() carves there)."""
     cdef FrameStack* stack = life.frames
-    return (stack != NULL and frame.generation == life.generation and stack.top_frame == frame.depth
+    return (stack != NULL and frame.generation == life_generation(life) and stack.top_frame == frame.depth
             and frame.depth <= stack.depth and frame_level(stack, frame.depth).stamp == frame.serial)
 
 

@@ -21,7 +21,7 @@ from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABL
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.string cimport memcpy, memset
 
-from arenalib._abi cimport Lifetime, load_life_owner, thread_ident
+from arenalib._abi cimport Lifetime, life_generation, load_life_owner, thread_ident
 from arenalib._frames cimport frame_level_of, frame_stamp_alive
 
 from arenalib._errors import ArenaClosedError, UnsupportedOperation
@@ -139,7 +139,8 @@ cdef class Segment:
         """The memory was not reset, closed or rewound away: the owner's generation is the
         segment's, and so is the stamp of the level of marks it was carved in (see _frames.pxd)."""
         cdef Lifetime* life = self._life
-        return life.generation == self._generation and frame_stamp_alive(life, self._frame_stamp)
+        return (life_generation(life) == self._generation
+                and frame_stamp_alive(life, self._frame_stamp))
 
     cdef bint _dead_root(self) noexcept:
         """The memory was freed or released (read while another thread may be freeing it)."""

@@ -966,3 +966,82 @@ def test_is_accessible_by_never_says_yes_to_another_thread_while_the_owner_close
     for t in threads:
         t.join()
     assert yes == [], f"is_accessible_by() told a thread that never owned the arena True, {len(yes)} times"
+
+
+def test_another_thread_watching_a_confined_arenas_segments_sees_each_die_once():
+    """Another thread may ask whether a ConfinedArena's segment is alive while its owner resets and
+    closes the arena with no lock (it reads the generation the owner renews: ThreadSanitizer checks
+    both sides); each segment it watches goes from alive to dead once, and every use from there is
+    refused as another thread's, also leaving a frame of the owner's thread's frame arena."""
+    rounds = 2000 if FREE_THREADED else 200
+    box: dict = {}
+    ready, go, done = threading.Semaphore(0), threading.Semaphore(0), threading.Semaphore(0)
+    failures: list[str] = []
+
+    def owner():
+        arena = arenalib.ConfinedArena()
+        frames = arenalib.frame_arena()
+        for r in range(rounds):
+            box["seg"] = arena.allocate(64)
+            box["frame"] = frame = frames.frame()
+            frame.__enter__()
+            box["carved"] = frame.allocate(64)
+            ready.release()
+            go.acquire()
+            if r % 2:
+                arena.reset()
+            else:
+                arena.close()
+                arena = arenalib.ConfinedArena()
+            frame.__exit__(None, None, None)
+            box["killed"] = True
+            done.acquire()
+        arena.close()
+        frames.close()
+
+    def watcher():
+        try:
+            watch()
+        except BaseException as exc:  # a dead watcher would leave the owner waiting forever
+            failures.append(f"the watcher raised {exc!r}")
+            go.release()
+            done.release()
+
+    def watch():
+        for r in range(rounds):
+            ready.acquire()
+            box["killed"] = False
+            seg, frame, carved = box.pop("seg"), box.pop("frame"), box.pop("carved")
+            go.release()
+            dead = False
+            while True:
+                killed = box["killed"]
+                for s in (seg, carved):
+                    if s.alive and dead:
+                        failures.append(f"round {r}: a dead segment alive again")
+                dead = dead or not seg.alive
+                for attempt in (lambda: seg.fill(1), lambda: carved.fill(1),
+                                lambda: frame.allocate(8), lambda: frame.__exit__(None, None, None)):
+                    try:
+                        attempt()
+                        failures.append(f"round {r}: another thread used the owner's arena")
+                    except arenalib.WrongThreadError:
+                        pass
+                    except ArenaClosedError:
+                        pass  # a closed arena is no thread's
+                    except ValueError as exc:  # the owner has left the frame
+                        if "not open" not in str(exc):
+                            raise
+                if killed:
+                    break
+            if seg.alive or carved.alive:
+                failures.append(f"round {r}: alive after the reset, close or rewind")
+            del seg, frame, carved
+            done.release()
+
+    threads = [threading.Thread(target=role) for role in (owner, watcher)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == [], failures[:3]
