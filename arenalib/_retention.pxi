@@ -13,7 +13,7 @@
 # stays dirty past dirty_decay_ms, in open arenas as in idle slots: see _start_idle_decay().
 # slot_stats()["wipes"] counts each rule that handed warm pages back.
 
-from arenalib._abi cimport PURGE_LIMIT
+from arenalib._abi cimport PURGE_LIMIT, load_ssize
 
 # of the recent big scopes it adapts to.
 cdef size_t DEFAULT_RETAIN_LIMIT = 32 << 20
@@ -141,7 +141,7 @@ cdef void slot_purge_settle(ArenaSlot* slot) noexcept nogil:
     cdef int rounds
     if not _idle_decay_started:
         return
-    if _slots_created > PURGE_CHECK_MAX_SLOTS:
+    if load_ssize(&_slots_created) > PURGE_CHECK_MAX_SLOTS:  # read without the slots' mutex
         for rounds in range(PURGE_BLIND_ROUNDS):
             _background_thread_barrier()
             _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)

@@ -26,7 +26,7 @@ from libc.string cimport memcpy, memset
 
 import os
 
-from arenalib._abi cimport ArenaSlot, InlineState, ThreadCache
+from arenalib._abi cimport ArenaSlot, InlineState, ThreadCache, store_ssize
 from arenalib._blocks cimport cache_held_bytes
 from arenalib._jemalloc cimport (
     MALLOCX_ARENA, MALLOCX_TCACHE, MALLOCX_TCACHE_NONE, je_mallctl, je_mallctlbymib, je_mallctlnametomib,
@@ -183,7 +183,7 @@ cdef ArenaSlot* _slot_take(int* err) noexcept:
         return NULL
     slot.arena_index = arena_index
     slot.tcache_index = tcache_index
-    _slots_created += 1
+    store_ssize(&_slots_created, _slots_created + 1)  # slot_purge_settle reads it unlocked
     return slot
 
 
