@@ -308,6 +308,14 @@ cdef extern from "arenalib/platform.h":
     bint INLINE_PARKING "ARENALIB_INLINE_PARKING"
 
 
+cdef inline bint owned_by_another(Lifetime* life) noexcept nogil:
+    """Whether ``life`` belongs to a thread other than the caller (a ConfinedArena's owner).  Read
+    before anything else of ``life``: the owner's close clears it last, after the new generation,
+    so an owner read as 0 orders the reader after that close (see load_life_owner)."""
+    cdef unsigned long owner = load_life_owner(&life.owner)
+    return owner != 0 and owner != thread_ident()
+
+
 cdef inline uint64_t life_generation(Lifetime* life) noexcept nogil:
     """``life``'s generation, as any thread may read it: a thread that owns an arena renews it with
     no lock (a reset, a close) while other threads ask whether a segment is alive."""

@@ -36,7 +36,9 @@ from libc.string cimport memcpy
 
 import warnings
 
-from arenalib._abi cimport FREE_THREADED, ArenaCore, ArenaSlot, Books, InlineState, Lifetime
+from arenalib._abi cimport (
+    FREE_THREADED, ArenaCore, ArenaSlot, Books, InlineState, Lifetime, owned_by_another,
+)
 from arenalib._jemalloc cimport JEMALLOC_VERSION, je_dallocx
 from arenalib._frames cimport frame_stamp_alive, frame_stamp_now, frames_version
 from arenalib._table cimport ARENA_EBUSY, ARENA_EEXPORTED, ARENA_EORDER, ARENA_OK, ArenaMark
@@ -213,9 +215,9 @@ cdef class ArenaBase(SegmentOwner):
         cdef void* token = access_enter(life)
         cdef uint64_t version
         cdef int err = ARENA_OK
-        cdef unsigned long owner = load_life_owner(&life.owner)
+        cdef bint foreign = owned_by_another(life)
         while True:
-            if owner and owner != thread_ident():
+            if foreign:
                 # Before anything else of another thread's arena is read (its marks, as it moves
                 # them with no lock), as Segment._status does.
                 err = ARENA_EWRONGTHREAD

@@ -9,7 +9,7 @@ from libc.stdint cimport uint64_t
 
 from arenalib._abi cimport (
     FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, life_generation, life_next_generation,
-    load_life_owner, store_life_owner, thread_ident,
+    owned_by_another, store_life_owner,
 )
 from arenalib._confined cimport close_small_scope, confined_init
 from arenalib._slicing cimport slicing_books
@@ -41,8 +41,7 @@ cdef inline void core_forget_live(ArenaCore* core) noexcept nogil:
 
 cdef inline int _usable(ArenaCore* core) noexcept nogil:
     """ARENA_OK when the calling thread may use the open ``core``; a copy of a core is closed."""
-    cdef unsigned long owner = load_life_owner(&core.life.owner)  # first: see Segment._status
-    if owner and owner != thread_ident():
+    if owned_by_another(&core.life):  # first: see Segment._status
         return ARENA_EWRONGTHREAD
     if not core.open or core.self != core:
         return ARENA_ECLOSED

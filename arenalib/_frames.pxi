@@ -7,7 +7,8 @@ from cpython.pystate cimport PyThreadState, PyThreadState_Get
 
 from arenalib._abi cimport (
     FRAME_BLOCK_LEVELS, FRAME_BLOCKS, FRAME_MAX_DEPTH, FrameLevel, FrameStack, store_frames,
-    life_generation, load_life_owner, store_life_owner, thread_ident,
+    life_generation, load_life_owner, load_ssize, owned_by_another, store_life_owner, store_ssize,
+    thread_ident,
 )
 from arenalib._frames cimport (
     FRAME_NEEDS_BLOCK, frame_level, frames_abandon, frames_check_mark, frames_limit, frames_mark_fast,
@@ -245,7 +246,9 @@ cdef class Frame:
     innermost may be left.  ``f.allocate()`` allocates in the frame."""
     cdef ArenaMark _mark
     cdef SlicingArena _arena
-    cdef int _state   # FRAME_NEW, FRAME_ENTERED, FRAME_LEFT
+    # FRAME_NEW, FRAME_ENTERED, FRAME_LEFT: read and set with relaxed atomics, as a Frame object may
+    # be in other threads' hands (3.13t) while its thread leaves it.
+    cdef Py_ssize_t _state
 
     def __init__(self, *args, **kwargs):
         raise TypeError("Frame cannot be constructed directly; use SlicingArena.frame()")
@@ -256,14 +259,14 @@ cdef class Frame:
         return self._arena
 
     def __enter__(self):
-        if self._state != FRAME_NEW:
+        if load_ssize(&self._state) != FRAME_NEW:
             raise ValueError("a frame is entered once; make a new one with arena.frame()")
         if self._arena is None:  # made by Frame.__new__(Frame): every other method needs an entry
             raise TypeError("this Frame belongs to no arena; make frames with SlicingArena.frame()")
         cdef int err = _mark_checked(self._arena, True, &self._mark)
         if err:
             _raise_mark_error(self._arena, err, "enter a frame")
-        self._state = FRAME_ENTERED
+        store_ssize(&self._state, FRAME_ENTERED)
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -278,7 +281,7 @@ cdef class Frame:
         return self._allocate(size, zero, align)
 
     cdef Segment _allocate(self, size, zero, align):
-        if self._state != FRAME_ENTERED:
+        if load_ssize(&self._state) != FRAME_ENTERED:
             raise ValueError("allocate() of a frame that is not open")
         return self._arena._allocate(_parse_size(size, "size"), parse_flag(zero, "zero"),
                                      1 if align is None else parse_align(align), &self._mark)
@@ -291,12 +294,11 @@ cdef object _frame_exit(object obj):
     """Frame.__exit__(): rewind to the frame's mark; a frame whose exit the rule refuses is left
     abandoned (see _frames.pxd)."""
     cdef Frame self = <Frame>obj
-    if self._state != FRAME_ENTERED:
+    if load_ssize(&self._state) != FRAME_ENTERED:
         raise ValueError("this frame is not open")
     cdef ArenaCore* core = &self._arena._core
     cdef int err = ARENA_OK
-    cdef unsigned long owner = load_life_owner(&core.life.owner)
-    if owner and owner != thread_ident():
+    if owned_by_another(&core.life):
         raise _wrong_thread_error(self._arena)  # before reading what its owner moves with no lock
     # A reset or close since made everything in it dead already: nothing to rewind.
     if core.open and self._mark.generation == life_generation(&core.life):
@@ -304,7 +306,7 @@ cdef object _frame_exit(object obj):
     # Left unless the call could not judge it (another thread's confined arena, ...): a frame
     # the rule refused is abandoned, and goes with the next rewind below it.
     if err == ARENA_OK or err == ARENA_EORDER or err == ARENA_EEXPORTED or err == ARENA_ESTALEMARK:
-        self._state = FRAME_LEFT
+        store_ssize(&self._state, FRAME_LEFT)
     if err:
         _raise_mark_error(self._arena, err, "leave the frame")
     self._arena._sync_traced()

@@ -21,7 +21,7 @@ from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABL
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.string cimport memcpy, memset
 
-from arenalib._abi cimport Lifetime, life_generation, load_life_owner, thread_ident
+from arenalib._abi cimport Lifetime, life_generation, owned_by_another
 from arenalib._frames cimport frame_level_of, frame_stamp_alive
 
 from arenalib._errors import ArenaClosedError, UnsupportedOperation
@@ -127,8 +127,7 @@ cdef class Segment:
         # thread reads nothing else of an arena one thread owns (whose accesses take no records),
         # and a closed arena is no thread's.  An owner that became 0 did so after the close that
         # made this segment dead, which the generation read next then shows (_core_shut).
-        cdef unsigned long owner = load_life_owner(&life.owner)
-        if owner and owner != thread_ident():
+        if owned_by_another(life):
             return SEGMENT_WRONG_THREAD
         # A free under way (SEG_FREEING) may still be refused: alive until it is done.
         if not self._current() or self._dead_root():
@@ -353,8 +352,7 @@ cdef class Segment:
 
     cdef int _free_pending_now(self) except -1:
         """The deferred free, once its last export is gone (an error is unraisable from there)."""
-        cdef unsigned long owner = load_life_owner(&self._life.owner)
-        if owner and owner != thread_ident():
+        if owned_by_another(self._life):
             return 0  # a ConfinedArena's, released elsewhere: its reset or close takes it
         if self._current() and not self._dead_root():
             try:
