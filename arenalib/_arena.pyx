@@ -222,12 +222,13 @@ cdef class ArenaBase(SegmentOwner):
                 # them with no lock), as Segment._status does.
                 err = ARENA_EWRONGTHREAD
                 break
+            # The level of marks the carve lands in: read before it, and true if no mark or rewind
+            # (another thread's, or the C API's without the GIL) ran meanwhile (_frames.pxd).  Read
+            # before the innermost check too: a frame pushed after the check moves the version.
+            seg._frame_stamp = frame_stamp_now(life, &version)
             if frame != NULL and not frame_is_innermost(life, frame):
                 err = ARENA_EORDER  # Frame.allocate() of a frame that is not the innermost
                 break
-            # The level of marks the carve lands in: read before it, and true if no mark or rewind
-            # (another thread's, or the C API's without the GIL) ran meanwhile (_frames.pxd).
-            seg._frame_stamp = frame_stamp_now(life, &version)
             err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
             if err == ARENA_EBUSY and FREE_THREADED:
                 # Another thread is carving from this SlicingArena: with the GIL off, Python

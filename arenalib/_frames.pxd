@@ -27,7 +27,7 @@ from libc.stdint cimport uint64_t
 from arenalib._abi cimport (
     FRAME_BLOCK_LEVELS, FRAME_BLOCK_SHIFT, FRAME_DEPTH_BITS, FRAME_MAX_DEPTH, FREE_THREADED, ArenaCore,
     CarverRecord, FrameLevel, FrameStack, Lifetime, SlicingState, load_frames, load_life_owner,
-    load_ssize, load_u64, store_u64, thread_ident,
+    load_ssize, load_u64, store_ssize, store_u64, thread_ident,
 )
 from arenalib._slicing cimport biased_begin, biased_end
 from arenalib._table cimport (
@@ -104,7 +104,7 @@ cdef inline void _push(ArenaCore* core, FrameStack* stack, bint frame, ArenaMark
     level.live_segments = core.books.live_segments
     if frame:
         level.outer_frame = stack.top_frame
-        stack.top_frame = depth
+        store_ssize(&stack.top_frame, depth)  # read unlocked by frame_is_innermost
     else:
         level.outer_frame = -1
     store_u64(&stack.serial, serial)
@@ -181,7 +181,7 @@ cdef inline void frames_pop_to(ArenaCore* core, FrameStack* stack, Py_ssize_t de
     _settle_rewind(core, level)
     _carve_from(&core.slicing, level.chunk, level.cursor)
     while stack.top_frame >= depth:  # the frames popped (its own, abandoned ones above it)
-        stack.top_frame = frame_level(stack, stack.top_frame).outer_frame
+        store_ssize(&stack.top_frame, frame_level(stack, stack.top_frame).outer_frame)
     stack.rewinds += 1
     frames_limit(stack)
     store_u64(&stack.serial, serial)
@@ -220,7 +220,7 @@ cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark,
             _settle_rewind(core, level)
             core.slicing.cursor = level.cursor  # (the chunk and its end are the mark's)
             if exit_frame:
-                stack.top_frame = level.outer_frame
+                store_ssize(&stack.top_frame, level.outer_frame)
             stack.rewinds += 1
             store_u64(&stack.serial, serial)
             store_depth(&stack.depth, depth - 1)

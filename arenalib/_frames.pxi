@@ -7,8 +7,8 @@ from cpython.pystate cimport PyThreadState, PyThreadState_Get
 
 from arenalib._abi cimport (
     FRAME_BLOCK_LEVELS, FRAME_BLOCKS, FRAME_MAX_DEPTH, FrameLevel, FrameStack, store_frames,
-    life_generation, load_life_owner, load_ssize, owned_by_another, store_life_owner, store_ssize,
-    thread_ident,
+    life_generation, load_frames, load_life_owner, load_ssize, load_u64, owned_by_another,
+    store_life_owner, store_ssize, thread_ident,
 )
 from arenalib._frames cimport (
     FRAME_NEEDS_BLOCK, frame_level, frames_abandon, frames_check_mark, frames_limit, frames_mark_fast,
@@ -67,7 +67,7 @@ cdef void frames_close(Lifetime* life, bint holding) noexcept nogil:
         frames_free(life)
         return
     stack.push_limit = 0  # (a closed arena pushes nothing; the general push checks open first)
-    stack.top_frame = 0
+    store_ssize(&stack.top_frame, 0)
     store_depth(&stack.depth, 0)
 
 
@@ -334,10 +334,14 @@ cdef int frame_entries_init() except -1:
 
 
 cdef bint frame_is_innermost(Lifetime* life, const ArenaMark* frame) noexcept nogil:
-    """Whether ``frame``'s level is the innermost open frame (Frame.allocate() carves there)."""
-    cdef FrameStack* stack = life.frames
-    return (stack != NULL and frame.generation == life_generation(life) and stack.top_frame == frame.depth
-            and frame.depth <= stack.depth and frame_level(stack, frame.depth).stamp == frame.serial)
+    """Whether ``frame``'s level is the innermost open frame (Frame.allocate() carves there).  Read
+    with no lock, while another thread may push or pop on a shared arena: the caller read the
+    stack's version before, and carves again if it moved (SlicingArena._allocate)."""
+    cdef FrameStack* stack = load_frames(&life.frames)
+    return (stack != NULL and frame.generation == life_generation(life)
+            and load_ssize(&stack.top_frame) == frame.depth
+            and frame.depth <= load_depth(&stack.depth)
+            and load_u64(&frame_level(stack, frame.depth).stamp) == frame.serial)
 
 
 cdef Frame arena_frame_object(SlicingArena arena):

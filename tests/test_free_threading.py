@@ -1020,10 +1020,10 @@ def test_another_thread_watching_a_confined_arenas_segments_sees_each_die_once()
                     if s.alive and dead:
                         failures.append(f"round {r}: a dead segment alive again")
                 dead = dead or not seg.alive
-                for attempt in (lambda: seg.fill(1), lambda: carved.fill(1),
-                                lambda: frame.allocate(8), lambda: frame.__exit__(None, None, None)):
+                for method, *args in ((seg.fill, 1), (carved.fill, 1), (frame.allocate, 8),
+                                      (frame.__exit__, None, None, None)):
                     try:
-                        attempt()
+                        method(*args)
                         failures.append(f"round {r}: another thread used the owner's arena")
                     except arenalib.WrongThreadError:
                         pass
@@ -1045,3 +1045,47 @@ def test_another_thread_watching_a_confined_arenas_segments_sees_each_die_once()
     for t in threads:
         t.join()
     assert failures == [], failures[:3]
+
+
+def test_a_frames_carves_stay_its_own_while_another_thread_pushes_and_pops_frames():
+    """Frame.allocate() on a shared SlicingArena carves into its frame or is refused (ValueError:
+    not the innermost) while another thread pushes and pops frames above it: a carve never lands
+    in the other thread's frame, to die at that frame's exit while its own frame is open."""
+    arena = SlicingArena(chunk_size=1 << 20)
+    rounds = 20_000 if FREE_THREADED else 2_000
+    stop = threading.Event()
+    carved: list = []
+    refused = [0]
+
+    def carver():
+        attempts, deadline = 0, time.monotonic() + 30
+        try:
+            while (attempts < rounds or refused[0] < 100) and time.monotonic() < deadline:
+                attempts += 1
+                try:
+                    carved.append(outer.allocate(8))
+                except ValueError as exc:
+                    if "innermost" not in str(exc):
+                        raise
+                    refused[0] += 1
+        finally:
+            stop.set()  # a carver that raised must not leave the pusher running
+
+    def pusher():
+        while not stop.is_set():
+            with arena.frame() as inner:
+                inner.allocate(8)
+
+    try:
+        with arena.frame() as outer:
+            threads = [threading.Thread(target=role) for role in (carver, pusher)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            dead = [seg for seg in carved if not seg.alive]
+            assert dead == [], f"{len(dead)} of {len(carved)} carves died with another frame"
+            assert carved and refused[0], (len(carved), refused[0])  # both sides of the race ran
+        assert not any(seg.alive for seg in carved)
+    finally:
+        arena.close()
