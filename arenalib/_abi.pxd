@@ -303,6 +303,9 @@ cdef extern from "arenalib/platform.h":
     size_t load_size "arenalib_load_relaxed"(size_t* counter) noexcept nogil
     void store_u64 "arenalib_store_relaxed"(uint64_t* counter, uint64_t value) noexcept nogil
     uint64_t load_u64 "arenalib_load_relaxed"(uint64_t* counter) noexcept nogil
+    # ArenaCore.open, where a close may be under way in another thread (arena_close_checked).
+    bint load_flag "arenalib_load_relaxed"(bint* flag) noexcept nogil
+    void store_flag "arenalib_store_relaxed"(bint* flag, bint value) noexcept nogil
     FrameStack* load_frames "arenalib_load_acquire"(FrameStack** p) noexcept nogil
     void store_frames "arenalib_store_release"(FrameStack** p, FrameStack* frames) noexcept nogil
     bint INLINE_PARKING "ARENALIB_INLINE_PARKING"

@@ -5,7 +5,7 @@
 
 from arenalib._abi cimport (
     CACHE_MAX_SIZE, INLINE_PARKING, PURGE_LIMIT, RECENT_MAX, ArenaCore, ArenaSlot, ConfinedState,
-    InlineState, books_add, books_note_peak, books_remove, life_next_generation, store_life_owner,
+    InlineState, books_add, books_note_peak, books_remove, life_next_generation, store_flag, store_life_owner,
     thread_ident,
 )
 from arenalib._blocks cimport cache_push
@@ -78,7 +78,7 @@ cdef inline bint close_small_scope(ArenaCore* core, InlineState* state) noexcept
     state.parked_idle = True
     state.arenas_closed += 1
     core.fast_owner = 0
-    core.open = False
+    store_flag(&core.open, False)
     life_next_generation(&core.life)
     store_life_owner(&core.life.owner, 0)  # after the generation: see _core_shut
     core.slot = NULL

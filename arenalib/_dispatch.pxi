@@ -9,7 +9,7 @@ from libc.stdint cimport uint64_t
 
 from arenalib._abi cimport (
     FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, life_generation, life_next_generation,
-    owned_by_another, store_life_owner,
+    load_flag, owned_by_another, store_flag, store_life_owner,
 )
 from arenalib._confined cimport close_small_scope, confined_init
 from arenalib._slicing cimport slicing_books
@@ -198,7 +198,7 @@ cdef int arena_close_checked(ArenaCore* core, bint deferred=False) noexcept:
     (ARENA_EEXPORTED), or with ``deferred`` closes holding the memory until the last export's
     release (core_close_holding).  On a free-threaded build it waits for other threads'
     Python-level accesses to end (see _access.pxi)."""
-    if not core.open:
+    if not load_flag(&core.open):  # unlocked: a rival close may be storing it
         return ARENA_OK
     # Decided once: the close makes an owned arena no thread's, and an end decided again after it
     # would let go of a lock this close never took (another thread's, on the closed arena).
@@ -229,7 +229,7 @@ cdef void _core_shut(ArenaCore* core, size_t* stale, size_t* churn, bint holding
     memory becomes (``stale`` bytes of garbage left to the slot, of ``churn`` allocated in all).
     ``holding``: exports are alive, so no block goes back to jemalloc now."""
     core.fast_owner = 0
-    core.open = False
+    store_flag(&core.open, False)
     life_next_generation(&core.life)
     count_add(&_inline_state.arenas_closed, 1)
     if core.kind == ARENA_KIND_CONFINED:
