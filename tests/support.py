@@ -111,6 +111,12 @@ def switching_every(seconds: float):
         sys.setswitchinterval(interval)
 
 
+def run_roles(*roles) -> None:
+    """Run each of ``roles`` in a thread of its own, started together; the first error raised in
+    any of them is raised here once all have finished."""
+    run_threads(lambda index: roles[index](), len(roles))
+
+
 def run_threads(target, n: int = N_THREADS) -> list:
     """Run ``target(index)`` in ``n`` threads started together (behind a barrier); their results, by
     index.  The first error raised in any of them is raised here once all have finished."""

@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from support import run_threads, switching_every
+from support import run_roles, run_threads, switching_every
 
 import arenalib
 from arenalib import Arena, ArenaClosedError, BufferPool, SlicingArena
@@ -887,7 +887,7 @@ def test_a_threads_frame_arena_closing_at_its_end_never_lets_another_thread_in(u
     for _ in range(rounds):
         shared = ([], threading.Event(), threading.Event())
         threads = [threading.Thread(target=role, args=shared) for role in (owner, intruder)]
-        for t in threads:
+        for t in threads:  # started in order, with no barrier: the owner's end races the intruder
             t.start()
         for t in threads:
             t.join()
@@ -960,11 +960,7 @@ def test_is_accessible_by_never_says_yes_to_another_thread_while_the_owner_close
             del seg
             done.release()
 
-    threads = [threading.Thread(target=role) for role in (owner, asker)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_roles(owner, asker)
     assert yes == [], f"is_accessible_by() told a thread that never owned the arena True, {len(yes)} times"
 
 
@@ -1039,11 +1035,7 @@ def test_another_thread_watching_a_confined_arenas_segments_sees_each_die_once()
             del seg, frame, carved
             done.release()
 
-    threads = [threading.Thread(target=role) for role in (owner, watcher)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_roles(owner, watcher)
     assert failures == [], failures[:3]
 
 
@@ -1078,11 +1070,7 @@ def test_a_frames_carves_stay_its_own_while_another_thread_pushes_and_pops_frame
 
     try:
         with arena.frame() as outer:
-            threads = [threading.Thread(target=role) for role in (carver, pusher)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            run_roles(carver, pusher)
             dead = [seg for seg in carved if not seg.alive]
             assert dead == [], f"{len(dead)} of {len(carved)} carves died with another frame"
             assert carved and refused[0], (len(carved), refused[0])  # both sides of the race ran
