@@ -1009,13 +1009,14 @@ def test_another_thread_watching_a_confined_arenas_segments_sees_each_die_once()
             box["killed"] = False
             seg, frame, carved = box.pop("seg"), box.pop("frame"), box.pop("carved")
             go.release()
-            dead = False
+            died = [False, False]  # each dies on its own: seg at the reset or close, carved at the exit
             while True:
                 killed = box["killed"]
-                for s in (seg, carved):
-                    if s.alive and dead:
+                for i, s in enumerate((seg, carved)):
+                    alive = s.alive
+                    if alive and died[i]:
                         failures.append(f"round {r}: a dead segment alive again")
-                dead = dead or not seg.alive
+                    died[i] = died[i] or not alive
                 for method, *args in ((seg.fill, 1), (carved.fill, 1), (frame.allocate, 8),
                                       (frame.__exit__, None, None, None)):
                     try:
