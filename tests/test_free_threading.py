@@ -1053,7 +1053,10 @@ def test_a_frames_carves_stay_its_own_while_another_thread_pushes_and_pops_frame
     def carver():
         attempts, deadline = 0, time.monotonic() + 30
         try:
-            while (attempts < rounds or refused[0] < 100) and time.monotonic() < deadline:
+            # Until both sides of the race were seen: on a GIL build a switch inside the other
+            # thread's frame refuses a whole interval of attempts.
+            while ((attempts < rounds or refused[0] < 100 or len(carved) < 100)
+                   and time.monotonic() < deadline):
                 attempts += 1
                 try:
                     carved.append(outer.allocate(8))
