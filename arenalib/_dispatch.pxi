@@ -8,7 +8,7 @@ from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport uint64_t
 
 from arenalib._abi cimport (
-    FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, life_generation, life_next_generation,
+    FREE_THREADED, ArenaCore, ArenaSlot, Books, core_init, life_next_generation,
     load_flag, owned_by_another, store_flag, store_life_owner,
 )
 from arenalib._confined cimport close_small_scope, confined_init
