@@ -928,14 +928,19 @@ def test_is_accessible_by_never_says_yes_to_another_thread_while_the_owner_close
     Another thread asking about itself while the owner closes must hear False throughout: the
     question read the liveness before the owner, and a close in between (alive, then no thread's)
     answered True (on 3.13t in ~1.5% of closes, 270-440 of 20,000)."""
-    rounds = 20_000 if FREE_THREADED else 200
+    # Up to 20,000 rounds on 3.13t, but no more than ~15 s of them once 2,000 have run: each round
+    # is three hand-overs between the threads, which on a loaded 2-core machine took over 60 s for
+    # 20,000 (beside CI).  2,000 rounds would still have met the old bug ~30 times.
+    most, least = (20_000, 2_000) if FREE_THREADED else (200, 200)
+    deadline = time.monotonic() + 15.0
     yes: list[int] = []
     box: dict = {}
     ready, go, done = threading.Semaphore(0), threading.Semaphore(0), threading.Semaphore(0)
     closed = [False]
+    rounds = [0]
 
     def owner():
-        for _ in range(rounds):
+        while rounds[0] < most and (rounds[0] < least or time.monotonic() < deadline):
             arena = arenalib.ConfinedArena()
             box["seg"] = arena.allocate(64)
             closed[0] = False
@@ -944,12 +949,18 @@ def test_is_accessible_by_never_says_yes_to_another_thread_while_the_owner_close
             arena.close()
             closed[0] = True
             done.acquire()
+            rounds[0] += 1
+        box["seg"] = None  # the asker's signal to stop
+        ready.release()
 
     def asker():
         me = threading.get_ident()
-        for r in range(rounds):
+        r = 0
+        while True:
             ready.acquire()
             seg = box.pop("seg")
+            if seg is None:
+                return
             go.release()
             for _ in range(100_000):
                 if seg.is_accessible_by(me):
@@ -958,9 +969,11 @@ def test_is_accessible_by_never_says_yes_to_another_thread_while_the_owner_close
                 if closed[0]:
                     break
             del seg
+            r += 1
             done.release()
 
     run_roles(owner, asker)
+    assert rounds[0] >= least
     assert yes == [], f"is_accessible_by() told a thread that never owned the arena True, {len(yes)} times"
 
 
