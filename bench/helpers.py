@@ -13,6 +13,9 @@ ops per inner batch, the garbage collector off), per op at 64 B, 4 KiB and 64 Ki
 * ``al(n)`` (``al = arenalib.allocate``: a zeroed automatic segment, freed as it is dropped) against
   ``ba(n)`` (``bytearray(n)``, zeroed, dropped): what a segment without a scope costs (reported, no
   target of issue 27's).
+* two rows beside ``==``, reported with no target: CPython's own ``bytearray == bytes`` against the same
+  ``a == b`` (what any operand that is not an exact bytes costs the comparison: CPython special-cases
+  two bytes objects), and ``seg == seg2`` (the other operand a segment, which is exported to compare).
 
 ``seg.resize(n)`` in place (issue 27's target: <= 1.5x one allocate) is measured at more sizes, the
 cache's size classes and jemalloc's large extents (RESIZE_SIZES): ``h[0] = h[0].resize(m)`` then
@@ -43,7 +46,11 @@ RESIZE_SIZES = [64, 200, 1000, 3000, 4096, 24_000, 65536, 100_000, 1_000_000, 3_
 RESIZE_LIMIT = 1.5
 RESIZE_PAIR = ("seg.resize(n) in place", "arena.allocate(n).free()")
 # helper key -> (its label, its peer's key): the targets, and the pairs only reported
-INFO_PAIRS = {"auto": ("arenalib.allocate(n)", "bytearray(n)")}
+# (CPython's own bytearray == bytes shows what a non-bytes operand costs the comparison that the
+# peer, two exact bytes objects, skips; seg == seg2 compares with a segment, which is exported.)
+INFO_PAIRS = {"auto": ("arenalib.allocate(n)", "bytearray(n)"),
+              "bytearray_equals": ("bytearray == bytes (CPython)", "bytes =="),
+              "equals_segment": ("seg == seg2", "bytes ==")}
 PAIRS = {
     "allocate_from": ("arena.allocate_from(b)", "bytearray(b)"),
     "copy": ("arenalib.copy(src, 0, seg, 0, n)", "mv[0:n] = src"),
@@ -80,6 +87,10 @@ def candidates(slicing, confined) -> list[roundtrip.Candidate]:
                             lambda n: {"seg": segment(n), "other": b"\x5a" * n}),
         roundtrip.Candidate("bytes ==", "bytes ==", "peer", "a == b",
                             lambda n: {"a": b"\x5a" * n, "b": bytes(bytearray(b"\x5a" * n))}),
+        roundtrip.Candidate("bytearray_equals", INFO_PAIRS["bytearray_equals"][0], "reference", "a == b",
+                            lambda n: {"a": bytearray(b"\x5a" * n), "b": b"\x5a" * n}),
+        roundtrip.Candidate("equals_segment", INFO_PAIRS["equals_segment"][0], "arenalib", "seg == seg2",
+                            lambda n: {"seg": segment(n), "seg2": segment(n)}),
         roundtrip.Candidate("hex", PAIRS["hex"][0], "arenalib", "hx()",
                             lambda n: {"hx": segment(n).hex}),
         roundtrip.Candidate("bytes.hex()", "bytes.hex()", "peer", "bh()",
