@@ -15,7 +15,11 @@ part's glibc heap and page tables do not carry into the next:
   freed, up to 32 MiB, so which sizes come back from the heap warm depends on what came before.  A
   child per size, so each size starts from the same history.
 * Small arrays: ``e(8)`` and ``z(100)`` (``e = numpy.empty``, ``z = numpy.zeros``), made and dropped in
-  experiment 1's loop (bench/roundtrip.py: 256 per inner batch, the garbage collector off): ns per array.
+  experiment 1's loop (bench/roundtrip.py: 256 per inner batch, the garbage collector off): ns per array,
+  with NumPy's default handler, inside ``with arena.numpy():``, and, for reference, under the floor
+  handler (bench/native/arenalib_bench_floor.c: the one block freed last handed out again, no books;
+  left out when it cannot be built): what NumPy charges any handler that is not its own, so that the
+  arena's own share is the difference.
 * RSS at scope exit: a child per workload and handler reads its RSS (the baseline: NumPy imported, no
   array alive), runs the workload inside ``with arenalib.Arena() as arena, arena.numpy():`` (or with
   the default handler) making every array in the block and dropping it there, and reads RSS right after
@@ -126,11 +130,15 @@ def _loop_child(n: int, rounds: int, target_ms: float) -> dict:
 
 
 def _small_child(rounds: int, target_ms: float) -> dict:
-    """ns per array of each SMALL statement, with the default handler and in an arena's scope."""
+    """ns per array of each SMALL statement, with the default handler, in an arena's scope and under the
+    floor handler (when bench/native builds)."""
     import numpy as np
+    from frames import floor_module
 
     import arenalib
 
+    floor = floor_module()
+    floor_handler = floor.numpy_handler() if floor is not None else None
     arena = arenalib.Arena()
     envs = {"e": np.empty, "z": np.zeros}
     runners, outers, cells = {}, {}, {}
@@ -141,12 +149,19 @@ def _small_child(rounds: int, target_ms: float) -> dict:
         outers[name] = roundtrip.calibrate(runner, 8, target_ms * 1e6)
     ops = roundtrip.inner_count(8)
     for name in SMALL:
-        per: dict[str, list[float]] = {"default": [], "arena": []}
+        keys = ["default", "arena"] + (["floor"] if floor_handler is not None else [])
+        per: dict[str, list[float]] = {key: [] for key in keys}
         for rnd in range(rounds):
-            for key in (["default", "arena"] if rnd % 2 == 0 else ["arena", "default"]):
+            for key in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
                 if key == "arena":
                     with arena.numpy():
                         ns = roundtrip.timed(runners[name], outers[name])
+                elif key == "floor":
+                    previous = arenalib.set_numpy_handler(floor_handler)
+                    try:
+                        ns = roundtrip.timed(runners[name], outers[name])
+                    finally:
+                        arenalib.set_numpy_handler(previous)
                 else:
                     ns = roundtrip.timed(runners[name], outers[name])
                 per[key].append(ns / (outers[name] * ops))
@@ -248,11 +263,12 @@ def run(cfg: Config, progress: Progress) -> dict:
                                           "--target-ms", target))
         progress.step(None, loop_ms)
     progress.set_label("numpy_scope: small arrays")
+    from frames import floor_module
+
+    floor_module()  # built here once, not by the child (which then only imports it)
     raw = _child("--child", "small", "--rounds", str(2 * s["rounds"] + 1), "--target-ms", str(s["small_ms"]))
     progress.step(None, len(SMALL) * 2 * s["rounds"] * s["small_ms"])
-    small = raw if "error" in raw else {
-        name: {"ns": {k: summarize(v) for k, v in per.items()},
-               "ratio": same_round_ratio(per["arena"], per["default"])} for name, per in raw.items()}
+    small = raw if "error" in raw else {name: _small_cell(per) for name, per in raw.items()}
     rss = {}
     sweep = ",".join(str(n) for n in SWEEP[cfg.mode])
     for workload in RSS_WORKLOADS:
@@ -364,14 +380,34 @@ def findings(results: dict) -> list[dict]:
         worst = max(ratios.values())
         out.append(finding(side(worst), "NumPy in an arena scope, small arrays: " + ", ".join(
             f"{label} {r:.2f}x" for label, r in ratios.items()) + " the default's cost.",
-            "the arena's books, the lifetime count and the header cost more than NumPy's own cache of "
-            "small blocks" if side(worst) == "loss" else None))
+            _small_why(results["small"]) if side(worst) == "loss" else None))
     shares = {RSS_WORKLOADS[w]: _share(results["rss"][w]["arena"]) for w in RSS_WORKLOADS}
     if all(v is not None for v in shares.values()):
         kind = "win" if all(abs(v) <= RSS_LIMIT for v in shares.values()) else "loss"
         out.append(finding(kind, "NumPy in an arena scope: RSS right after the scope, above the baseline: "
                            + ", ".join(f"{v:+.1%} ({w})" for w, v in shares.items()) + "."))
     return out
+
+
+def _small_cell(per: dict) -> dict:
+    """A small statement's ns per handler and its ratios, the floor handler's when it ran."""
+    cell = {"ns": {k: summarize(v) for k, v in per.items()},
+            "ratio": same_round_ratio(per["arena"], per["default"])}
+    if "floor" in per:
+        cell["floor_ratio"] = same_round_ratio(per["floor"], per["default"])
+        cell["arena_over_floor"] = same_round_ratio(per["arena"], per["floor"])
+    return cell
+
+
+def _small_why(small: dict) -> str:
+    """Why small arrays cost more in the scope: with the floor handler's figures, how much of it any
+    handler not NumPy's own pays."""
+    why = ("the arena's books, the lifetime count and the header cost more than NumPy's own cache of "
+           "small blocks")
+    if not all("floor_ratio" in small[k] for k in SMALL):
+        return why
+    return why + "; the floor handler (one block kept, no books) costs " + ", ".join(
+        f"{label} {small[k]['floor_ratio']['median']:.2f}x" for k, (_, label) in SMALL.items()) + " too"
 
 
 def tables(results: dict, markdown: bool = False) -> str:
@@ -393,12 +429,26 @@ def tables(results: dict, markdown: bool = False) -> str:
     if "error" in results["small"]:
         parts += ["", f"Small arrays: {results['small']['error']}"]
     else:
-        rows = [[label, fmt_ns(results["small"][k]["ns"]["default"]["median"]),
-                 fmt_ns(results["small"][k]["ns"]["arena"]["median"]),
-                 f"{results['small'][k]['ratio']['median']:.2f}x ({results['small'][k]['ratio']['q1']:.2f}-"
-                 f"{results['small'][k]['ratio']['q3']:.2f})"] for k, (_, label) in SMALL.items()]
-        parts += ["", f"{h}Small arrays, made and dropped: ns per array",
-                  table(["statement", "default", "arena scope", "ratio"], rows, markdown)]
+        def span(r):
+            return f"{r['median']:.2f}x ({r['q1']:.2f}-{r['q3']:.2f})"
+
+        floored = all("floor_ratio" in results["small"][k] for k in SMALL)
+        rows = []
+        for k, (_, label) in SMALL.items():
+            cell = results["small"][k]
+            rows.append([label, fmt_ns(cell["ns"]["default"]["median"]),
+                         fmt_ns(cell["ns"]["arena"]["median"]), span(cell["ratio"])])
+            if floored:
+                rows[-1] += [fmt_ns(cell["ns"]["floor"]["median"]), span(cell["floor_ratio"]),
+                             span(cell["arena_over_floor"])]
+        head = ["statement", "default", "arena scope", "ratio"]
+        if floored:
+            head += ["floor handler", "floor/default", "arena/floor"]
+        parts += ["", f"{h}Small arrays, made and dropped: ns per array", table(head, rows, markdown)]
+        if floored:
+            parts += ["", "The floor handler hands the block freed last out again and keeps no books: "
+                      "what NumPy charges",
+                      "any handler that is not its own (bench/native/arenalib_bench_floor.c)."]
     rows = []
     for workload, label in RSS_WORKLOADS.items():
         for handler in ("default", "arena"):

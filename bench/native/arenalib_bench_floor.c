@@ -7,11 +7,20 @@
    no bookkeeping, plain C with CPython's fastest calling conventions and argument handling by
    hand: what CPython itself charges for the statement (the bytecode, the with protocol's look-ups
    and bound methods, five calls, two objects made and dropped) plus the memset.  Measured in the
-   same rounds as arenalib's frames, the difference is arenalib's own cost. */
+   same rounds as arenalib's frames, the difference is arenalib's own cost.
+
+   Also the floor under experiment 10's small arrays (bench/numpy_scope.py): numpy_handler(), the
+   cheapest NEP 49 data-memory handler that is not NumPy's own.  It keeps the one block freed last
+   and hands it out again when it is big enough (glibc's malloc otherwise), with a 16-byte header in
+   front as arenalib's handler has; zeroing is a memset.  No books, no liveness, no tracemalloc: what
+   NumPy charges any handler of its users, so that the arena's own share is its difference. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#include <numpy/ndarraytypes.h>  /* PyDataMem_Handler (the types only: no NumPy C API call) */
 
 #define FLOOR_BUFFER (1 << 20)
 #define FLOOR_FREELIST 16
@@ -112,6 +121,79 @@ static PyObject *arena_frame(PyObject *self, PyObject *unused) {
     return (PyObject *)frame;
 }
 
+/* -- the floor handler (NEP 49's PyDataMem_Handler, version 1) ---------------------------------- */
+
+typedef struct {
+    size_t capacity;  /* bytes after the header */
+    size_t unused;    /* (keeps the data 16-byte aligned, as arenalib's header does) */
+} FloorHeader;
+
+static FloorHeader *floor_kept;  /* the block freed last: exchanged atomically (3.13t calls at once) */
+
+static void *floor_np_malloc(void *ctx, size_t size) {
+    FloorHeader *block = __atomic_exchange_n(&floor_kept, NULL, __ATOMIC_ACQUIRE);
+    if (block != NULL && block->capacity < size) {
+        free(block);
+        block = NULL;
+    }
+    if (block == NULL) {
+        if (size > PY_SSIZE_T_MAX - sizeof(FloorHeader))
+            return NULL;
+        block = malloc(sizeof(FloorHeader) + size);
+        if (block == NULL)
+            return NULL;
+        block->capacity = size;
+    }
+    return block + 1;
+}
+
+static void *floor_np_calloc(void *ctx, size_t nelem, size_t elsize) {
+    size_t size;
+    if (__builtin_mul_overflow(nelem, elsize, &size))
+        return NULL;
+    void *data = floor_np_malloc(ctx, size);
+    if (data != NULL)
+        memset(data, 0, size);
+    return data;
+}
+
+static void *floor_np_realloc(void *ctx, void *data, size_t size) {
+    if (data == NULL)
+        return floor_np_malloc(ctx, size);
+    FloorHeader *block = (FloorHeader *)data - 1;
+    if (size <= block->capacity)
+        return data;
+    if (size > PY_SSIZE_T_MAX - sizeof(FloorHeader))
+        return NULL;
+    block = realloc(block, sizeof(FloorHeader) + size);
+    if (block == NULL)
+        return NULL;
+    block->capacity = size;
+    return block + 1;
+}
+
+static void floor_np_free(void *ctx, void *data, size_t size) {
+    if (data == NULL)
+        return;
+    FloorHeader *old = __atomic_exchange_n(&floor_kept, (FloorHeader *)data - 1, __ATOMIC_ACQ_REL);
+    free(old);
+}
+
+static PyDataMem_Handler floor_handler = {
+    "arenalib_bench_floor", 1,
+    {NULL, floor_np_malloc, floor_np_calloc, floor_np_realloc, floor_np_free},
+};
+
+static PyObject *module_numpy_handler(PyObject *module, PyObject *unused) {
+    return PyCapsule_New(&floor_handler, "mem_handler", NULL);
+}
+
+static PyMethodDef module_methods[] = {
+    {"numpy_handler", module_numpy_handler, METH_NOARGS,
+     "a \"mem_handler\" capsule of the floor handler, for arenalib.set_numpy_handler()"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMethodDef segment_methods[] = {
     {"fill", segment_fill, METH_O, "memset of the segment's size into one buffer; returns it"},
     {NULL, NULL, 0, NULL},
@@ -159,7 +241,8 @@ static PyTypeObject NullArena_Type = {
 
 static struct PyModuleDef floor_module = {
     PyModuleDef_HEAD_INIT, "arenalib_bench_floor",
-    "The cheapest C-level frame statement: experiment 8's floor (see the file's comment).", -1, NULL,
+    "The floors of experiments 8 and 10: the cheapest C-level frame statement and NumPy handler.", -1,
+    module_methods,
 };
 
 PyMODINIT_FUNC PyInit_arenalib_bench_floor(void) {
