@@ -406,8 +406,8 @@ def _small_why(small: dict) -> str:
            "small blocks")
     if not all("floor_ratio" in small[k] for k in SMALL):
         return why
-    return why + "; the floor handler (one block kept, no books) costs " + ", ".join(
-        f"{label} {small[k]['floor_ratio']['median']:.2f}x" for k, (_, label) in SMALL.items()) + " too"
+    return why + "; a handler that keeps one block and no books (the floor) costs " + ", ".join(
+        f"{label} {small[k]['floor_ratio']['median']:.2f}x" for k, (_, label) in SMALL.items())
 
 
 def tables(results: dict, markdown: bool = False) -> str:
