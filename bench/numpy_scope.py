@@ -138,7 +138,8 @@ def _small_child(rounds: int, target_ms: float) -> dict:
     import arenalib
 
     floor = floor_module()
-    floor_handler = floor.numpy_handler() if floor is not None else None
+    # (None without the module, or without NumPy's headers when it was built: bench/native/meson.build)
+    floor_handler = floor.numpy_handler() if hasattr(floor, "numpy_handler") else None
     arena = arenalib.Arena()
     envs = {"e": np.empty, "z": np.zeros}
     runners, outers, cells = {}, {}, {}

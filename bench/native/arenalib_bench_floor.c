@@ -19,8 +19,11 @@
 #include <Python.h>
 #include <string.h>
 
+#if __has_include(<numpy/ndarraytypes.h>)  /* (meson.build passes NumPy's headers when it has them) */
+#define FLOOR_NUMPY_HANDLER 1
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
 #include <numpy/ndarraytypes.h>  /* PyDataMem_Handler (the types only: no NumPy C API call) */
+#endif
 
 #define FLOOR_BUFFER (1 << 20)
 #define FLOOR_FREELIST 16
@@ -121,6 +124,7 @@ static PyObject *arena_frame(PyObject *self, PyObject *unused) {
     return (PyObject *)frame;
 }
 
+#ifdef FLOOR_NUMPY_HANDLER
 /* -- the floor handler (NEP 49's PyDataMem_Handler, version 1) ---------------------------------- */
 
 typedef struct {
@@ -187,10 +191,13 @@ static PyDataMem_Handler floor_handler = {
 static PyObject *module_numpy_handler(PyObject *module, PyObject *unused) {
     return PyCapsule_New(&floor_handler, "mem_handler", NULL);
 }
+#endif
 
 static PyMethodDef module_methods[] = {
+#ifdef FLOOR_NUMPY_HANDLER
     {"numpy_handler", module_numpy_handler, METH_NOARGS,
      "a \"mem_handler\" capsule of the floor handler, for arenalib.set_numpy_handler()"},
+#endif
     {NULL, NULL, 0, NULL},
 };
 
