@@ -940,18 +940,21 @@ def test_is_accessible_by_never_says_yes_to_another_thread_while_the_owner_close
     rounds = [0]
 
     def owner():
-        while rounds[0] < most and (rounds[0] < least or time.monotonic() < deadline):
-            arena = arenalib.ConfinedArena()
-            box["seg"] = arena.allocate(64)
-            closed[0] = False
-            ready.release()
-            go.acquire()  # the asker is spinning already: the close lands among its questions
-            arena.close()
+        try:
+            while rounds[0] < most and (rounds[0] < least or time.monotonic() < deadline):
+                arena = arenalib.ConfinedArena()
+                box["seg"] = arena.allocate(64)
+                closed[0] = False
+                ready.release()
+                go.acquire()  # the asker is spinning already: the close lands among its questions
+                arena.close()
+                closed[0] = True
+                done.acquire()
+                rounds[0] += 1
+        finally:  # the asker's signal to stop, also when the owner raised (it would wait for ever)
             closed[0] = True
-            done.acquire()
-            rounds[0] += 1
-        box["seg"] = None  # the asker's signal to stop
-        ready.release()
+            box["seg"] = None
+            ready.release()
 
     def asker():
         me = threading.get_ident()
