@@ -47,11 +47,28 @@ cdef extern from "Python.h":
     int PyTraceMalloc_Untrack(unsigned int domain, size_t ptr) noexcept
 
 
+cdef enum:
+    # The NumPy handler's cache of small blocks (GIL builds, arenalib/_numpy.pxi): blocks of up to
+    # NP_CACHE_MAX data bytes, a bucket per 16 bytes, NP_CACHE_DEPTH blocks a bucket.
+    NP_CACHE_MAX = 1024
+    NP_CACHE_BUCKETS = 65
+    NP_CACHE_DEPTH = 4
+
+cdef struct NumpyCache:
+    # Arena blocks of arrays dropped lately, which the handler hands out again before it asks the
+    # arena, as NumPy's own handler keeps its small blocks; the GIL guards it.
+    uint64_t generation       # the arena's generation when they were kept: in another, they are gone
+    Py_ssize_t blocks         # kept now
+    Py_ssize_t nbytes         # their sizes as the arena's books count them
+    unsigned char count[NP_CACHE_BUCKETS]
+    void* kept[NP_CACHE_BUCKETS * NP_CACHE_DEPTH]
+
 cdef struct NumpyBooks:
     # An Arena's NumPy data buffers (arenalib/_numpy.pxi), each also counted in Lifetime.exports.
     Py_ssize_t arrays         # alive now
     Py_ssize_t nbytes         # their bytes, as NumPy asked for them
     Py_ssize_t fallbacks      # allocations NumPy's default handler served instead (arena closed)
+    NumpyCache* cache         # made with the arena's first handler on a GIL build; NULL otherwise
 
 
 cdef class SegmentOwner:

@@ -30,6 +30,7 @@ class ArenaStats(TypedDict, total=False):
     numpy_arrays: int
     numpy_bytes: int
     numpy_fallbacks: int
+    numpy_cached_bytes: int
     resident: int
     mapped: int
     active: int

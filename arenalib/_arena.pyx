@@ -405,6 +405,7 @@ cdef class ArenaBase(SegmentOwner):
         """Free every segment at once and keep the arena open (its pages stay warm for reuse).
 
         Raises BufferError, changing nothing, while a segment's buffer export is alive."""
+        numpy_cache_flush(self)
         cdef int err = arena_reset_checked(&self._core)
         if err:
             self._raise(err, f"cannot reset {type(self).__name__}")
@@ -413,6 +414,7 @@ cdef class ArenaBase(SegmentOwner):
     def purge(self):
         """Hand the arena's unused dirty pages back to the OS now (live segments stay)."""
         # It flushes the thread caches of a shared arena's threads: none may allocate meanwhile.
+        numpy_cache_flush(self)
         exclusive_begin(&self._core.life)
         cdef int err = _usable(&self._core)
         cdef ArenaSlot* slot = self._core.slot
@@ -435,6 +437,7 @@ cdef class ArenaBase(SegmentOwner):
         self._close(deferred)
 
     cdef int _close(self, bint deferred=False) except -1:
+        numpy_cache_flush(self)
         cdef int err = arena_close_checked(&self._core, deferred)
         if err:
             self._raise(err, f"cannot close {type(self).__name__} (close(deferred=True) closes it now and "
@@ -515,14 +518,17 @@ cdef class ArenaBase(SegmentOwner):
 
         live_bytes/live_segments/peak_bytes count the sizes asked for (NumPy arrays' blocks included);
         numpy_arrays/numpy_bytes count the arrays of numpy() scopes alive now, numpy_fallbacks the
-        allocations NumPy's default handler served after the close; resident, mapped, active and
+        allocations NumPy's default handler served after the close, numpy_cached_bytes the small
+        blocks of dead arrays the handler keeps for reuse (not in live_bytes); resident, mapped, active and
         dirty are jemalloc's byte counts for the underlying jemalloc arena (0 once closed)."""
         cdef Books books
         cdef size_t figures[4]
         cdef int i
         result = {}  # made first: the GC it may start can close the arena, which the reads must see
+        cdef Py_ssize_t cached_bytes
         cdef void* token = access_enter(&self._core.life)  # no close meanwhile
         read_books(&self._core, &books)
+        numpy_cache_unbook(self, &books, &cached_bytes)
         jemalloc_arena_figures(&self._core, figures)
         cdef Py_ssize_t exports = segment_exports(self)  # NumPy arrays, exports too, come apart
         cdef Py_ssize_t arrays, array_bytes
@@ -545,6 +551,7 @@ cdef class ArenaBase(SegmentOwner):
         result["numpy_arrays"] = arrays
         result["numpy_bytes"] = array_bytes
         result["numpy_fallbacks"] = count_read(&self._numpy.fallbacks)
+        result["numpy_cached_bytes"] = cached_bytes
         for i in range(4):
             result[_ARENA_FIGURES[i][0]] = figures[i]
         return result
@@ -558,8 +565,10 @@ cdef class ArenaBase(SegmentOwner):
             return f"<arenalib.{name} closed>"
         # The arena's own books: jemalloc's statistics cost milliseconds once arenas are many.
         cdef Books books
+        cdef Py_ssize_t cached_bytes
         cdef void* token = access_enter(&self._core.life)
         read_books(&self._core, &books)
+        numpy_cache_unbook(self, &books, &cached_bytes)
         access_exit(token)
         return f"<arenalib.{name} {books.live_segments} segments, {books.live_bytes} bytes>"
 
@@ -569,6 +578,7 @@ cdef class ArenaBase(SegmentOwner):
     def __dealloc__(self):
         # As an unclosed file does: free the memory and say so with a ResourceWarning.  Done here
         # rather than in __del__, which would cost every arena's deallocation (see DESIGN.md).
+        numpy_books_free(&self._numpy)  # (its blocks are the arena's, which goes now)
         if not self._core.open:
             frames_free(&self._core.life)  # kept by a close (see frames_close)
             return

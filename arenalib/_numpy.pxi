@@ -36,6 +36,17 @@
 # - realloc (ndarray.resize, np.fromiter): resized in the arena (arena_resize_checked: in place when
 #   jemalloc can), or, for a block of a closed arena, moved to NumPy's default handler.
 #
+# Small blocks (up to NP_CACHE_MAX bytes of data) are kept for reuse on a GIL build, as NumPy's own
+# handler keeps its own: a few per 16-byte bucket, in the arena's NumpyCache, which the GIL guards
+# (NumPy calls the handler with it held, as its own cache needs).  A kept block is the arena's,
+# allocated in its books but no array's: not an export, not in stats()'s live figures (it is in
+# numpy_cached_bytes).  It is handed out again only in the generation it was kept in and while the
+# arena is open: a reset or close (any, C-level ones too) makes the whole cache stale at once, with
+# no list to walk; the Python-level ones give the blocks back first (numpy_cache_flush), so the
+# books stay exact.  A limited arena (max_bytes) keeps none: its limit counts what arrays hold.
+# Why: an np.empty(8) cost 1.10x NumPy's own handler's with a trip to the arena for each block, and
+# NEP 49 handlers are called for every small temporary.
+#
 # No build-time NumPy: the handler struct is declared in src/numpy.h, and NumPy's C API is taken from
 # the table of its capsule _ARRAY_API at first use (numpy_api()), its version checked there.
 
@@ -43,9 +54,9 @@ from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
 from cpython.object cimport PyObject
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New
 from cpython.ref cimport Py_DECREF, Py_INCREF
-from libc.string cimport memcpy, strncpy
+from libc.string cimport memcpy, memset, strncpy
 
-from arenalib._abi cimport CACHE_MAX_SIZE, ArenaCore, Lifetime
+from arenalib._abi cimport CACHE_MAX_SIZE, FREE_THREADED, ArenaCore, Books, Lifetime
 from arenalib._table cimport ARENA_ECLOSED, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_OK
 
 cdef extern from "Python.h":
@@ -233,6 +244,8 @@ cdef object numpy_handler_of(ArenaBase arena):
     context.fallback = api.default_handler
     context.hugepages = api.thp_madvise and _numpy_wants_hugepages()
     context.arena = <PyObject*>arena
+    if not FREE_THREADED and arena._numpy.cache == NULL:  # (none made: blocks go to the arena)
+        arena._numpy.cache = <NumpyCache*>PyMem_RawCalloc(1, sizeof(NumpyCache))
     Py_INCREF(arena)
     try:
         capsule = PyCapsule_New(context, b"mem_handler", _numpy_context_free)
@@ -274,21 +287,23 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     is closed; NULL when memory (or max_bytes) refuses."""
     if size > MAX_SIZE - NP_HEADER:
         return NULL
+    cdef void* block = _np_cache_take(context, size)
+    if block != NULL:
+        if zero:
+            memset(<char*>block + NP_HEADER, 0, size)
+        _np_count_out(context, size)
+        return _np_hand_out(block, size)
     cdef ArenaCore* core = context.core
-    cdef Lifetime* life = &core.life
-    cdef void* block = NULL
     cdef int err = ARENA_ECLOSED
-    cdef void* token = access_enter(life)  # a close or reset of another thread waits for this
+    cdef void* token = access_enter(&core.life)  # a close or reset of another thread waits for this
     # A big block on a huge-page boundary: the advice below can then back all of it with huge pages
     # (only the 2 MiB-aligned spans wholly inside an advised range get them).
     cdef size_t align = NP_HUGE_ALIGN if context.hugepages and size >= NP_HUGE_MIN else 1
     if core.open:
-        err = arena_allocate(core, size + NP_HEADER, align, zero, &block)
+        err = arena_allocate(core, np_block_size(size), align, zero, &block)
         if err == ARENA_OK:
             # Counted as a buffer export before anyone can close: close and reset refuse from now on.
-            count_add(&life.exports, 1)
-            count_add(&context.books.arrays, 1)
-            count_add(&context.books.nbytes, <Py_ssize_t>size)
+            _np_count_out(context, size)
             if size > CACHE_MAX_SIZE:
                 # As a C-level caller, the handler leaves peak_bytes to the next Python-level
                 # allocate, but for big blocks, which a peak is about (the small ones' ~30 cycles
@@ -301,6 +316,27 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
         return NULL
     if context.hugepages and size >= NP_HUGE_MIN:
         np_advise(block, size + NP_HEADER, True)  # before the first touch (the header's, below)
+    return _np_hand_out(block, size)
+
+
+cdef inline size_t np_block_size(size_t size) noexcept nogil:
+    """The bytes an arena block of ``size`` data bytes has: the header's too, and a small size
+    rounded up to its cache bucket's (the same jemalloc size class), so that every block of a bucket
+    serves every size of it."""
+    if size <= NP_CACHE_MAX:
+        return ((size + 15) & ~<size_t>15) + NP_HEADER
+    return size + NP_HEADER
+
+
+cdef inline void _np_count_out(NumpyContext* context, size_t size) noexcept nogil:
+    """An arena block goes to an array: one more export of the arena, and the handler's books."""
+    count_add(&context.core.life.exports, 1)
+    count_add(&context.books.arrays, 1)
+    count_add(&context.books.nbytes, <Py_ssize_t>size)
+
+
+cdef inline void* _np_hand_out(void* block, size_t size) noexcept nogil:
+    """The data of arena block ``block`` for an array of ``size`` bytes, its header written."""
     cdef NpHeader* header = <NpHeader*>block
     header.size = size
     header.tag = NP_TAG_ARENA
@@ -308,6 +344,94 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     cdef char* data = <char*>block + NP_HEADER
     np_trace_track(TRACE_DOMAIN, <size_t>data, size)
     return data
+
+
+# -- the cache of small blocks (GIL builds; see the top of this file) ------------------------------
+
+cdef inline void _np_cache_forget(NumpyCache* cache, uint64_t generation) noexcept nogil:
+    """Empty the cache without touching its blocks (gone with a reset or close), for ``generation``."""
+    memset(cache.count, 0, sizeof(cache.count))
+    cache.blocks = 0
+    cache.nbytes = 0
+    cache.generation = generation
+
+
+cdef inline void* _np_cache_take(NumpyContext* context, size_t size) noexcept nogil:
+    """A kept block for ``size`` data bytes, or NULL (none kept, or the cache is stale)."""
+    cdef NumpyCache* cache = context.books.cache
+    if FREE_THREADED or cache == NULL or size > NP_CACHE_MAX:
+        return NULL
+    cdef size_t bucket = (size + 15) >> 4
+    cdef unsigned char n = cache.count[bucket]
+    if n == 0:
+        return NULL
+    cdef ArenaCore* core = context.core
+    if not core.open or cache.generation != core.life.generation:
+        _np_cache_forget(cache, 0)
+        return NULL
+    n -= 1
+    cache.count[bucket] = n
+    cache.blocks -= 1
+    cache.nbytes -= <Py_ssize_t>np_block_size(size)
+    return cache.kept[bucket * NP_CACHE_DEPTH + n]
+
+
+cdef inline bint _np_cache_keep(NumpyContext* context, NpHeader* header, size_t size) noexcept nogil:
+    """Keep the block of an array of ``size`` bytes that died in the open arena; False when it is
+    not for the cache (too big, its bucket full, a limited arena's, a free-threaded build)."""
+    cdef NumpyCache* cache = context.books.cache
+    if FREE_THREADED or cache == NULL or size > NP_CACHE_MAX:
+        return False
+    cdef ArenaCore* core = context.core
+    if core.max_bytes >= 0:
+        return False
+    if cache.generation != core.life.generation:
+        _np_cache_forget(cache, core.life.generation)
+    cdef size_t bucket = (size + 15) >> 4
+    cdef unsigned char n = cache.count[bucket]
+    if n == NP_CACHE_DEPTH:
+        return False
+    cache.kept[bucket * NP_CACHE_DEPTH + n] = header
+    cache.count[bucket] = n + 1
+    cache.blocks += 1
+    cache.nbytes += <Py_ssize_t>np_block_size(size)
+    return True
+
+
+cdef int numpy_cache_flush(ArenaBase arena) except -1:
+    """Give the blocks the handler keeps back to the open arena (before a Python-level reset or
+    close, which would otherwise drop them with the books still counting them)."""
+    cdef NumpyCache* cache = arena._numpy.cache
+    if cache == NULL or cache.blocks == 0:
+        return 0
+    cdef ArenaCore* core = &arena._core
+    cdef size_t bucket
+    cdef unsigned char i
+    if core.open and cache.generation == core.life.generation:
+        for bucket in range(NP_CACHE_BUCKETS):
+            for i in range(cache.count[bucket]):
+                arena_free(core, cache.kept[bucket * NP_CACHE_DEPTH + i], (bucket << 4) + NP_HEADER)
+    _np_cache_forget(cache, 0)
+    return 0
+
+
+cdef int numpy_cache_unbook(ArenaBase arena, Books* books, Py_ssize_t* kept_bytes) noexcept:
+    """Take the blocks the handler keeps out of ``books`` (read while the arena is open), their
+    bytes in ``kept_bytes``."""
+    cdef NumpyCache* cache = arena._numpy.cache
+    kept_bytes[0] = 0
+    if cache == NULL or not arena._core.open or cache.generation != arena._core.life.generation:
+        return 0
+    kept_bytes[0] = cache.nbytes
+    books.live_bytes -= cache.nbytes
+    books.live_segments -= cache.blocks
+    return 0
+
+
+cdef void numpy_books_free(NumpyBooks* books) noexcept:
+    """At the arena's deallocation (after every capsule and array of it)."""
+    PyMem_RawFree(books.cache)
+    books.cache = NULL
 
 
 cdef void* _np_fallback_allocate(NumpyContext* context, size_t size, bint zero) noexcept nogil:
@@ -353,8 +477,8 @@ cdef inline void _np_release(NumpyContext* context, NpHeader* header) noexcept n
     if context.hugepages and size >= NP_HUGE_MIN:
         np_advise(header, size + NP_HEADER, False)
     cdef void* token = access_enter(life)
-    if core.open:
-        arena_free(core, header, size + NP_HEADER)
+    if core.open and not _np_cache_keep(context, header, size):
+        arena_free(core, header, np_block_size(size))
     access_exit(token)
     count_add(&context.books.arrays, -1)
     count_add(&context.books.nbytes, -<Py_ssize_t>size)
@@ -388,7 +512,7 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
     cdef int err = ARENA_ECLOSED
     cdef void* token = access_enter(&core.life)
     if core.open:
-        err = arena_resize_checked(core, header, old + NP_HEADER, size + NP_HEADER,
+        err = arena_resize_checked(core, header, np_block_size(old), np_block_size(size),
                                    NP_HUGE_ALIGN if context.hugepages and size >= NP_HUGE_MIN else 1,
                                    False, 0, &block)
         if err == ARENA_OK:

@@ -402,8 +402,8 @@ def _small_cell(per: dict) -> dict:
 def _small_why(small: dict) -> str:
     """Why small arrays cost more in the scope: with the floor handler's figures, how much of it any
     handler not NumPy's own pays."""
-    why = ("the arena's books, the lifetime count and the header cost more than NumPy's own cache of "
-           "small blocks")
+    why = ("both handlers hand out a kept block, but arenalib's also counts the array as an export of the "
+           "arena, writes its header and reports it to tracemalloc in its own domain")
     if not all("floor_ratio" in small[k] for k in SMALL):
         return why
     return why + "; a handler that keeps one block and no books (the floor) costs " + ", ".join(

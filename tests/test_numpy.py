@@ -314,6 +314,131 @@ def test_sorting_structured_arrays_uses_the_current_handler_for_scratch(arena):
     del x
 
 
+# -- the small blocks the handler keeps for reuse (GIL builds) -----------------------------------------
+
+# A bucket per 16 bytes of data up to 1 KiB, four blocks each; a block has a 16-byte header.
+KEPT_PER_BUCKET = 4
+
+
+def kept_size(nbytes):
+    return -(-nbytes // 16) * 16 + 16
+
+
+def kept_bytes(arena):
+    return arena.stats()["numpy_cached_bytes"]
+
+
+@pytest.mark.skipif(FREE_THREADED, reason="the cache is the GIL's: a free-threaded build keeps none")
+def test_a_dead_arrays_small_block_is_kept_out_of_the_live_figures_and_reused_zeroed(arena):
+    with arena.numpy():
+        x = np.zeros(100)  # (np.zeros makes no temporary of its own, np.full and np.ones do)
+        x.fill(7.0)
+        address = x.ctypes.data
+        del x
+        stats = arena.stats()
+        assert (stats["numpy_cached_bytes"], stats["numpy_arrays"]) == (kept_size(800), 0)
+        assert (stats["live_bytes"], stats["live_segments"], stats["exports"]) == (0, 0, 0)
+        assert "0 segments, 0 bytes" in repr(arena)
+        y = np.zeros(100)  # calloc: the kept block again, zeroed
+        assert kept_bytes(arena) == 0 and y.ctypes.data == address and not y.any()
+        z = np.empty(99)  # the same bucket, none kept now: from the arena
+        assert z.ctypes.data != address
+        z.resize(5000, refcheck=False)  # a kept-size block resized in the arena
+        z[:99] = 1.0
+        assert arena.stats()["numpy_bytes"] == 800 + 40_000
+    assert float(z[:99].sum()) == 99.0
+    before = kept_bytes(arena)
+    del y, z  # y's block is kept, z's (40 KB) goes back to the arena
+    assert kept_bytes(arena) - before == kept_size(800) and arena.stats()["live_bytes"] == 0
+
+
+@pytest.mark.skipif(FREE_THREADED, reason="the cache is the GIL's: a free-threaded build keeps none")
+def test_the_cache_is_bounded_and_keeps_no_big_block(arena):
+    with arena.numpy():
+        small = [np.zeros(100) for _ in range(3 * KEPT_PER_BUCKET)]
+        sizes = [np.zeros(n) for n in (1, 2, 17, 127, 128)]  # 8 B to 1 KiB: a bucket each
+        big = [np.zeros(129), np.zeros(100_000)]  # past 1 KiB: back to the arena
+    del small, sizes, big
+    assert kept_bytes(arena) == KEPT_PER_BUCKET * kept_size(800) + sum(
+        kept_size(8 * n) for n in (1, 2, 17, 127, 128))
+    assert arena.stats()["live_bytes"] == 0
+
+
+@pytest.mark.skipif(FREE_THREADED, reason="the cache is the GIL's: a free-threaded build keeps none")
+@pytest.mark.parametrize("how", ["reset", "purge", "close", "close_deferred"])
+def test_reset_purge_and_close_give_the_kept_blocks_back(how):
+    arena = arenalib.Arena()
+    with arena.numpy():
+        kept = [np.zeros(n) for n in range(1, 100, 7)]
+        alive = np.arange(10.0)
+    del kept
+    assert kept_bytes(arena) > 0
+    active = arena.stats()["active"]
+    if how == "close_deferred":
+        arena.close(deferred=True)  # alive holds the memory: the kept blocks went back first
+        assert arena.stats()["held_bytes"] == kept_size(80) and list(alive) == list(range(10))
+        del alive
+        assert arena.stats()["held_bytes"] == 0 and kept_bytes(arena) == 0
+        return
+    del alive
+    getattr(arena, how)()
+    stats = arena.stats()
+    assert stats["numpy_cached_bytes"] == 0 and stats["live_bytes"] == 0
+    if how == "purge":  # still open: the blocks went back to jemalloc, which no longer counts them
+        assert stats["active"] < active
+        with arena.numpy():
+            x = np.full(10, 3.0)
+        assert list(x) == [3.0] * 10
+        del x
+    arena.close()
+
+
+def test_a_limited_arena_keeps_no_block():
+    with arenalib.Arena(max_bytes=MiB) as a:
+        with a.numpy():
+            x = np.zeros(100)
+        del x
+        assert kept_bytes(a) == 0 and a.stats()["live_bytes"] == 0
+
+
+def test_a_free_threaded_build_keeps_no_block(arena):
+    with arena.numpy():
+        x = np.zeros(100)
+    del x
+    assert kept_bytes(arena) == (0 if FREE_THREADED else kept_size(800))
+
+
+@pytest.mark.skipif(FREE_THREADED, reason="the cache is the GIL's: a free-threaded build keeps none")
+def test_blocks_kept_before_a_c_level_close_and_reopen_are_never_handed_out(cython_consumers):
+    """A close through the C API gives the jemalloc arena back without asking the handler: the blocks
+    it kept are then another arena's to hand out, and the reopened arena's next arrays must not get
+    them (its new generation makes the cache stale)."""
+    consumer = cython_consumers["safety_consumer"]
+    arena = arenalib.Arena()
+    with arena.numpy():
+        kept = [np.zeros(100) for _ in range(KEPT_PER_BUCKET)]
+        old = {x.ctypes.data for x in kept}
+    del kept
+    assert kept_bytes(arena) == KEPT_PER_BUCKET * kept_size(800)
+    consumer.close_and_reopen(arena, consumer.KINDS["Arena"])
+    assert kept_bytes(arena) == 0 and arena.stats()["live_bytes"] == 0
+    other = arenalib.Arena()  # likely the slot the close gave back, warm
+    with other.numpy():
+        theirs = [np.full(100, float(i)) for i in range(2 * KEPT_PER_BUCKET)]
+    with arena.numpy():
+        ours = [np.full(100, -1.0 - i) for i in range(KEPT_PER_BUCKET)]
+    assert not {x.ctypes.data for x in ours} & {x.ctypes.data for x in theirs}
+    assert all((x == float(i)).all() for i, x in enumerate(theirs))
+    assert all((x == -1.0 - i).all() for i, x in enumerate(ours))
+    # From the reopened arena's books (a stale block would come from no books, and go back to the
+    # cache counted out of them: live_bytes would read 0 now, and negative after the del).
+    assert arena.stats()["live_bytes"] >= KEPT_PER_BUCKET * kept_size(800)
+    del theirs, ours, old
+    assert arena.stats()["live_bytes"] == 0
+    other.close()
+    arena.close()
+
+
 # -- after the block ---------------------------------------------------------------------------------
 
 

@@ -26,6 +26,8 @@ import arenalib
 from arenalib import ArenaClosedError
 
 DEFAULT = -1  # the source of a buffer NumPy's default handler made outside every scope
+# The most the handler keeps for reuse (GIL builds): 4 blocks in each of 65 buckets, 16 to 1040 bytes.
+CACHE_BOUND = 4 * sum(16 * bucket + 16 for bucket in range(65))
 
 
 class Buffer:
@@ -243,6 +245,9 @@ class NumpyScopesMachine(RuleBasedStateMachine):
             assert (stats["numpy_arrays"], stats["numpy_fallbacks"], stats["closed"]) == (
                 arrays, self.fallbacks[index], self.closed[index])
             assert stats["exports"] == exports
+            # The blocks the handler keeps for reuse are out of the live figures, never below them.
+            assert 0 <= stats["numpy_cached_bytes"] <= CACHE_BOUND
+            assert stats["live_bytes"] >= (0 if stats["closed"] else stats["numpy_bytes"])
             closing += self.closed[index] and (arrays + exports) > 0
         assert arenalib.live_objects()["closing_arenas"] == self.closing_before + closing
 
