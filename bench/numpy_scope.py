@@ -14,8 +14,10 @@ part's glibc heap and page tables do not carry into the next:
   unmaps it at the free, and the threshold starts at 128 KiB and rises to the size of a mapped block
   freed, up to 32 MiB, so which sizes come back from the heap warm depends on what came before.  A
   child per size, so each size starts from the same history.
-* Small arrays: ``e(8)`` and ``z(100)`` (``e = numpy.empty``, ``z = numpy.zeros``), made and dropped in
-  experiment 1's loop (bench/roundtrip.py: 256 per inner batch, the garbage collector off): ns per array,
+* Small arrays: ``e(8)`` and ``z(100)`` (``e = numpy.empty``, ``z = numpy.zeros``; the targets), and
+  more sizes from 296 B to 10 KB on both sides of the 1 KiB up to which the handler keeps the blocks of
+  dead arrays for reuse (SMALL_SWEEP), made and dropped in experiment 1's loop (bench/roundtrip.py: 256
+  per inner batch, the garbage collector off): ns per array,
   with NumPy's default handler, inside ``with arena.numpy():``, and, for reference, under the floor
   handler (bench/native/arenalib_bench_floor.c: the one block freed last handed out again, no books;
   left out when it cannot be built): what NumPy charges any handler that is not its own, so that the
@@ -55,7 +57,13 @@ SETTINGS = {"quick": {"rounds": 5, "target_ms": 40.0, "small_ms": 8.0},
             "full": {"rounds": 15, "target_ms": 120.0, "small_ms": 30.0}}
 WARMUP = 2
 LOOP = {"default": "NumPy's default handler", "arena": "with arena.numpy()", "out": "out= (preallocated)"}
-SMALL = {"empty": ("e(8)", "numpy.empty(8)"), "zeros": ("z(100)", "numpy.zeros(100)")}
+SMALL_TARGETS = {"empty": ("e(8)", "numpy.empty(8)"), "zeros": ("z(100)", "numpy.zeros(100)")}
+# More sizes, no target: the handler keeps the blocks of dead arrays of up to 1 KiB (1024 bytes of
+# data) for reuse on a GIL build, so its cost changes there; sizes on both sides, not powers of two too.
+SMALL_SWEEP = {f"{kind}{n}": (f"{kind[0]}({n})", f"numpy.{kind}({n}), {fmt_size(8 * n)}")
+               for kind, n in [("empty", 37), ("empty", 128), ("empty", 129), ("empty", 500), ("zeros", 37),
+                               ("zeros", 129), ("zeros", 1250)]}
+SMALL = {**SMALL_TARGETS, **SMALL_SWEEP}
 RSS_WORKLOADS = {"loop64": "the 64 MiB loop", "sweep": "the 1-16 MiB loop sweep",
                  "mixed": "4,000 arrays of 8 B-1 MiB kept, then dropped"}
 BIG_LIMIT, BIG_FAULTS, SWEEP_LIMIT, SMALL_LIMIT, RSS_LIMIT = 0.85, 0.01, 1.02, 1.05, 0.05
@@ -318,7 +326,7 @@ def targets(results: dict) -> list[dict]:
         checks.append(ratio_item(sweep_title, "arena", "c = a*b + a", n, "default", LOOP["default"],
                                  SWEEP_LIMIT, results["loops"].get(str(n), {}).get("ratio")))
     small = {} if "error" in results["small"] else results["small"]
-    for name, (_, label) in SMALL.items():
+    for name, (_, label) in SMALL_TARGETS.items():
         checks.append(ratio_item(f"small arrays: <= {SMALL_LIMIT}x the default handler's creation cost "
                                  "(issue 28)", "arena", label, 0, "default", LOOP["default"], SMALL_LIMIT,
                                  small.get(name, {}).get("ratio")))
@@ -376,10 +384,14 @@ def findings(results: dict) -> list[dict]:
         out.append(finding(kind, text + ".", "glibc's heap serves these sizes warm too: no page fault to "
                            "save, what is left is each handler's own work" if slower else None))
     if "error" not in results["small"] and results["small"]:
-        ratios = {SMALL[k][1]: v["ratio"]["median"] for k, v in results["small"].items()}
+        ratios = {label: results["small"][k]["ratio"]["median"] for k, (_, label) in SMALL_TARGETS.items()
+                  if k in results["small"]}
         worst = max(ratios.values())
+        swept = [results["small"][k]["ratio"]["median"] for k in SMALL_SWEEP if k in results["small"]]
+        more = (f" ({min(swept):.2f}-{max(swept):.2f}x at {len(swept)} more sizes, 296 B to 10 KB)"
+                if swept else "")
         out.append(finding(side(worst), "NumPy in an arena scope, small arrays: " + ", ".join(
-            f"{label} {r:.2f}x" for label, r in ratios.items()) + " the default's cost.",
+            f"{label} {r:.2f}x" for label, r in ratios.items()) + f" the default's cost{more}.",
             _small_why(results["small"]) if side(worst) == "loss" else None))
     shares = {RSS_WORKLOADS[w]: _share(results["rss"][w]["arena"]) for w in RSS_WORKLOADS}
     if all(v is not None for v in shares.values()):
@@ -404,10 +416,10 @@ def _small_why(small: dict) -> str:
     handler not NumPy's own pays."""
     why = ("both handlers hand out a kept block, but arenalib's also counts the array as an export of the "
            "arena, writes its header and reports it to tracemalloc in its own domain")
-    if not all("floor_ratio" in small[k] for k in SMALL):
+    if not all("floor_ratio" in small.get(k, {}) for k in SMALL_TARGETS):
         return why
     return why + "; a handler that keeps one block and no books (the floor) costs " + ", ".join(
-        f"{label} {small[k]['floor_ratio']['median']:.2f}x" for k, (_, label) in SMALL.items())
+        f"{label} {small[k]['floor_ratio']['median']:.2f}x" for k, (_, label) in SMALL_TARGETS.items())
 
 
 def tables(results: dict, markdown: bool = False) -> str:
@@ -432,9 +444,10 @@ def tables(results: dict, markdown: bool = False) -> str:
         def span(r):
             return f"{r['median']:.2f}x ({r['q1']:.2f}-{r['q3']:.2f})"
 
-        floored = all("floor_ratio" in results["small"][k] for k in SMALL)
+        shown = [(k, label) for k, (_, label) in SMALL.items() if k in results["small"]]
+        floored = all("floor_ratio" in results["small"][k] for k, _ in shown)
         rows = []
-        for k, (_, label) in SMALL.items():
+        for k, label in shown:
             cell = results["small"][k]
             rows.append([label, fmt_ns(cell["ns"]["default"]["median"]),
                          fmt_ns(cell["ns"]["arena"]["median"]), span(cell["ratio"])])
@@ -444,7 +457,8 @@ def tables(results: dict, markdown: bool = False) -> str:
         head = ["statement", "default", "arena scope", "ratio"]
         if floored:
             head += ["floor handler", "floor/default", "arena/floor"]
-        parts += ["", f"{h}Small arrays, made and dropped: ns per array", table(head, rows, markdown)]
+        parts += ["", f"{h}Small arrays, made and dropped: ns per array (the first two: the targets; the "
+                  "handler keeps blocks up to 1 KiB)", table(head, rows, markdown)]
         if floored:
             parts += ["", "The floor handler hands the block freed last out again and keeps no books: "
                       "what NumPy charges",
