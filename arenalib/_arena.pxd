@@ -58,8 +58,6 @@ cdef struct NumpyCache:
     # Arena blocks of arrays dropped lately, which the handler hands out again before it asks the
     # arena, as NumPy's own handler keeps its small blocks; the GIL guards it.
     uint64_t generation       # the arena's generation when they were kept: in another, they are gone
-    Py_ssize_t blocks         # kept now
-    Py_ssize_t nbytes         # their sizes as the arena's books count them
     unsigned char count[NP_CACHE_BUCKETS]
     void* kept[NP_CACHE_BUCKETS * NP_CACHE_DEPTH]
 

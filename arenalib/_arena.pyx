@@ -405,7 +405,6 @@ cdef class ArenaBase(SegmentOwner):
         """Free every segment at once and keep the arena open (its pages stay warm for reuse).
 
         Raises BufferError, changing nothing, while a segment's buffer export is alive."""
-        numpy_cache_flush(self)
         cdef int err = arena_reset_checked(&self._core)
         if err:
             self._raise(err, f"cannot reset {type(self).__name__}")
@@ -437,7 +436,6 @@ cdef class ArenaBase(SegmentOwner):
         self._close(deferred)
 
     cdef int _close(self, bint deferred=False) except -1:
-        numpy_cache_flush(self)
         cdef int err = arena_close_checked(&self._core, deferred)
         if err:
             self._raise(err, f"cannot close {type(self).__name__} (close(deferred=True) closes it now and "
@@ -525,10 +523,9 @@ cdef class ArenaBase(SegmentOwner):
         cdef size_t figures[4]
         cdef int i
         result = {}  # made first: the GC it may start can close the arena, which the reads must see
-        cdef Py_ssize_t cached_bytes
         cdef void* token = access_enter(&self._core.life)  # no close meanwhile
         read_books(&self._core, &books)
-        numpy_cache_unbook(self, &books, &cached_bytes)
+        cdef Py_ssize_t cached_bytes = numpy_cached_bytes(self)
         jemalloc_arena_figures(&self._core, figures)
         cdef Py_ssize_t exports = segment_exports(self)  # NumPy arrays, exports too, come apart
         cdef Py_ssize_t arrays, array_bytes
@@ -565,10 +562,8 @@ cdef class ArenaBase(SegmentOwner):
             return f"<arenalib.{name} closed>"
         # The arena's own books: jemalloc's statistics cost milliseconds once arenas are many.
         cdef Books books
-        cdef Py_ssize_t cached_bytes
         cdef void* token = access_enter(&self._core.life)
         read_books(&self._core, &books)
-        numpy_cache_unbook(self, &books, &cached_bytes)
         access_exit(token)
         return f"<arenalib.{name} {books.live_segments} segments, {books.live_bytes} bytes>"
 

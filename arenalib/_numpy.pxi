@@ -38,14 +38,15 @@
 #
 # Small blocks (up to NP_CACHE_MAX bytes of data) are kept for reuse on a GIL build, as NumPy's own
 # handler keeps its own: a few per 16-byte bucket, in the arena's NumpyCache, which the GIL guards
-# (NumPy calls the handler with it held, as its own cache needs).  A kept block is the arena's,
-# allocated in its books but no array's: not an export, not in stats()'s live figures (it is in
-# numpy_cached_bytes).  It is handed out again only in the generation it was kept in and while the
-# arena is open: a reset or close (any, C-level ones too) makes the whole cache stale at once, with
-# no list to walk; the Python-level ones give the blocks back first (numpy_cache_flush), so the
-# books stay exact.  A limited arena (max_bytes) keeps none: its limit counts what arrays hold.
-# Why: an np.empty(8) cost 1.10x NumPy's own handler's with a trip to the arena for each block, and
-# NEP 49 handlers are called for every small temporary.
+# (NumPy calls the handler with it held, as its own cache needs).  A kept block is out of the arena's
+# books, as a block in the arena's own free-block caches is (not live, not an export; stats() shows it
+# as numpy_cached_bytes), and back in them when an array takes it.  It is handed out again only in the
+# generation it was kept in and while the arena is open: a reset or close (any, C-level ones too)
+# makes the whole cache stale at once, its blocks gone with the arena's memory, with no list to walk.
+# The arena's first thread keeps and takes blocks (its books are the ones at hand with no look-up);
+# a limited arena (max_bytes) has no first thread, and keeps none: its limit counts what arrays hold.
+# Why: an np.empty(8) cost 1.08x and an np.zeros(100) 1.21x NumPy's own handler's with a trip to the
+# arena for each block, and NEP 49 handlers are called for every small temporary.
 #
 # No build-time NumPy: the handler struct is declared in src/numpy.h, and NumPy's C API is taken from
 # the table of its capsule _ARRAY_API at first use (numpy_api()), its version checked there.
@@ -56,7 +57,11 @@ from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsul
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.string cimport memcpy, memset, strncpy
 
-from arenalib._abi cimport CACHE_MAX_SIZE, FREE_THREADED, ArenaCore, Books, Lifetime
+from arenalib._abi cimport (
+    CACHE_MAX_SIZE, FREE_THREADED, ArenaCore, Lifetime, ThreadCache, arenalib_load_owner, books_remove,
+    load_first_cache, thread_ident,
+)
+from arenalib._shared cimport shared_count_allocation
 from arenalib._table cimport ARENA_ECLOSED, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_OK
 
 cdef extern from "Python.h":
@@ -300,7 +305,7 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     # (only the 2 MiB-aligned spans wholly inside an advised range get them).
     cdef size_t align = NP_HUGE_ALIGN if context.hugepages and size >= NP_HUGE_MIN else 1
     if core.open:
-        err = arena_allocate(core, np_block_size(size), align, zero, &block)
+        err = arena_allocate(core, np_block_size(core, size), align, zero, &block)
         if err == ARENA_OK:
             # Counted as a buffer export before anyone can close: close and reset refuse from now on.
             _np_count_out(context, size)
@@ -319,11 +324,12 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     return _np_hand_out(block, size)
 
 
-cdef inline size_t np_block_size(size_t size) noexcept nogil:
-    """The bytes an arena block of ``size`` data bytes has: the header's too, and a small size
-    rounded up to its cache bucket's (the same jemalloc size class), so that every block of a bucket
-    serves every size of it."""
-    if size <= NP_CACHE_MAX:
+cdef inline size_t np_block_size(ArenaCore* core, size_t size) noexcept nogil:
+    """The bytes an arena block of ``size`` data bytes has: the header's too, and, where blocks may be
+    kept (a GIL build, no max_bytes, which never changes while a block lives), a small size rounded up
+    to its cache bucket's (the same jemalloc size class), so that every block of a bucket serves every
+    size of it."""
+    if not FREE_THREADED and size <= NP_CACHE_MAX and core.max_bytes < 0:
         return ((size + 15) & ~<size_t>15) + NP_HEADER
     return size + NP_HEADER
 
@@ -349,15 +355,23 @@ cdef inline void* _np_hand_out(void* block, size_t size) noexcept nogil:
 # -- the cache of small blocks (GIL builds; see the top of this file) ------------------------------
 
 cdef inline void _np_cache_forget(NumpyCache* cache, uint64_t generation) noexcept nogil:
-    """Empty the cache without touching its blocks (gone with a reset or close), for ``generation``."""
+    """Empty the cache without touching its blocks, for ``generation``."""
     memset(cache.count, 0, sizeof(cache.count))
-    cache.blocks = 0
-    cache.nbytes = 0
     cache.generation = generation
 
 
+cdef inline ThreadCache* _np_cache_books(ArenaCore* core) noexcept nogil:
+    """The books a kept block leaves and comes back to: the arena's first thread's, when that is the
+    calling thread (a limited arena has none); NULL otherwise, and the cache is not used."""
+    cdef ThreadCache* tc = load_first_cache(&core.shared.first_cache)
+    if tc != NULL and arenalib_load_owner(&tc.thread) == thread_ident():
+        return tc
+    return NULL
+
+
 cdef inline void* _np_cache_take(NumpyContext* context, size_t size) noexcept nogil:
-    """A kept block for ``size`` data bytes, or NULL (none kept, or the cache is stale)."""
+    """A kept block for ``size`` data bytes, back in the arena's books, or NULL (none kept, the cache
+    stale, another thread than the arena's first)."""
     cdef NumpyCache* cache = context.books.cache
     if FREE_THREADED or cache == NULL or size > NP_CACHE_MAX:
         return NULL
@@ -369,21 +383,26 @@ cdef inline void* _np_cache_take(NumpyContext* context, size_t size) noexcept no
     if not core.open or cache.generation != core.life.generation:
         _np_cache_forget(cache, 0)
         return NULL
+    cdef ThreadCache* tc = _np_cache_books(core)
+    if tc == NULL:
+        return NULL
+    cdef size_t block_size = (bucket << 4) + NP_HEADER  # np_block_size() of every size of the bucket
     n -= 1
     cache.count[bucket] = n
-    cache.blocks -= 1
-    cache.nbytes -= <Py_ssize_t>np_block_size(size)
+    shared_count_allocation(tc, block_size)
     return cache.kept[bucket * NP_CACHE_DEPTH + n]
 
 
 cdef inline bint _np_cache_keep(NumpyContext* context, NpHeader* header, size_t size) noexcept nogil:
-    """Keep the block of an array of ``size`` bytes that died in the open arena; False when it is
-    not for the cache (too big, its bucket full, a limited arena's, a free-threaded build)."""
+    """Keep the block of an array of ``size`` bytes that died in the open arena, out of its books;
+    False when it is not for the cache (too big, its bucket full, a limited arena's, another thread
+    than the arena's first, a free-threaded build)."""
     cdef NumpyCache* cache = context.books.cache
     if FREE_THREADED or cache == NULL or size > NP_CACHE_MAX:
         return False
     cdef ArenaCore* core = context.core
-    if core.max_bytes >= 0:
+    cdef ThreadCache* tc = _np_cache_books(core)
+    if tc == NULL or core.max_bytes >= 0:
         return False
     if cache.generation != core.life.generation:
         _np_cache_forget(cache, core.life.generation)
@@ -391,41 +410,43 @@ cdef inline bint _np_cache_keep(NumpyContext* context, NpHeader* header, size_t 
     cdef unsigned char n = cache.count[bucket]
     if n == NP_CACHE_DEPTH:
         return False
+    cdef size_t block_size = (bucket << 4) + NP_HEADER
     cache.kept[bucket * NP_CACHE_DEPTH + n] = header
     cache.count[bucket] = n + 1
-    cache.blocks += 1
-    cache.nbytes += <Py_ssize_t>np_block_size(size)
+    books_remove(&tc.books, block_size)
     return True
 
 
 cdef int numpy_cache_flush(ArenaBase arena) except -1:
-    """Give the blocks the handler keeps back to the open arena (before a Python-level reset or
-    close, which would otherwise drop them with the books still counting them)."""
+    """Give the blocks the handler keeps back to the open arena (before a purge, which can then hand
+    their pages back too; a reset or close drops them with the rest)."""
     cdef NumpyCache* cache = arena._numpy.cache
-    if cache == NULL or cache.blocks == 0:
+    if cache == NULL:
         return 0
     cdef ArenaCore* core = &arena._core
-    cdef size_t bucket
+    cdef ThreadCache* tc = _thread_cache(core) if core.open else NULL  # (NULL: no memory for one)
+    cdef size_t bucket, block_size
     cdef unsigned char i
-    if core.open and cache.generation == core.life.generation:
+    if tc != NULL and cache.generation == core.life.generation:
         for bucket in range(NP_CACHE_BUCKETS):
+            block_size = (bucket << 4) + NP_HEADER
             for i in range(cache.count[bucket]):
-                arena_free(core, cache.kept[bucket * NP_CACHE_DEPTH + i], (bucket << 4) + NP_HEADER)
-    _np_cache_forget(cache, 0)
+                shared_count_allocation(tc, block_size)  # (arena_free takes it out of them again)
+                arena_free(core, cache.kept[bucket * NP_CACHE_DEPTH + i], block_size)
+    _np_cache_forget(cache, 0)  # (left out with no thread cache: the next reset or close drops them)
     return 0
 
 
-cdef int numpy_cache_unbook(ArenaBase arena, Books* books, Py_ssize_t* kept_bytes) noexcept:
-    """Take the blocks the handler keeps out of ``books`` (read while the arena is open), their
-    bytes in ``kept_bytes``."""
+cdef Py_ssize_t numpy_cached_bytes(ArenaBase arena) noexcept:
+    """The bytes of the blocks the handler keeps now (0 when the cache is stale)."""
     cdef NumpyCache* cache = arena._numpy.cache
-    kept_bytes[0] = 0
     if cache == NULL or not arena._core.open or cache.generation != arena._core.life.generation:
         return 0
-    kept_bytes[0] = cache.nbytes
-    books.live_bytes -= cache.nbytes
-    books.live_segments -= cache.blocks
-    return 0
+    cdef Py_ssize_t nbytes = 0
+    cdef size_t bucket
+    for bucket in range(NP_CACHE_BUCKETS):
+        nbytes += cache.count[bucket] * <Py_ssize_t>((bucket << 4) + NP_HEADER)
+    return nbytes
 
 
 cdef void numpy_books_free(NumpyBooks* books) noexcept:
@@ -478,7 +499,7 @@ cdef inline void _np_release(NumpyContext* context, NpHeader* header) noexcept n
         np_advise(header, size + NP_HEADER, False)
     cdef void* token = access_enter(life)
     if core.open and not _np_cache_keep(context, header, size):
-        arena_free(core, header, np_block_size(size))
+        arena_free(core, header, np_block_size(core, size))
     access_exit(token)
     count_add(&context.books.arrays, -1)
     count_add(&context.books.nbytes, -<Py_ssize_t>size)
@@ -512,7 +533,7 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
     cdef int err = ARENA_ECLOSED
     cdef void* token = access_enter(&core.life)
     if core.open:
-        err = arena_resize_checked(core, header, np_block_size(old), np_block_size(size),
+        err = arena_resize_checked(core, header, np_block_size(core, old), np_block_size(core, size),
                                    NP_HUGE_ALIGN if context.hugepages and size >= NP_HUGE_MIN else 1,
                                    False, 0, &block)
         if err == ARENA_OK:

@@ -393,12 +393,35 @@ def test_reset_purge_and_close_give_the_kept_blocks_back(how):
     arena.close()
 
 
-def test_a_limited_arena_keeps_no_block():
+def test_a_limited_arena_keeps_no_block_and_counts_sizes_unrounded():
     with arenalib.Arena(max_bytes=MiB) as a:
         with a.numpy():
             x = np.zeros(100)
         del x
         assert kept_bytes(a) == 0 and a.stats()["live_bytes"] == 0
+    with arenalib.Arena(max_bytes=1000) as a, a.numpy():
+        x = np.empty(980, dtype=np.uint8)  # 980 bytes and the 16-byte header: the limit's 996
+        assert a.stats()["live_bytes"] == 996
+        with pytest.raises(MemoryError):
+            np.empty(1, dtype=np.uint8)
+        del x
+
+
+@pytest.mark.skipif(FREE_THREADED, reason="the cache is the GIL's: a free-threaded build keeps none")
+def test_kept_blocks_are_out_of_the_peak_and_the_totals_count_each_array(arena):
+    with arena.numpy():
+        for n in range(1, 129):  # one array alive at a time, every bucket kept once
+            x = np.zeros(n)
+            del x
+        kept = kept_bytes(arena)
+        total = arena.stats()["allocated_total"]
+        y = np.zeros(128)  # from the cache: counted as an allocation again
+    assert kept >= 128 * 16 and arena.stats()["allocated_total"] == total + kept_size(1024)
+    arena.allocate(10)  # a Python-level allocate brings the peak up to date
+    stats = arena.stats()
+    assert stats["live_bytes"] == kept_size(1024) + 10
+    assert stats["peak_bytes"] <= 2 * kept_size(1024) + 10  # what was alive at once, not what is kept
+    del y
 
 
 def test_a_free_threaded_build_keeps_no_block(arena):

@@ -141,8 +141,10 @@ class NumpyScopesMachine(RuleBasedStateMachine):
         buffer = self._pick(data)
         if any(b is buffer for _, b in self.views):
             return  # NumPy's refcheck would refuse, and without it the views would dangle
+        reallocated = n != buffer.array.size  # (NumPy reallocates only for another byte count)
         buffer.array.resize(n, refcheck=False)
-        if buffer.source != DEFAULT and not buffer.fallback and self.closed[buffer.source]:
+        if (reallocated and buffer.source != DEFAULT and not buffer.fallback
+                and self.closed[buffer.source]):
             # Reallocated through a closed arena's handler: the bytes move to NumPy's default.
             self.fallbacks[buffer.source] += 1
             buffer.fallback = True
