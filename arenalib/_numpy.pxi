@@ -277,14 +277,28 @@ cdef void _numpy_context_free(object capsule) noexcept:
 # -- the handler's functions (the calling thread's state attached; no Python code, no object) ----
 
 cdef void* _np_malloc(void* ctx, size_t size) noexcept nogil:
-    return _np_allocate(<NumpyContext*>ctx, size, False)
+    cdef void* data = _np_take(<NumpyContext*>ctx, size, False)
+    return data if data != NULL else _np_allocate(<NumpyContext*>ctx, size, False)
 
 
 cdef void* _np_calloc(void* ctx, size_t nelem, size_t elsize) noexcept nogil:
     cdef size_t size
     if np_mul_overflow(nelem, elsize, &size):
         return NULL
-    return _np_allocate(<NumpyContext*>ctx, size, True)
+    cdef void* data = _np_take(<NumpyContext*>ctx, size, True)
+    return data if data != NULL else _np_allocate(<NumpyContext*>ctx, size, True)
+
+
+cdef inline void* _np_take(NumpyContext* context, size_t size, bint zero) noexcept nogil:
+    """The common case of an allocation, apart so that it runs in few registers: a kept block for an
+    array of ``size`` bytes (zeroed if ``zero``), or NULL, and _np_allocate() serves it."""
+    cdef void* block = _np_cache_take(context, size)
+    if block == NULL:
+        return NULL
+    if zero:
+        memset(<char*>block + NP_HEADER, 0, size)
+    _np_count_out(context, size)
+    return _np_hand_out(block, size)
 
 
 cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept nogil:
@@ -292,12 +306,7 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     is closed; NULL when memory (or max_bytes) refuses."""
     if size > MAX_SIZE - NP_HEADER:
         return NULL
-    cdef void* block = _np_cache_take(context, size)
-    if block != NULL:
-        if zero:
-            memset(<char*>block + NP_HEADER, 0, size)
-        _np_count_out(context, size)
-        return _np_hand_out(block, size)
+    cdef void* block = NULL
     cdef ArenaCore* core = context.core
     cdef int err = ARENA_ECLOSED
     cdef void* token = access_enter(&core.life)  # a close or reset of another thread waits for this
@@ -394,13 +403,15 @@ cdef inline void* _np_cache_take(NumpyContext* context, size_t size) noexcept no
 
 
 cdef inline bint _np_cache_keep(NumpyContext* context, NpHeader* header, size_t size) noexcept nogil:
-    """Keep the block of an array of ``size`` bytes that died in the open arena, out of its books;
-    False when it is not for the cache (too big, its bucket full, a limited arena's, another thread
+    """Keep the block of an array of ``size`` bytes that died, out of the arena's books; False when
+    it is not for the cache (too big, its bucket full, the arena closed or limited, another thread
     than the arena's first, a free-threaded build)."""
     cdef NumpyCache* cache = context.books.cache
     if FREE_THREADED or cache == NULL or size > NP_CACHE_MAX:
         return False
     cdef ArenaCore* core = context.core
+    if not core.open:  # (a closed arena's thread caches may be gone; its blocks go in bulk)
+        return False
     cdef ThreadCache* tc = _np_cache_books(core)
     if tc == NULL or core.max_bytes >= 0:
         return False
@@ -485,22 +496,25 @@ cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
     elif tag == NP_TAG_ARENA:
         header.tag = 0
         np_trace_untrack(TRACE_DOMAIN, <size_t>data)
-        _np_release(context, header)
+        if not _np_put_back(context, header):
+            _np_release(context, header)
     # else: not a block of the handler's (a second free, a pointer it never made): never touched
 
 
-cdef inline void _np_release(NumpyContext* context, NpHeader* header) noexcept nogil:
-    """An arena block NumPy is done with: back into the open arena, or left to the closed arena's
-    held slot (dropped in bulk with it); the last one completes a deferred close."""
+cdef inline bint _np_put_back(NumpyContext* context, NpHeader* header) noexcept nogil:
+    """The common case of a free, apart so that it runs in few registers: keep the block of a dead
+    array for reuse and count it gone; False when it is not for the cache (_np_release() then)."""
     cdef size_t size = header.size
-    cdef ArenaCore* core = context.core
-    cdef Lifetime* life = &core.life
-    if context.hugepages and size >= NP_HUGE_MIN:
-        np_advise(header, size + NP_HEADER, False)
-    cdef void* token = access_enter(life)
-    if core.open and not _np_cache_keep(context, header, size):
-        arena_free(core, header, np_block_size(core, size))
-    access_exit(token)
+    if not _np_cache_keep(context, header, size):
+        return False
+    _np_count_in(context, size)
+    return True
+
+
+cdef inline void _np_count_in(NumpyContext* context, size_t size) noexcept nogil:
+    """An array's block is back (kept, in the arena, or the closed arena's garbage): one export less,
+    and the last one completes a deferred close."""
+    cdef Lifetime* life = &context.core.life
     count_add(&context.books.arrays, -1)
     count_add(&context.books.nbytes, -<Py_ssize_t>size)
     shard_add(LIVE_NUMPY, -1)
@@ -509,7 +523,22 @@ cdef inline void _np_release(NumpyContext* context, NpHeader* header) noexcept n
     count_add(&life.exports, -1)
     if state_read(&life.release_pending) and count_read(&life.exports) == 0:
         with gil:  # held already (NumPy calls with it): core_release_held() is declared with it
-            core_release_held(core)
+            core_release_held(context.core)
+
+
+cdef void _np_release(NumpyContext* context, NpHeader* header) noexcept nogil:
+    """An arena block NumPy is done with: back into the open arena, or left to the closed arena's
+    held slot (dropped in bulk with it); the last one completes a deferred close."""
+    cdef size_t size = header.size
+    cdef ArenaCore* core = context.core
+    cdef Lifetime* life = &core.life
+    if context.hugepages and size >= NP_HUGE_MIN:
+        np_advise(header, size + NP_HEADER, False)
+    cdef void* token = access_enter(life)
+    if core.open:
+        arena_free(core, header, np_block_size(core, size))
+    access_exit(token)
+    _np_count_in(context, size)
 
 
 cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
