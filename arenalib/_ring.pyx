@@ -363,7 +363,11 @@ cdef class Ring:
         to one group at a time.  incremental=True (Linux 6.12, IOU_PBUF_RING_INC): the kernel fills
         a buffer in parts, each completion a Segment over the next part of it; the buffer goes back
         once the kernel is done with it and all its parts are released.  OSError(EOPNOTSUPP) on an
-        older kernel."""
+        older kernel.
+
+        The kernel takes a group's buffers in ring order, so every buffer lent cycles through the
+        cache: lend what the data in flight needs, not more (bench/bufring.py: 64 KiB messages over
+        16 connections ran ~10% faster from 16 buffers of 64 KiB than from 64)."""
         _provide(self, pool, group, incremental)
 
     def withdraw(self, group):

@@ -12,16 +12,19 @@ What it measures:
    at most 1/10 of recv_into's.
 2. Throughput over 16 connections at 64 KiB and 1 MiB messages (length-prefixed frames: 8 bytes of
    length, then the message), a client process with one thread per connection sending ``sendall``:
-   ``ring`` (the Ring as above, a pool of 64 buffers of 64 KiB, bytes counted and each segment
-   released), ``ring frames`` (the same receives through ``arenalib.aio.RingFrameReader``, each frame
-   a Segment of an Arena, copied out of the ring's buffers), ``selectors`` (epoll through
+   ``ring`` (the Ring as above with a pool of 16 buffers of 64 KiB, the buffer memory of the
+   selectors server; bytes counted and each segment released), ``ring_pool64`` (the same with the
+   memory experiment's pool of 64: the kernel takes a group's buffers in ring order, so all 4 MiB
+   cycle through the cache, where 16 buffers are 1 MiB, a core's L2 on the machine measured),
+   ``ring frames`` (the receives of ``ring`` through ``arenalib.aio.RingFrameReader``, each frame a
+   Segment of an Arena, copied out of the ring's buffers), ``selectors`` (epoll through
    ``selectors.DefaultSelector``, ``recv_into`` a preallocated 64 KiB bytearray per connection,
    bytes counted) and ``asyncio FrameReader`` (asyncio's loop, ``arenalib.aio.FrameReader``, frames
    freed).  Reported: GB/s from the server's first byte to its last, the server's CPU time per MiB
    (user + system, getrusage) and the client's, the bytes each completion (or recv_into) brought;
    ratios to ``selectors`` in the same round.  Targets:
-   the ring's throughput >= 1.3x selectors', or, where the client is the bound (its CPU per byte
-   above the server's), the ring's server CPU per byte <= 0.6x selectors'.
+   ``ring``'s throughput >= 1.3x selectors', or, where the client is the bound (its CPU per byte
+   above the server's), ``ring``'s server CPU per byte <= 0.6x selectors'.
 3. Per completion, the Python overhead: a multishot receive of small messages (64 B, 1000 B and
    4 KiB buffers, 256 of them, so that each completion fills one buffer) through ``ring.wait()`` and
    ``segment.free()`` against the same loop in C over liburing (bench/native's
@@ -68,10 +71,16 @@ BUFFER = 64 << 10
 TP_CONNECTIONS = 16
 TP_SIZES = (64 << 10, 1 << 20)
 TP_BYTES = 256 << 20                    # per measurement, over the 16 connections
-TP_KINDS = ("ring", "ring_frames", "selectors", "asyncio")
-LABELS = {"ring": "Ring.recv_multishot, one pool", "ring_frames": "Ring + aio.RingFrameReader",
+TP_KINDS = ("ring", "ring_pool64", "ring_frames", "selectors", "asyncio")
+# The Ring servers' pools in 2: as many buffers as connections (the buffer memory of the selectors
+# server), and the memory experiment's 64, four times that, whose buffers cycle through the cache.
+TP_BUFFERS = {"ring": TP_CONNECTIONS, "ring_pool64": POOL_BUFFERS, "ring_frames": TP_CONNECTIONS}
+LABELS = {"ring": f"Ring.recv_multishot, pool of {TP_CONNECTIONS}",
+          "ring_pool64": f"Ring.recv_multishot, pool of {POOL_BUFFERS}",
+          "ring_frames": f"Ring + aio.RingFrameReader, pool of {TP_CONNECTIONS}",
           "selectors": "selectors + recv_into", "asyncio": "asyncio + aio.FrameReader",
           "recv_into": "recv_into, 64 KiB each"}
+MEM_LABELS = {"ring": f"Ring.recv_multishot, pool of {POOL_BUFFERS}", "recv_into": LABELS["recv_into"]}
 OVERHEAD_SIZES = (64, 1000, 4096)
 OVERHEAD_BUFFERS = 256
 SETTINGS = {"quick": {"mem_rounds": 1, "tp_rounds": 5, "oh_rounds": 9, "oh_messages": 8192},
@@ -132,12 +141,12 @@ def accept_all(listener: socket.socket, n: int) -> list[socket.socket]:
     return socks
 
 
-def serve_ring(listener, n: int, expect: int, frames: bool) -> dict:
+def serve_ring(listener, n: int, expect: int, frames: bool, buffers: int) -> dict:
     import arenalib
     from arenalib.aio import RingFrameReader
 
     rss0 = rss()  # before the ring (its request table: ~130 bytes a receive) and the pool are made
-    pool = arenalib.BufferPool(BUFFER, POOL_BUFFERS)
+    pool = arenalib.BufferPool(BUFFER, buffers)
     ring = arenalib.Ring(min(32768, max(64, n)))  # a completion queue of 2n: every receive armed
     arena = arenalib.Arena()
     ring.provide(pool, 0)
@@ -168,6 +177,7 @@ def serve_ring(listener, n: int, expect: int, frames: bool) -> dict:
             if not more and (n_bytes > 0 or n_bytes == -105):  # ended by the kernel, or ENOBUFS
                 rearm(socks[i], 0, user_data=i)
     figures = meter.report(rss0)
+    figures["buffers"] = len(pool)
     ring.close()
     pool.close()
     arena.close()
@@ -239,12 +249,12 @@ def serve_asyncio(listener, n: int, expect: int) -> dict:
     return result
 
 
-def server_main(kind: str, n: int, expect: int) -> int:
+def server_main(kind: str, n: int, expect: int, buffers: int) -> int:
     raise_nofile()
     listener = socket.create_server(("127.0.0.1", 0), backlog=min(n, 4096))
     print(json.dumps({"port": listener.getsockname()[1]}), flush=True)
     if kind in ("ring", "ring_frames"):
-        figures = serve_ring(listener, n, expect, kind == "ring_frames")
+        figures = serve_ring(listener, n, expect, kind == "ring_frames", buffers)
     elif kind == "asyncio":
         figures = serve_asyncio(listener, n, expect)
     else:
@@ -255,13 +265,13 @@ def server_main(kind: str, n: int, expect: int) -> int:
 
 # -- the client (this process) ----------------------------------------------------------------------
 
-def measure(kind: str, n: int, message: int, per_conn: int) -> dict:
+def measure(kind: str, n: int, message: int, per_conn: int, buffers: int = POOL_BUFFERS) -> dict:
     """Start a ``kind`` server, connect ``n`` clients, send ``per_conn`` frames of ``message`` bytes on
     each (one thread per connection while there are at most 64, else in turns), and return the
     server's figures with the client's CPU time."""
     expect = n * per_conn * (message + HEADER)
     server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", kind,
-                               "--conns", str(n), "--expect", str(expect)],
+                               "--conns", str(n), "--expect", str(expect), "--buffers", str(buffers)],
                               stdout=subprocess.PIPE, text=True)
     try:
         port = json.loads(server.stdout.readline())["port"]
@@ -399,7 +409,9 @@ def run(cfg: Config, progress: Progress) -> dict:
         for rnd in range(s["tp_rounds"]):
             shift = rnd % len(TP_KINDS)
             for kind in TP_KINDS[shift:] + TP_KINDS[:shift]:
-                cells[kind].append(measure(kind, TP_CONNECTIONS, size, per_conn))
+                server = "ring" if kind == "ring_pool64" else kind
+                cells[kind].append(measure(server, TP_CONNECTIONS, size, per_conn,
+                                           TP_BUFFERS.get(kind, POOL_BUFFERS)))
                 progress.step(f"bufring {fmt_size(size)} {kind}, round {rnd + 1}", 900)
         tp[str(size)] = {"per_conn": per_conn, "cells": cells}
     out["throughput"] = tp
@@ -483,7 +495,7 @@ def tables(results: dict, markdown: bool = False) -> str:
     for kind, cells in mem["cells"].items():
         g = summarize([c["rss_growth"] for c in cells])["median"]
         total = summarize([c["rss"] for c in cells])["median"]
-        rows.append([LABELS[kind], f"{g / (1 << 20):.1f}", f"{total / (1 << 20):.1f}"])
+        rows.append([MEM_LABELS[kind], f"{g / (1 << 20):.1f}", f"{total / (1 << 20):.1f}"])
     ratio = _growth_ratio(results)
     parts = [f"{h}Memory: {mem['connections']} connections of one server, {fmt_size(mem['message'])} each; "
              f"pool {mem['buffers']} x {fmt_size(mem['buffer'])} (ratio {ratio['median']:.3f})",
@@ -530,7 +542,8 @@ def plots(results: dict, out, plt) -> list[str]:
                    values, ylabel="GB/s (median)",
                    title=f"Receiving from {TP_CONNECTIONS} connections over loopback (higher is faster)")
     mem = results["memory"]
-    growth = {LABELS[kind]: [summarize([c["rss_growth"] / (1 << 20) for c in mem["cells"][kind]])["median"]]
+    growth = {MEM_LABELS[kind]: [summarize([c["rss_growth"] / (1 << 20)
+                                            for c in mem["cells"][kind]])["median"]]
               for kind in MEM_KINDS}
     written += bars(plt, out, "bufring_memory.png", [f"{mem['connections']:,} idle connections"], growth,
                     ylabel="RSS growth (MiB, median)",
@@ -545,6 +558,7 @@ if __name__ == "__main__":
         p.add_argument("--serve")
         p.add_argument("--conns", type=int)
         p.add_argument("--expect", type=int)
+        p.add_argument("--buffers", type=int)
         a = p.parse_args()
-        sys.exit(server_main(a.serve, a.conns, a.expect))
+        sys.exit(server_main(a.serve, a.conns, a.expect, a.buffers))
     run_standalone(__import__(__name__))

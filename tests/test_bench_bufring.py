@@ -48,6 +48,11 @@ def test_bufring_experiment_receives_every_byte_and_reports():
         for kind, cells in cell["cells"].items():
             assert len(cells) == 2
             assert all(c["bytes"] == 16 * cell["per_conn"] * (int(size) + 8) for c in cells), kind
+        # the Ring servers' pools: the selectors server's buffer memory, and the memory experiment's
+        assert [c["buffers"] for c in cell["cells"]["ring"]] == [16, 16]
+        assert [c["buffers"] for c in cell["cells"]["ring_frames"]] == [16, 16]
+        assert [c["buffers"] for c in cell["cells"]["ring_pool64"]] == [64, 64]
+    assert res["memory"]["cells"]["ring"][0]["buffers"] == 64
     assert set(res["overhead"]) == {"64", "1000", "4096"}
     assert all(c["c_ns"]["median"] > 0 and c["python_ns"]["median"] > 0 for c in res["overhead"].values())
     assert "RSS growth MiB" in out["tables"] and "Python CPU" in out["tables"]
