@@ -91,13 +91,15 @@ cdef class Segment:
         Segment _root           # the segment that owns the memory; None when this one does
         uint64_t _generation    # the owner's generation when allocated: stale after a reset/close
         Py_ssize_t _exports     # live buffer exports and pins; counted on the root only
-        int _freed              # SEG_ALIVE, SEG_FREED, or SEG_FREEING while a free is under way
         void* _accessor         # whose access record names it: see _access.pxi (root only)
-        int _free_pending       # free once the last export is released (root only)
         uint64_t _frame_stamp   # carved under a mark of a SlicingArena: its level's stamp (0: none)
+        # The small fields last, in pairs, so that no padding grows the object past 128 bytes
+        # (136 cost ~12 ns a round trip: measured, not counted in instructions).
+        int _freed              # SEG_ALIVE, SEG_FREED, or SEG_FREEING while a free is under way
+        int _free_pending       # free once the last export is released (root only)
         bint _readonly          # made by readonly() (or sliced from one): no writes, no writable exports
-        unsigned char _lg_align  # log2 of the align it was allocated at (0: none asked): resize keeps it
         bint _resized           # resize() moved its memory to another Segment (root only)
+        unsigned char _lg_align  # log2 of the align it was allocated at (0: none asked): resize keeps it
 
     cdef int _check(self) except -1
     cdef int _status(self) noexcept

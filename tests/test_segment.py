@@ -40,6 +40,13 @@ def test_segment_cannot_be_constructed():
         Segment(1, 2)
 
 
+def test_a_segment_object_stays_within_two_cache_lines_of_fields():
+    # Its fields (and the vtable pointer) past the object header fit in 112 bytes: 128 in all on a GIL
+    # build.  At 136 (a field added without a look at the padding) the allocate+fill+free round trip
+    # cost ~12 ns more (0.82x -> 0.92x bytearray at 512 B) with the same instruction count.
+    assert Segment.__basicsize__ - object.__basicsize__ <= 112
+
+
 def test_segment_new_without_arena_is_harmless():
     # Segment.__new__ bypasses __init__: such an object must not touch memory.
     seg = Segment.__new__(Segment)
