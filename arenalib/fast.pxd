@@ -22,8 +22,8 @@ from arenalib._arena cimport (  # noqa: F401  (the classes, for modules that typ
     Arena, ArenaBase, ConfinedArena, Segment, SlicingArena,
 )
 from arenalib._abi cimport (
-    CACHE_MAX_SIZE, INLINE_PARKING, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, InlineState,
-    ThreadCache, abi_check, allocate_fn, arenalib_allocate_slow_fn, arenalib_free_slow_fn,
+    CACHE_MAX_SIZE, INLINE_PARKING, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, FreeBlocks,
+    InlineState, ThreadCache, abi_check, allocate_fn, arenalib_allocate_slow_fn, arenalib_free_slow_fn,
     arenalib_inline_state_ptr, arenalib_load_owner, books_remove, core_state, free_fn,
     load_first_cache, thread_ident,
 )
@@ -56,44 +56,49 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
                                void** out) noexcept nogil:
     """Allocate ``size`` bytes aligned to ``align`` (0 or a power of two up to 1 GiB), zeroed if
     ``zero``; the address goes to ``*out``.  Returns ARENA_OK or an error code."""
+    # One free-block pop for both kinds that have one, and the rest out of line: a compiler inlines
+    # this function only while it stays small (GCC at -O3 stopped at a few more stores in the books,
+    # and the ConfinedArena pair then cost 1.75x, a call and its spills).
     cdef void* ptr
     cdef unsigned long me = thread_ident()
+    cdef FreeBlocks* cache = NULL
+    cdef ThreadCache* tc = NULL
     cdef CarverRecord* record
-    cdef ThreadCache* tc
-    cdef InlineState* state
-    if core.self != core:
-        pass  # a copy: the slow path says it is closed
-    elif core.fast_owner == me and small_align(align) and size <= CACHE_MAX_SIZE:
-        ptr = cache_pop(&core.slot.cache, size)
-        if ptr != NULL:
-            if zero:
-                memset(ptr, 0, size)
-            confined_count_allocation(core, ptr, size)
-            out[0] = ptr
-            return ARENA_OK
-    else:
-        tc = load_first_cache(&core.shared.first_cache)
-        if tc != NULL:
-            # A shared Arena's permit: the cache of its first thread, on that thread.
-            if (arenalib_load_owner(&tc.thread) == me and small_align(align)
-                    and size <= CACHE_MAX_SIZE):
-                ptr = cache_pop(&tc.cache, size)
-                if ptr != NULL:
-                    if zero:
-                        memset(ptr, 0, size)
+    if core.self == core and small_align(align):  # (a copy: the slow path says it is closed)
+        if core.fast_owner == me:
+            cache = &core.slot.cache
+        else:
+            tc = load_first_cache(&core.shared.first_cache)
+            if tc == NULL:
+                # A SlicingArena biased to this thread carves with no atomic read-modify-write and
+                # no fence instruction (see biased_record).
+                record = biased_begin(core, me)
+                if record != NULL:
+                    ptr = slicing_carve_current(core, size, SLICE_DEFAULT_ALIGN, zero)
+                    biased_end(record)
+                    if ptr != NULL:
+                        out[0] = ptr
+                        return ARENA_OK
+            elif arenalib_load_owner(&tc.thread) == me:
+                cache = &tc.cache  # a shared Arena's permit: the cache of its first thread, on it
+        if cache != NULL and size <= CACHE_MAX_SIZE:
+            ptr = cache_pop(cache, size)
+            if ptr != NULL:
+                if zero:
+                    memset(ptr, 0, size)
+                if tc == NULL:
+                    confined_count_allocation(core, ptr, size)
+                else:
                     shared_count_allocation(tc, size)
-                    out[0] = ptr
-                    return ARENA_OK
-        elif small_align(align):
-            # A SlicingArena biased to this thread carves with no atomic read-modify-write and no
-            # fence instruction (see biased_record).
-            record = biased_begin(core, me)
-            if record != NULL:
-                ptr = slicing_carve_current(core, size, SLICE_DEFAULT_ALIGN, zero)
-                biased_end(record)
-                if ptr != NULL:
-                    out[0] = ptr
-                    return ARENA_OK
+                out[0] = ptr
+                return ARENA_OK
+    return _arena_allocate_slow(core, size, align, zero, out)
+
+
+cdef inline int _arena_allocate_slow(ArenaCore* core, size_t size, size_t align, bint zero,
+                                     void** out) noexcept nogil:
+    """What arena_allocate()'s inline cases do not cover: arenalib's own function."""
+    cdef InlineState* state
     if arenalib_allocate_slow_fn != NULL:
         return (<allocate_fn>arenalib_allocate_slow_fn)(core, size, align, zero, out)
     state = core_state(core)  # a core handed to a module that never called abi_check()
