@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+import sys
 import threading
 import tracemalloc
 
@@ -985,3 +986,31 @@ class FramesMachine(RuleBasedStateMachine):
 
 
 TestFramesMachine = FramesMachine.TestCase
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="3.10 and 3.11 mark no thread state being cleared")
+def test_a_finalizer_at_thread_end_gets_no_frame_arena_that_would_stay_open():
+    # Clearing a thread's state clears its locals, whose finalizers may run arenalib.frame(): an arena
+    # made then would never be closed (4,000 such threads and no arena could be opened).
+    errors = []
+
+    class Scratch:
+        def __del__(self):
+            try:
+                with arenalib.frame() as f:
+                    f.allocate(100)
+            except RuntimeError as error:
+                errors.append(error)
+
+    local = threading.local()
+
+    def worker():
+        local.scratch = Scratch()
+
+    before = arenalib.live_objects()["open_arenas"]
+    for _ in range(20):
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+    assert arenalib.live_objects()["open_arenas"] == before
+    assert len(errors) == 20 and "no thread state" in str(errors[0])

@@ -50,12 +50,23 @@ static inline void arenalib_tls_forget_anchor(void *anchor) {
    its dict, then what the thread's context and locals hold, whose finalizers may allocate). */
 #if ARENALIB_FREE_THREADED
 #define arenalib_owned_here(o) _Py_IsOwnedByCurrentThread(o)
+#else
+#define arenalib_owned_here(o) 1
+#endif
+#if PY_VERSION_HEX >= 0x030C0000
+/* GIL builds too: a finalizer run by the clearing of a thread's locals that made the thread's frame
+   arena left it open for good (4,000 such threads and no arena could be opened; an attack, 12-04). */
 static inline int arenalib_thread_state_ending(void) {
+#if PY_VERSION_HEX >= 0x030D0000
     PyThreadState *state = PyThreadState_GetUnchecked();
+#else
+    PyThreadState *state = _PyThreadState_UncheckedGet();
+#endif
     return state == NULL || state->_status.finalizing;
 }
 #else
-#define arenalib_owned_here(o) 1
+/* 3.10 and 3.11 mark no thread state as being cleared (PyThreadState_Clear clears the dict first,
+   and PyThreadState_GetDict then makes a new one that is never cleared): not detected there. */
 #define arenalib_thread_state_ending() 0
 #endif
 #define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
