@@ -67,6 +67,7 @@ cdef struct NumpyBooks:
     Py_ssize_t nbytes         # their bytes, as NumPy asked for them
     Py_ssize_t fallbacks      # allocations NumPy's default handler served instead (arena closed)
     NumpyCache* cache         # made with the arena's first handler on a GIL build; NULL otherwise
+    void* large               # its big blocks alive (src/numpy_large.h), made with its first handler
 
 
 cdef class SegmentOwner:

@@ -344,10 +344,11 @@ cdef class ArenaBase(SegmentOwner):
         return resized
 
     cdef void _start_tracing(self) noexcept:
+        traced, framed = {}, {}  # (made first: making them may start a GC, whose finalizer may reset)
         with cython.critical_section(self):  # several threads may allocate at once
             if self._traced is None:
-                self._traced = {}
-                self._traced_framed = {}
+                self._traced = traced
+                self._traced_framed = framed
                 self._traced_rewinds = -1
 
     cdef int _trace(self, size_t address, size_t size, bint track, uint64_t stamp=0) except -1:
@@ -358,8 +359,11 @@ cdef class ArenaBase(SegmentOwner):
                 return 0
             if track:
                 self._sync_traced_locked()  # a rewind through the C API is told here
-                if PyTraceMalloc_Track(TRACE_DOMAIN, address, size) == 0:
-                    (self._traced_framed if stamp else self._traced)[address] = stamp
+                # Read again: the sync may start a GC whose finalizer resets or closes the arena
+                # (which untracks everything, this block included: it is dead).
+                table = self._traced_framed if stamp else self._traced
+                if table is not None and PyTraceMalloc_Track(TRACE_DOMAIN, address, size) == 0:
+                    table[address] = stamp
             else:
                 PyTraceMalloc_Untrack(TRACE_DOMAIN, address)
                 self._traced.pop(address, None)
@@ -384,15 +388,22 @@ cdef class ArenaBase(SegmentOwner):
         if rewinds == self._traced_rewinds:
             return 0
         self._traced_rewinds = rewinds
-        dead = []
+        # Every object made before the look (any may start a GC, whose finalizer may trace, rewind
+        # or reset on this arena): none while the stamps are read, and the dict changed meanwhile
+        # is read tolerantly after.
+        cdef list stamps = list(framed.items())
+        cdef bytearray dead = bytearray(len(stamps))
+        cdef unsigned char* flags = dead
+        cdef Py_ssize_t i
         token = access_enter(life)
-        for address, stamp in framed.items():
-            if not frame_stamp_alive(life, stamp):
-                dead.append(address)
+        for i in range(len(stamps)):
+            flags[i] = not frame_stamp_alive(life, <uint64_t>(<tuple>stamps[i])[1])
         access_exit(token)
-        for address in dead:
-            del framed[address]
-            PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>address)
+        for i in range(len(stamps)):
+            if flags[i]:
+                address = (<tuple>stamps[i])[0]
+                if framed.pop(address, None) is not None:
+                    PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>address)
         return 0
 
     cdef int _raise(self, int code, str context) except -1:
@@ -436,6 +447,9 @@ cdef class ArenaBase(SegmentOwner):
         self._close(deferred)
 
     cdef int _close(self, bint deferred=False) except -1:
+        # The blocks the NumPy handler keeps are out of the books, so a close would leave them in
+        # the slot as garbage nothing counts (a slot is reset by what it counts): they go back first.
+        numpy_cache_flush(self)
         cdef int err = arena_close_checked(&self._core, deferred)
         if err:
             self._raise(err, f"cannot close {type(self).__name__} (close(deferred=True) closes it now and "
@@ -464,14 +478,17 @@ cdef class ArenaBase(SegmentOwner):
             blocks.clear()  # not dropped: see _debug_note_allocation()
         if self._traced is None:
             return
+        cdef dict traced, framed
         with cython.critical_section(self):
-            if self._traced is not None:
-                for address in self._traced:
+            # Taken out before the walk: a GC the walk starts may run a finalizer that traces or
+            # untracks (a reset, a close) on this arena.
+            traced, framed = self._traced, self._traced_framed
+            self._traced = None
+            self._traced_framed = None
+        for table in (traced, framed):
+            if table is not None:
+                for address in table:
                     PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>address)
-                for address in self._traced_framed:
-                    PyTraceMalloc_Untrack(TRACE_DOMAIN, <size_t>address)
-                self._traced = None
-                self._traced_framed = None
 
     def numpy(self):
         """A with-statement in which NumPy allocates the data of the arrays created in the block (in
@@ -573,13 +590,15 @@ cdef class ArenaBase(SegmentOwner):
     def __dealloc__(self):
         # As an unclosed file does: free the memory and say so with a ResourceWarning.  Done here
         # rather than in __del__, which would cost every arena's deallocation (see DESIGN.md).
-        numpy_books_free(&self._numpy)  # (its blocks are the arena's, which goes now)
         if not self._core.open:
+            numpy_books_free(&self._numpy)  # (its blocks are the arena's, which went with it)
             frames_free(&self._core.life)  # kept by a close (see frames_close)
             return
         message = f"unclosed {self!r}"
         if self._created_at is not None:
             message += f", created at:\n{self._created_at}"
+        numpy_cache_flush(self)  # (as _close() does)
+        numpy_books_free(&self._numpy)
         core_close(&self._core)
         frames_free(&self._core.life)
         self._untrack_all()

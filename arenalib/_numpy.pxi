@@ -24,17 +24,24 @@
 # first) or after it, never inside.  They announce their use of the arena as every Python-level
 # access does (access_enter: a close or reset of another thread waits for it), then:
 #
-# - allocate: from the arena (its books, max_bytes and thread caches: arena_allocate), with a header
-#   in front of the data saying the size NumPy asked for and which allocator the block is from.  An
-#   arena closed meanwhile (an asyncio task that inherited the block's context and runs after the
+# - allocate: from the arena (its books, max_bytes and thread caches: arena_allocate).  A block of
+#   under NP_LARGE_MIN bytes has a header in front of the data saying the size NumPy asked for and
+#   which allocator the block is from; a bigger one has none (a header would push an array whose size
+#   is a jemalloc size class, every power of two, into the next class, a quarter bigger): its data
+#   is page-aligned and the arena's table of big blocks has its size (src/numpy_large.h).  A block
+#   with a header never has page-aligned data (_np_arena_block), so the two never mix.  An arena
+#   closed meanwhile (an asyncio task that inherited the block's context and runs after the
 #   block) hands NumPy's default handler the allocation instead, counted in stats()'s
 #   numpy_fallbacks; a request past max_bytes or with no memory gets NULL (NumPy's MemoryError).
-# - free: the header says which allocator the block is from (NumPy's size may differ from the one it
-#   allocated: an empty array frees 1 byte of an elsize-byte block).  An arena block goes back to the
+# - free: the table (page-aligned data) or the header says which allocator the block is from and its
+#   size (NumPy's may differ from the one it allocated: an empty array frees 1 byte of an elsize-byte
+#   block).  An arena block goes back to the
 #   open arena, or stays in the closed arena's held slot, garbage to be dropped in bulk when the last
 #   one goes; either way the export count drops, and the last one completes a deferred close.
-# - realloc (ndarray.resize, np.fromiter): resized in the arena (arena_resize_checked: in place when
-#   jemalloc can), or, for a block of a closed arena, moved to NumPy's default handler.
+# - realloc (ndarray.resize, np.fromiter): a big block is resized in the arena (arena_resize_checked:
+#   in place when jemalloc can); a block with a header moves to a new block of the new size (small:
+#   the copy is short, and one growing past NP_LARGE_MIN loses its header); for a block of a closed
+#   arena, the new one is NumPy's default handler's.
 #
 # Small blocks (up to NP_CACHE_MAX bytes of data) are kept for reuse on a GIL build, as NumPy's own
 # handler keeps its own: a few per 16-byte bucket, in the arena's NumpyCache, which the GIL guards
@@ -42,7 +49,13 @@
 # books, as a block in the arena's own free-block caches is (not live, not an export; stats() shows it
 # as numpy_cached_bytes), and back in them when an array takes it.  It is handed out again only in the
 # generation it was kept in and while the arena is open: a reset or close (any, C-level ones too)
-# makes the whole cache stale at once, its blocks gone with the arena's memory, with no list to walk.
+# makes the whole cache stale at once, with no list to walk.  A reset drops the blocks with the rest
+# of the arena's memory; a close leaves what is allocated to the slot as garbage counted by the books,
+# which the kept blocks are out of, so Python's close (and an unclosed arena's collection) gives them
+# back to the arena first (numpy_cache_flush): unflushed, every `with Arena() as a, a.numpy():` left
+# up to 134 KiB in the reused slot (found by an attack, 2026-12-04).  A C-level arena_close() of a
+# Python Arena does not flush: at most NP_CACHE_MAX-sized blocks, 4 a bucket, stay in the slot until
+# its next reset.
 # The arena's first thread keeps and takes blocks (its books are the ones at hand with no look-up);
 # a limited arena (max_bytes) has no first thread, and keeps none: its limit counts what arrays hold.
 # Why: an np.empty(8) cost 1.08x and an np.zeros(100) 1.21x NumPy's own handler's with a trip to the
@@ -62,7 +75,7 @@ from arenalib._abi cimport (
     load_first_cache, thread_ident,
 )
 from arenalib._shared cimport shared_count_allocation
-from arenalib._table cimport ARENA_ECLOSED, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_OK
+from arenalib._table cimport ARENA_ECLOSED, ARENA_ENOMEM, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_OK
 
 cdef extern from "Python.h":
     # nogil: the handler's functions call them (CPython takes the GIL itself where it needs it).
@@ -101,9 +114,24 @@ cdef extern from "src/numpy.h":
     int NP_DEFAULT_HANDLER "ARENALIB_NP_DEFAULT_HANDLER"
     unsigned int np_call_version "arenalib_np_call_version"(void** table, int index) noexcept
     size_t NP_HUGE_MIN "ARENALIB_NP_HUGE_MIN"
+    size_t NP_TAG_DEFAULT_SHIFTED "ARENALIB_NP_TAG_DEFAULT_SHIFTED"
     size_t NP_HUGE_ALIGN "ARENALIB_NP_HUGE_ALIGN"
     void np_advise "arenalib_np_advise"(void* block, size_t size, bint huge) noexcept nogil
     Shards* LIVE_NUMPY "arenalib_live_numpy"
+
+cdef extern from "src/numpy_large.h":
+    ctypedef struct NumpyLarge "arenalib_np_large":
+        pass
+    size_t NP_LARGE_MIN "ARENALIB_NP_LARGE_MIN"
+    size_t NP_PAGE "ARENALIB_NP_PAGE"
+    bint np_page_aligned "arenalib_np_page_aligned"(const void* data) noexcept nogil
+    int np_large_add "arenalib_np_large_add"(NumpyLarge* table, void* data, size_t size) noexcept nogil
+    bint np_large_lookup "arenalib_np_large_lookup"(NumpyLarge* table, void* data, size_t* size,
+                                                    bint take) noexcept nogil
+    void np_large_move "arenalib_np_large_move"(NumpyLarge* table, void* data, void* moved,
+                                                size_t size) noexcept nogil
+    NumpyLarge* np_large_make "arenalib_np_large_make"(void** slot) noexcept nogil
+    void np_large_free "arenalib_np_large_free"(void** slot) noexcept nogil
 
 cdef enum:
     NP_FEATURE_MIN = 0x0F       # NPY_1_22_API_VERSION: NEP 49's handler API is there from 1.22
@@ -251,6 +279,9 @@ cdef object numpy_handler_of(ArenaBase arena):
     context.arena = <PyObject*>arena
     if not FREE_THREADED and arena._numpy.cache == NULL:  # (none made: blocks go to the arena)
         arena._numpy.cache = <NumpyCache*>PyMem_RawCalloc(1, sizeof(NumpyCache))
+    if np_large_make(&arena._numpy.large) == NULL:
+        PyMem_RawFree(context)
+        raise MemoryError("cannot allocate the NumPy handler's table of big blocks")
     Py_INCREF(arena)
     try:
         capsule = PyCapsule_New(context, b"mem_handler", _numpy_context_free)
@@ -306,19 +337,65 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     is closed; NULL when memory (or max_bytes) refuses."""
     if size > MAX_SIZE - NP_HEADER:
         return NULL
+    if size >= NP_LARGE_MIN:
+        return _np_allocate_large(context, size, zero)
     cdef void* block = NULL
     cdef ArenaCore* core = context.core
     cdef int err = ARENA_ECLOSED
     cdef void* token = access_enter(&core.life)  # a close or reset of another thread waits for this
-    # A big block on a huge-page boundary: the advice below can then back all of it with huge pages
-    # (only the 2 MiB-aligned spans wholly inside an advised range get them).
-    cdef size_t align = NP_HUGE_ALIGN if context.hugepages and size >= NP_HUGE_MIN else 1
     if core.open:
-        err = arena_allocate(core, np_block_size(core, size), align, zero, &block)
+        err = _np_arena_block(core, np_block_size(core, size), zero, &block)
         if err == ARENA_OK:
             # Counted as a buffer export before anyone can close: close and reset refuse from now on.
             _np_count_out(context, size)
-            if size > CACHE_MAX_SIZE:
+    access_exit(token)
+    if err == ARENA_ECLOSED:
+        return _np_fallback_allocate(context, size, zero)
+    if err != ARENA_OK:
+        return NULL
+    return _np_hand_out(block, size)
+
+
+cdef int _np_arena_block(ArenaCore* core, size_t block_size, bint zero, void** out) noexcept nogil:
+    """An arena block for a header and its data whose data is not page-aligned (page-aligned data
+    is a big block's, with no header: src/numpy_large.h).  A slab's region can start 16 bytes before
+    a page (about one block in 256 of the 16-byte class, fewer of the others): such a block is held
+    while another is taken, then given back."""
+    cdef void* held[2]
+    cdef int n = 0
+    cdef int err
+    while True:
+        err = arena_allocate(core, block_size, 1, zero, out)
+        if err != ARENA_OK or not np_page_aligned(<char*>out[0] + NP_HEADER):
+            break
+        if n == 2:  # (never seen: jemalloc takes the lowest free region, the next one is not)
+            arena_free(core, out[0], block_size)
+            err = ARENA_ENOMEM
+            break
+        held[n] = out[0]
+        n += 1
+    while n:
+        n -= 1
+        arena_free(core, held[n], block_size)
+    return err
+
+
+cdef void* _np_allocate_large(NumpyContext* context, size_t size, bint zero) noexcept nogil:
+    """A big block (NP_LARGE_MIN bytes or more) for NumPy, with no header: page-aligned, recorded in
+    the arena's table of big blocks."""
+    cdef void* block = NULL
+    cdef ArenaCore* core = context.core
+    cdef int err = ARENA_ECLOSED
+    cdef void* token = access_enter(&core.life)  # a close or reset of another thread waits for this
+    if core.open:
+        err = arena_allocate(core, size, _np_large_align(context, size), zero, &block)
+        if err == ARENA_OK:
+            if np_large_add(<NumpyLarge*>context.books.large, block, size) != 0:
+                arena_free(core, block, size)  # (no memory for the table's growth)
+                err = ARENA_ENOMEM
+            else:
+                # Counted as a buffer export before anyone can close: close and reset refuse now.
+                _np_count_out(context, size)
                 # As a C-level caller, the handler leaves peak_bytes to the next Python-level
                 # allocate, but for big blocks, which a peak is about (the small ones' ~30 cycles
                 # were an eighth of a np.empty(8)'s cost over NumPy's own handler).
@@ -329,8 +406,16 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     if err != ARENA_OK:
         return NULL
     if context.hugepages and size >= NP_HUGE_MIN:
-        np_advise(block, size + NP_HEADER, True)  # before the first touch (the header's, below)
-    return _np_hand_out(block, size)
+        np_advise(block, size, True)  # before the first touch
+    shard_add(LIVE_NUMPY, 1)
+    np_trace_track(TRACE_DOMAIN, <size_t>block, size)
+    return block
+
+
+cdef inline size_t _np_large_align(NumpyContext* context, size_t size) noexcept nogil:
+    """A big block's alignment: a page, or a huge page where its pages are advised huge (only the
+    2 MiB-aligned spans wholly inside an advised range get huge pages)."""
+    return NP_HUGE_ALIGN if context.hugepages and size >= NP_HUGE_MIN else NP_PAGE
 
 
 cdef inline size_t np_block_size(ArenaCore* core, size_t size) noexcept nogil:
@@ -429,8 +514,8 @@ cdef inline bint _np_cache_keep(NumpyContext* context, NpHeader* header, size_t 
 
 
 cdef int numpy_cache_flush(ArenaBase arena) except -1:
-    """Give the blocks the handler keeps back to the open arena (before a purge, which can then hand
-    their pages back too; a reset or close drops them with the rest)."""
+    """Give the blocks the handler keeps back to the open arena: before a purge, which can then hand
+    their pages back too, and before a close (see the top of this file); a reset drops them."""
     cdef NumpyCache* cache = arena._numpy.cache
     if cache == NULL:
         return 0
@@ -464,23 +549,41 @@ cdef void numpy_books_free(NumpyBooks* books) noexcept:
     """At the arena's deallocation (after every capsule and array of it)."""
     PyMem_RawFree(books.cache)
     books.cache = NULL
+    np_large_free(&books.large)
 
 
 cdef void* _np_fallback_allocate(NumpyContext* context, size_t size, bint zero) noexcept nogil:
-    """NumPy's default allocation, with the handler's header (the arena is closed)."""
+    """NumPy's default allocation, with the handler's header (the arena is closed), counted."""
+    cdef void* data = _np_fallback_block(context, size, zero)
+    if data != NULL:
+        count_add(&context.books.fallbacks, 1)
+    return data
+
+
+cdef void* _np_fallback_block(NumpyContext* context, size_t size, bint zero) noexcept nogil:
+    """The data of a block of NumPy's default handler with the handler's header in front, never
+    page-aligned (page-aligned data is a big arena block's): 16 bytes more than the header need, to
+    move the data up by 16 where malloc's block would put it on a page (the tag says which)."""
     cdef NpAllocator* fallback = &context.fallback.allocator
-    cdef void* block
+    cdef char* block
     if zero:
-        block = fallback.calloc(fallback.ctx, size + NP_HEADER, 1)
+        block = <char*>fallback.calloc(fallback.ctx, size + 2 * NP_HEADER, 1)
     else:
-        block = fallback.malloc(fallback.ctx, size + NP_HEADER)
+        block = <char*>fallback.malloc(fallback.ctx, size + 2 * NP_HEADER)
     if block == NULL:
         return NULL
-    cdef NpHeader* header = <NpHeader*>block
+    cdef bint shifted = np_page_aligned(block + NP_HEADER)
+    cdef NpHeader* header = <NpHeader*>(block + NP_HEADER) if shifted else <NpHeader*>block
     header.size = size
-    header.tag = NP_TAG_DEFAULT
-    count_add(&context.books.fallbacks, 1)
-    return <char*>block + NP_HEADER
+    header.tag = NP_TAG_DEFAULT_SHIFTED if shifted else NP_TAG_DEFAULT
+    return <char*>header + NP_HEADER
+
+
+cdef void _np_fallback_free(NumpyContext* context, NpHeader* header) noexcept nogil:
+    """Give a block of _np_fallback_block() back to NumPy's default handler."""
+    cdef char* block = <char*>header - (NP_HEADER if header.tag == NP_TAG_DEFAULT_SHIFTED else 0)
+    header.tag = 0  # a second free of the block finds no tag, and leaves it alone
+    context.fallback.allocator.free(context.fallback.allocator.ctx, block, header.size + 2 * NP_HEADER)
 
 
 cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
@@ -488,16 +591,21 @@ cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
     if data == NULL:
         return
     cdef NumpyContext* context = <NumpyContext*>ctx
+    if np_page_aligned(data):
+        # A big block (its record taken: a second free finds none), or not the handler's.
+        if np_large_lookup(<NumpyLarge*>context.books.large, data, &size, True):
+            np_trace_untrack(TRACE_DOMAIN, <size_t>data)
+            _np_release(context, data, size, size)
+        return
     cdef NpHeader* header = np_header_of(data)
     cdef size_t tag = header.tag
-    if tag == NP_TAG_DEFAULT:
-        header.tag = 0  # a second free of the block finds no tag, and leaves it alone
-        context.fallback.allocator.free(context.fallback.allocator.ctx, header, header.size + NP_HEADER)
+    if tag == NP_TAG_DEFAULT or tag == NP_TAG_DEFAULT_SHIFTED:
+        _np_fallback_free(context, header)
     elif tag == NP_TAG_ARENA:
-        header.tag = 0
+        header.tag = 0  # a second free of the block finds no tag, and leaves it alone
         np_trace_untrack(TRACE_DOMAIN, <size_t>data)
         if not _np_put_back(context, header):
-            _np_release(context, header)
+            _np_release(context, header, np_block_size(context.core, header.size), header.size)
     # else: not a block of the handler's (a second free, a pointer it never made): never touched
 
 
@@ -526,17 +634,17 @@ cdef inline void _np_count_in(NumpyContext* context, size_t size) noexcept nogil
             core_release_held(context.core)
 
 
-cdef void _np_release(NumpyContext* context, NpHeader* header) noexcept nogil:
-    """An arena block NumPy is done with: back into the open arena, or left to the closed arena's
-    held slot (dropped in bulk with it); the last one completes a deferred close."""
-    cdef size_t size = header.size
+cdef void _np_release(NumpyContext* context, void* block, size_t block_size, size_t size) noexcept nogil:
+    """An arena block of ``block_size`` bytes that held an array of ``size`` NumPy is done with: back
+    into the open arena, or left to the closed arena's held slot (dropped in bulk with it); the last
+    one completes a deferred close."""
     cdef ArenaCore* core = context.core
     cdef Lifetime* life = &core.life
     if context.hugepages and size >= NP_HUGE_MIN:
-        np_advise(header, size + NP_HEADER, False)
+        np_advise(block, block_size, False)
     cdef void* token = access_enter(life)
     if core.open:
-        arena_free(core, header, np_block_size(core, size))
+        arena_free(core, block, block_size)
     access_exit(token)
     _np_count_in(context, size)
 
@@ -547,47 +655,66 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
         return _np_allocate(context, size, False)
     if size > MAX_SIZE - NP_HEADER:
         return NULL
+    if np_page_aligned(data):
+        return _np_realloc_large(context, data, size)
     cdef NpHeader* header = np_header_of(data)
+    cdef size_t tag = header.tag
+    if tag != NP_TAG_ARENA and tag != NP_TAG_DEFAULT and tag != NP_TAG_DEFAULT_SHIFTED:
+        return NULL  # not a block of the handler's: never touched
+    # A small arena block moves to a new block of the kind its new size asks for (big ones have no
+    # header); one of NumPy's default (after a close) to another of its.
     cdef size_t old = header.size
-    cdef void* block = NULL
-    if header.tag == NP_TAG_DEFAULT:
-        block = context.fallback.allocator.realloc(context.fallback.allocator.ctx, header, size + NP_HEADER)
-        if block != NULL:
-            (<NpHeader*>block).size = size
-            return <char*>block + NP_HEADER
-        return NULL
-    if header.tag != NP_TAG_ARENA:
-        return NULL
-    cdef ArenaCore* core = context.core
-    cdef int err = ARENA_ECLOSED
-    cdef void* token = access_enter(&core.life)
-    if core.open:
-        err = arena_resize_checked(core, header, np_block_size(core, old), np_block_size(core, size),
-                                   NP_HUGE_ALIGN if context.hugepages and size >= NP_HUGE_MIN else 1,
-                                   False, 0, &block)
-        if err == ARENA_OK:
-            count_add(&context.books.nbytes, <Py_ssize_t>size - <Py_ssize_t>old)
-    access_exit(token)
-    cdef char* moved
-    if err == ARENA_OK:
-        if context.hugepages and size >= NP_HUGE_MIN:
-            np_advise(block, size + NP_HEADER, True)  # (the new pages: the old ones were advised)
-        (<NpHeader*>block).size = size
-        moved = <char*>block + NP_HEADER
-        np_trace_untrack(TRACE_DOMAIN, <size_t>data)
-        np_trace_track(TRACE_DOMAIN, <size_t>moved, size)
-        return moved
-    if err != ARENA_ECLOSED:
-        return NULL  # no memory, or max_bytes: NumPy keeps the old block
-    # The arena closed (deferred) while this array lived: its new bytes come from NumPy's default.
-    moved = <char*>_np_fallback_allocate(context, size, False)
+    cdef void* moved = (_np_allocate(context, size, False) if tag == NP_TAG_ARENA
+                        else _np_fallback_block(context, size, False))
     if moved == NULL:
-        return NULL
+        return NULL  # NumPy keeps the old block
     memcpy(moved, data, min(old, size))
-    np_trace_untrack(TRACE_DOMAIN, <size_t>data)
-    header.tag = 0
-    _np_release(context, header)
+    if tag == NP_TAG_ARENA:
+        header.tag = 0
+        np_trace_untrack(TRACE_DOMAIN, <size_t>data)
+        _np_release(context, header, np_block_size(context.core, old), old)
+    else:
+        _np_fallback_free(context, header)
     return moved
+
+
+cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t size) noexcept nogil:
+    """Resize a big block (page-aligned ``data``) in the arena, in place when jemalloc can; one
+    resized under NP_LARGE_MIN, or of an arena closed meanwhile, moves to a block with a header."""
+    cdef size_t old
+    if not np_large_lookup(<NumpyLarge*>context.books.large, data, &old, False):
+        return NULL  # not a block of the handler's: never touched
+    cdef ArenaCore* core = context.core
+    cdef void* block = NULL
+    cdef int err = ARENA_ECLOSED
+    cdef void* token
+    if size >= NP_LARGE_MIN:
+        token = access_enter(&core.life)
+        if core.open:
+            err = arena_resize_checked(core, data, old, size, _np_large_align(context, size), False, 0,
+                                       &block)
+            if err == ARENA_OK:
+                np_large_move(<NumpyLarge*>context.books.large, data, block, size)
+                count_add(&context.books.nbytes, <Py_ssize_t>size - <Py_ssize_t>old)
+        access_exit(token)
+        if err == ARENA_OK:
+            if context.hugepages and size >= NP_HUGE_MIN:
+                np_advise(block, size, True)  # (the new pages: the old ones were advised)
+            np_trace_untrack(TRACE_DOMAIN, <size_t>data)
+            np_trace_track(TRACE_DOMAIN, <size_t>block, size)
+            return block
+        if err != ARENA_ECLOSED:
+            return NULL  # no memory, or max_bytes: NumPy keeps the old block
+    # Under NP_LARGE_MIN (a block with a header), or the arena closed (deferred) while this array
+    # lived (NumPy's default's): a new block, the bytes copied, the big one released.
+    block = _np_allocate(context, size, False)
+    if block == NULL:
+        return NULL
+    memcpy(block, data, min(old, size))
+    if np_large_lookup(<NumpyLarge*>context.books.large, data, &old, True):
+        np_trace_untrack(TRACE_DOMAIN, <size_t>data)
+        _np_release(context, data, old, old)
+    return block
 
 
 # -- the Python API -----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Memory handed out by arenalib, by arenas and by a BufferPool's region, is visible to tracemalloc, in
 arenalib's own domain."""
 
+import gc
 import tracemalloc
 
 import pytest
@@ -89,3 +90,40 @@ def test_region_is_traced_by_tracemalloc():
         assert not tracemalloc.take_snapshot().filter_traces([domain]).traces
     finally:
         tracemalloc.stop()
+
+
+def test_a_finalizer_that_resets_while_a_block_is_traced_leaves_a_dead_segment_not_an_error(tracing):
+    # Tracing a carve first untracks what rewinds killed, which makes objects: a GC there may run a
+    # finalizer that resets the arena (untracking everything).  The carve's trace must see that.
+    a = arenalib.SlicingArena()
+    try:
+        class Bomb:
+            def __init__(self):
+                self.me = self
+
+            def __del__(self):
+                a.reset()
+
+        outer = a.frame()
+        outer.__enter__()
+        outer.allocate(16)  # traced with a frame stamp
+        inner = a.frame()
+        inner.__enter__()
+        with pytest.raises(ValueError):
+            outer.__exit__(None, None, None)  # out of order: refused, the outer frame abandoned
+        inner.__exit__(None, None, None)
+        a.mark()  # pops the abandoned frame: a rewind the traces have not seen
+        Bomb()
+        junk = [[] for _ in range(100)]  # generation 0 past the threshold below
+        old = gc.get_threshold()
+        gc.set_threshold(1)
+        try:
+            seg = a.allocate(16)
+        finally:
+            gc.set_threshold(*old)
+        del junk
+        with pytest.raises(arenalib.ArenaClosedError):
+            seg.fill(0)  # carved before the finalizer's reset: dead
+        assert not arenalib_traces()
+    finally:
+        a.close()

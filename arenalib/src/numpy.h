@@ -33,18 +33,23 @@ typedef struct {
     arenalib_np_allocator allocator;
 } arenalib_np_handler;
 
-/* In front of every block the handler hands out, arena or fallback: the size NumPy asked for
-   (NumPy's free passes a size of its own, which may differ) and which allocator the block is
-   from.  16 bytes keep the data as aligned as malloc's (16 on x86-64). */
+/* In front of every block the handler hands out, arena or fallback, but the big arena ones
+   (src/numpy_large.h): the size NumPy asked for (NumPy's free passes a size of its own, which may
+   differ) and which allocator the block is from.  16 bytes keep the data as aligned as malloc's
+   (16 on x86-64). */
 typedef struct {
     size_t size;
     size_t tag;
 } arenalib_np_header;
 
 #define ARENALIB_NP_HEADER ((size_t)sizeof(arenalib_np_header))
-/* Tags: "ARNANPYA" (the arena's), "ARNANPYD" (NumPy's default handler's, after a close). */
+/* Tags: "ARNANPYA" (the arena's), "ARNANPYD" (NumPy's default handler's, after a close: the header
+   at the start of malloc's block) and "ARNANPYS" (the same, the header 16 bytes into the block, where
+   the data would have been page-aligned: page-aligned data is a big arena block's, which has no
+   header, src/numpy_large.h). */
 #define ARENALIB_NP_TAG_ARENA ((size_t)0x41524E414E505941ULL)
 #define ARENALIB_NP_TAG_DEFAULT ((size_t)0x41524E414E505944ULL)
+#define ARENALIB_NP_TAG_DEFAULT_SHIFTED ((size_t)0x41524E414E505953ULL)
 
 static inline arenalib_np_header *arenalib_np_header_of(void *data) {
     return (arenalib_np_header *)((char *)data - ARENALIB_NP_HEADER);

@@ -1,0 +1,198 @@
+/* The NumPy handler's big blocks (arenalib/_numpy.pxi): an array of ARENALIB_NP_LARGE_MIN bytes or
+   more gets a page-aligned arena block with no header in front of it, and this table, one per
+   arena, says which data addresses are such blocks and the size NumPy asked for each.
+
+   Why no header there: jemalloc's size classes from 16 KiB on are four a doubling (1 MiB, 1.25 MiB,
+   1.5 MiB ...), so a 16-byte header in front of an array whose size is a class's own (every power of
+   two: 1 MiB of float64) took the next class, a quarter more address space and jemalloc "active"
+   bytes a block (a mixed workload of power-of-two arrays: 561 MiB active where NumPy's default had
+   450).  Page-aligned data is also what SIMD loops and O_DIRECT like.
+
+   How free() tells the two kinds apart without touching memory that may not be the handler's: a big
+   block's data is page-aligned, and a block with a header never has page-aligned data (the handler
+   takes another block in the rare case it would: _numpy.pxi).  So only page-aligned addresses are
+   looked up here, and one that is not in the table is not the handler's and is left alone.
+
+   Linear probing with backward-shift deletion; at most half full while memory allows, never full
+   (one empty slot ends every probe).  Free-threaded builds: frees come from any thread, so a spin
+   lock guards it (its sections are a few probes, or one rehash); GIL builds: NumPy calls the handler
+   with the GIL held, which guards it. */
+
+#ifndef ARENALIB_SRC_NUMPY_LARGE_H
+#define ARENALIB_SRC_NUMPY_LARGE_H
+
+#include <Python.h>
+#include <sched.h>
+#include <stdint.h>
+
+#include "arenalib/platform.h"  /* ARENALIB_FREE_THREADED, arenalib_try_lock */
+
+#define ARENALIB_NP_LARGE_MIN ((size_t)16384)  /* jemalloc's first large class (4 KiB pages) */
+#define ARENALIB_NP_PAGE ((size_t)4096)
+
+typedef struct {
+    uintptr_t *keys;  /* data addresses; 0: an empty slot */
+    size_t *sizes;    /* the size NumPy asked for, of the block at the same index */
+    size_t mask;      /* slots - 1 (slots a power of two; no slots before the first block) */
+    size_t count;
+    int lock;
+} arenalib_np_large;
+
+static inline int arenalib_np_page_aligned(const void *data) {
+    return ((uintptr_t)data & (ARENALIB_NP_PAGE - 1)) == 0;
+}
+
+static inline void arenalib_np_large_lock(arenalib_np_large *t) {
+#if ARENALIB_FREE_THREADED
+    while (!arenalib_try_lock(&t->lock))
+        sched_yield();
+#else
+    (void)t;
+#endif
+}
+
+static inline void arenalib_np_large_unlock(arenalib_np_large *t) {
+#if ARENALIB_FREE_THREADED
+    arenalib_unlock(&t->lock);
+#else
+    (void)t;
+#endif
+}
+
+static inline size_t arenalib_np_large_slot(const arenalib_np_large *t, uintptr_t key) {
+    /* Fibonacci hashing of the page number: consecutive pages spread over the table. */
+    return (size_t)(((uint64_t)(key >> 12) * 0x9E3779B97F4A7C15ULL) >> 24) & t->mask;
+}
+
+static inline void arenalib_np_large_put(arenalib_np_large *t, uintptr_t key, size_t size) {
+    size_t i = arenalib_np_large_slot(t, key);
+    while (t->keys[i] != 0)
+        i = (i + 1) & t->mask;
+    t->keys[i] = key;
+    t->sizes[i] = size;
+    t->count++;
+}
+
+/* The slot of ``key``, or -1. */
+static inline Py_ssize_t arenalib_np_large_find_slot(const arenalib_np_large *t, uintptr_t key) {
+    if (t->keys == NULL)
+        return -1;
+    size_t i = arenalib_np_large_slot(t, key);
+    while (t->keys[i] != 0) {
+        if (t->keys[i] == key)
+            return (Py_ssize_t)i;
+        i = (i + 1) & t->mask;
+    }
+    return -1;
+}
+
+static inline void arenalib_np_large_remove_slot(arenalib_np_large *t, size_t i) {
+    /* Backward shift: every key after the hole whose probe passes through it moves into it. */
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & t->mask;
+        if (t->keys[j] == 0)
+            break;
+        size_t home = arenalib_np_large_slot(t, t->keys[j]);
+        /* keys[j] may fill the hole at i unless its home lies cyclically in (i, j]. */
+        if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
+            continue;
+        t->keys[i] = t->keys[j];
+        t->sizes[i] = t->sizes[j];
+        i = j;
+    }
+    t->keys[i] = 0;
+    t->count--;
+}
+
+/* Room for one more key at most half full: 0, or -1 when there is no memory for a bigger table and
+   the one there is cannot take it (it would be full). */
+static inline int arenalib_np_large_room(arenalib_np_large *t) {
+    size_t slots = t->keys == NULL ? 0 : t->mask + 1;
+    if ((t->count + 1) * 2 <= slots)
+        return 0;
+    size_t grown = slots ? slots * 2 : 64;
+    uintptr_t *keys = (uintptr_t *)PyMem_RawCalloc(grown, sizeof(uintptr_t));
+    size_t *sizes = (size_t *)PyMem_RawMalloc(grown * sizeof(size_t));
+    if (keys == NULL || sizes == NULL) {
+        PyMem_RawFree(keys);
+        PyMem_RawFree(sizes);
+        return t->count + 2 <= slots ? 0 : -1;
+    }
+    arenalib_np_large old = *t;
+    t->keys = keys;
+    t->sizes = sizes;
+    t->mask = grown - 1;
+    t->count = 0;
+    for (size_t i = 0; i < slots; i++)
+        if (old.keys[i] != 0)
+            arenalib_np_large_put(t, old.keys[i], old.sizes[i]);
+    PyMem_RawFree(old.keys);
+    PyMem_RawFree(old.sizes);
+    return 0;
+}
+
+/* Record the block at ``data`` of ``size`` bytes: 0, or -1 (no memory; nothing recorded). */
+static inline int arenalib_np_large_add(arenalib_np_large *t, void *data, size_t size) {
+    arenalib_np_large_lock(t);
+    int err = arenalib_np_large_room(t);
+    if (err == 0)
+        arenalib_np_large_put(t, (uintptr_t)data, size);
+    arenalib_np_large_unlock(t);
+    return err;
+}
+
+/* The size of the block at ``data`` in ``size``, its record removed (``take``) or kept: 1, or 0
+   when ``data`` is not a block of the table's. */
+static inline int arenalib_np_large_lookup(arenalib_np_large *t, void *data, size_t *size, int take) {
+    arenalib_np_large_lock(t);
+    Py_ssize_t i = arenalib_np_large_find_slot(t, (uintptr_t)data);
+    if (i >= 0) {
+        *size = t->sizes[i];
+        if (take)
+            arenalib_np_large_remove_slot(t, (size_t)i);
+    }
+    arenalib_np_large_unlock(t);
+    return i >= 0;
+}
+
+/* The block at ``data`` (recorded) is now at ``moved`` (``data`` itself when resized in place) and
+   of ``size`` bytes.  Never needs memory: a key goes, a key comes. */
+static inline void arenalib_np_large_move(arenalib_np_large *t, void *data, void *moved, size_t size) {
+    arenalib_np_large_lock(t);
+    Py_ssize_t i = arenalib_np_large_find_slot(t, (uintptr_t)data);
+    if (i >= 0) {
+        arenalib_np_large_remove_slot(t, (size_t)i);
+        arenalib_np_large_put(t, (uintptr_t)moved, size);
+    }
+    arenalib_np_large_unlock(t);
+}
+
+/* The table of *slot, made (and published: two threads may make an arena's first handler at once)
+   if there is none yet; NULL: no memory. */
+static inline arenalib_np_large *arenalib_np_large_make(void **slot) {
+    arenalib_np_large *t = (arenalib_np_large *)__atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (t != NULL)
+        return t;
+    t = (arenalib_np_large *)PyMem_RawCalloc(1, sizeof(arenalib_np_large));
+    if (t == NULL)
+        return NULL;
+    void *expected = NULL;
+    if (__atomic_compare_exchange_n(slot, &expected, t, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return t;
+    PyMem_RawFree(t);
+    return (arenalib_np_large *)expected;
+}
+
+/* At the arena's deallocation (no array of it is left). */
+static inline void arenalib_np_large_free(void **slot) {
+    arenalib_np_large *t = (arenalib_np_large *)*slot;
+    if (t != NULL) {
+        PyMem_RawFree(t->keys);
+        PyMem_RawFree(t->sizes);
+        PyMem_RawFree(t);
+        *slot = NULL;
+    }
+}
+
+#endif  /* ARENALIB_SRC_NUMPY_LARGE_H */
