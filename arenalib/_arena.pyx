@@ -449,7 +449,8 @@ cdef class ArenaBase(SegmentOwner):
     cdef int _close(self, bint deferred=False) except -1:
         # The blocks the NumPy handler keeps are out of the books, so a close would leave them in
         # the slot as garbage nothing counts (a slot is reset by what it counts): they go back first.
-        numpy_cache_flush(self)
+        if self._numpy.cache != NULL:  # (every scope's close reads it: no call for the others)
+            numpy_cache_flush(self)
         cdef int err = arena_close_checked(&self._core, deferred)
         if err:
             self._raise(err, f"cannot close {type(self).__name__} (close(deferred=True) closes it now and "

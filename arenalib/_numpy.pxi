@@ -28,20 +28,22 @@
 #   under NP_LARGE_MIN bytes has a header in front of the data saying the size NumPy asked for and
 #   which allocator the block is from; a bigger one has none (a header would push an array whose size
 #   is a jemalloc size class, every power of two, into the next class, a quarter bigger): its data
-#   is page-aligned and the arena's table of big blocks has its size (src/numpy_large.h).  A block
-#   with a header never has page-aligned data (_np_arena_block), so the two never mix.  An arena
+#   is page-aligned and the arena's table of big blocks has its size (src/numpy_large.h).  An arena
 #   closed meanwhile (an asyncio task that inherited the block's context and runs after the
 #   block) hands NumPy's default handler the allocation instead, counted in stats()'s
 #   numpy_fallbacks; a request past max_bytes or with no memory gets NULL (NumPy's MemoryError).
-# - free: the table (page-aligned data) or the header says which allocator the block is from and its
-#   size (NumPy's may differ from the one it allocated: an empty array frees 1 byte of an elsize-byte
-#   block).  An arena block goes back to the
-#   open arena, or stays in the closed arena's held slot, garbage to be dropped in bulk when the last
-#   one goes; either way the export count drops, and the last one completes a deferred close.
+# - free: for page-aligned data, the table (every block handed out with page-aligned data is in it,
+#   the big ones and the few small ones whose data falls on a page); else the header, 16 bytes
+#   before, in the same page.  Either says which allocator the block is from and its size (NumPy's
+#   may differ from the one it allocated: an empty array frees 1 byte of an elsize-byte block).  An
+#   arena block goes back to the open arena, or stays in the closed arena's held slot, garbage to
+#   be dropped in bulk when the last one goes; either way the export count drops, and the last one
+#   completes a deferred close.
 # - realloc (ndarray.resize, np.fromiter): a big block is resized in the arena (arena_resize_checked:
-#   in place when jemalloc can); a block with a header moves to a new block of the new size (small:
-#   the copy is short, and one growing past NP_LARGE_MIN loses its header); for a block of a closed
-#   arena, the new one is NumPy's default handler's.
+#   in place when jemalloc can); a block with a header moves to a new block of the new size (under
+#   128 KiB, within jemalloc's small and thread-cached classes, which resize in place seldom; one
+#   growing past NP_LARGE_MIN loses its header); for a block of a closed arena, the new one is
+#   NumPy's default handler's.
 #
 # Small blocks (up to NP_CACHE_MAX bytes of data) are kept for reuse on a GIL build, as NumPy's own
 # handler keeps its own: a few per 16-byte bucket, in the arena's NumpyCache, which the GIL guards
@@ -114,7 +116,6 @@ cdef extern from "src/numpy.h":
     int NP_DEFAULT_HANDLER "ARENALIB_NP_DEFAULT_HANDLER"
     unsigned int np_call_version "arenalib_np_call_version"(void** table, int index) noexcept
     size_t NP_HUGE_MIN "ARENALIB_NP_HUGE_MIN"
-    size_t NP_TAG_DEFAULT_SHIFTED "ARENALIB_NP_TAG_DEFAULT_SHIFTED"
     size_t NP_HUGE_ALIGN "ARENALIB_NP_HUGE_ALIGN"
     void np_advise "arenalib_np_advise"(void* block, size_t size, bint huge) noexcept nogil
     Shards* LIVE_NUMPY "arenalib_live_numpy"
@@ -124,12 +125,11 @@ cdef extern from "src/numpy_large.h":
         pass
     size_t NP_LARGE_MIN "ARENALIB_NP_LARGE_MIN"
     size_t NP_PAGE "ARENALIB_NP_PAGE"
+    size_t NP_HAS_HEADER "ARENALIB_NP_HAS_HEADER"
     bint np_page_aligned "arenalib_np_page_aligned"(const void* data) noexcept nogil
     int np_large_add "arenalib_np_large_add"(NumpyLarge* table, void* data, size_t size) noexcept nogil
     bint np_large_lookup "arenalib_np_large_lookup"(NumpyLarge* table, void* data, size_t* size,
                                                     bint take) noexcept nogil
-    void np_large_move "arenalib_np_large_move"(NumpyLarge* table, void* data, void* moved,
-                                                size_t size) noexcept nogil
     NumpyLarge* np_large_make "arenalib_np_large_make"(void** slot) noexcept nogil
     void np_large_free "arenalib_np_large_free"(void** slot) noexcept nogil
 
@@ -344,10 +344,15 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     cdef int err = ARENA_ECLOSED
     cdef void* token = access_enter(&core.life)  # a close or reset of another thread waits for this
     if core.open:
-        err = _np_arena_block(core, np_block_size(core, size), zero, &block)
+        err = arena_allocate(core, np_block_size(core, size), 1, zero, &block)
+        if err == ARENA_OK and not _np_record_page_aligned(context, block, size):
+            arena_free(core, block, np_block_size(core, size))
+            err = ARENA_ENOMEM
         if err == ARENA_OK:
             # Counted as a buffer export before anyone can close: close and reset refuse from now on.
             _np_count_out(context, size)
+            if size > CACHE_MAX_SIZE:
+                shared_update_peak(core)  # (see _np_allocate_large)
     access_exit(token)
     if err == ARENA_ECLOSED:
         return _np_fallback_allocate(context, size, zero)
@@ -356,28 +361,14 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     return _np_hand_out(block, size)
 
 
-cdef int _np_arena_block(ArenaCore* core, size_t block_size, bint zero, void** out) noexcept nogil:
-    """An arena block for a header and its data whose data is not page-aligned (page-aligned data
-    is a big block's, with no header: src/numpy_large.h).  A slab's region can start 16 bytes before
-    a page (about one block in 256 of the 16-byte class, fewer of the others): such a block is held
-    while another is taken, then given back."""
-    cdef void* held[2]
-    cdef int n = 0
-    cdef int err
-    while True:
-        err = arena_allocate(core, block_size, 1, zero, out)
-        if err != ARENA_OK or not np_page_aligned(<char*>out[0] + NP_HEADER):
-            break
-        if n == 2:  # (never seen: jemalloc takes the lowest free region, the next one is not)
-            arena_free(core, out[0], block_size)
-            err = ARENA_ENOMEM
-            break
-        held[n] = out[0]
-        n += 1
-    while n:
-        n -= 1
-        arena_free(core, held[n], block_size)
-    return err
+cdef inline bint _np_record_page_aligned(NumpyContext* context, void* block, size_t size) noexcept nogil:
+    """A block with a header whose data falls on a page (a slab region in about 256 does) is in
+    the table too, marked as having one: free() then never reads before a page-aligned address that
+    is not in the table (a second free, a pointer never handed out), which may be unmapped.  False:
+    no memory to record it."""
+    cdef char* data = <char*>block + NP_HEADER
+    return (not np_page_aligned(data)
+            or np_large_add(<NumpyLarge*>context.books.large, data, size | NP_HAS_HEADER) == 0)
 
 
 cdef void* _np_allocate_large(NumpyContext* context, size_t size, bint zero) noexcept nogil:
@@ -494,6 +485,8 @@ cdef inline bint _np_cache_keep(NumpyContext* context, NpHeader* header, size_t 
     cdef NumpyCache* cache = context.books.cache
     if FREE_THREADED or cache == NULL or size > NP_CACHE_MAX:
         return False
+    if np_page_aligned(<char*>header + NP_HEADER):
+        return False  # (its record is gone with the array, and a kept block has none)
     cdef ArenaCore* core = context.core
     if not core.open:  # (a closed arena's thread caches may be gone; its blocks go in bulk)
         return False
@@ -561,29 +554,28 @@ cdef void* _np_fallback_allocate(NumpyContext* context, size_t size, bint zero) 
 
 
 cdef void* _np_fallback_block(NumpyContext* context, size_t size, bint zero) noexcept nogil:
-    """The data of a block of NumPy's default handler with the handler's header in front, never
-    page-aligned (page-aligned data is a big arena block's): 16 bytes more than the header need, to
-    move the data up by 16 where malloc's block would put it on a page (the tag says which)."""
+    """The data of a block of NumPy's default handler with the handler's header in front."""
     cdef NpAllocator* fallback = &context.fallback.allocator
-    cdef char* block
+    cdef void* block
     if zero:
-        block = <char*>fallback.calloc(fallback.ctx, size + 2 * NP_HEADER, 1)
+        block = fallback.calloc(fallback.ctx, size + NP_HEADER, 1)
     else:
-        block = <char*>fallback.malloc(fallback.ctx, size + 2 * NP_HEADER)
+        block = fallback.malloc(fallback.ctx, size + NP_HEADER)
     if block == NULL:
         return NULL
-    cdef bint shifted = np_page_aligned(block + NP_HEADER)
-    cdef NpHeader* header = <NpHeader*>(block + NP_HEADER) if shifted else <NpHeader*>block
+    if not _np_record_page_aligned(context, block, size):
+        fallback.free(fallback.ctx, block, size + NP_HEADER)
+        return NULL
+    cdef NpHeader* header = <NpHeader*>block
     header.size = size
-    header.tag = NP_TAG_DEFAULT_SHIFTED if shifted else NP_TAG_DEFAULT
-    return <char*>header + NP_HEADER
+    header.tag = NP_TAG_DEFAULT
+    return <char*>block + NP_HEADER
 
 
 cdef void _np_fallback_free(NumpyContext* context, NpHeader* header) noexcept nogil:
     """Give a block of _np_fallback_block() back to NumPy's default handler."""
-    cdef char* block = <char*>header - (NP_HEADER if header.tag == NP_TAG_DEFAULT_SHIFTED else 0)
     header.tag = 0  # a second free of the block finds no tag, and leaves it alone
-    context.fallback.allocator.free(context.fallback.allocator.ctx, block, header.size + 2 * NP_HEADER)
+    context.fallback.allocator.free(context.fallback.allocator.ctx, header, header.size + NP_HEADER)
 
 
 cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
@@ -592,14 +584,17 @@ cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
         return
     cdef NumpyContext* context = <NumpyContext*>ctx
     if np_page_aligned(data):
-        # A big block (its record taken: a second free finds none), or not the handler's.
-        if np_large_lookup(<NumpyLarge*>context.books.large, data, &size, True):
+        # Every block handed out with page-aligned data is recorded: its record is taken (a second
+        # free finds none), and one not recorded is not the handler's, and not even read.
+        if not np_large_lookup(<NumpyLarge*>context.books.large, data, &size, True):
+            return
+        if not size & NP_HAS_HEADER:  # a big block
             np_trace_untrack(TRACE_DOMAIN, <size_t>data)
             _np_release(context, data, size, size)
-        return
-    cdef NpHeader* header = np_header_of(data)
+            return
+    cdef NpHeader* header = np_header_of(data)  # (in the same page as the data, or recorded)
     cdef size_t tag = header.tag
-    if tag == NP_TAG_DEFAULT or tag == NP_TAG_DEFAULT_SHIFTED:
+    if tag == NP_TAG_DEFAULT:
         _np_fallback_free(context, header)
     elif tag == NP_TAG_ARENA:
         header.tag = 0  # a second free of the block finds no tag, and leaves it alone
@@ -655,20 +650,26 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
         return _np_allocate(context, size, False)
     if size > MAX_SIZE - NP_HEADER:
         return NULL
-    if np_page_aligned(data):
-        return _np_realloc_large(context, data, size)
+    cdef size_t old
+    if np_page_aligned(data):  # (see _np_free)
+        if not np_large_lookup(<NumpyLarge*>context.books.large, data, &old, False):
+            return NULL
+        if not old & NP_HAS_HEADER:
+            return _np_realloc_large(context, data, old, size)
     cdef NpHeader* header = np_header_of(data)
     cdef size_t tag = header.tag
-    if tag != NP_TAG_ARENA and tag != NP_TAG_DEFAULT and tag != NP_TAG_DEFAULT_SHIFTED:
+    if tag != NP_TAG_ARENA and tag != NP_TAG_DEFAULT:
         return NULL  # not a block of the handler's: never touched
     # A small arena block moves to a new block of the kind its new size asks for (big ones have no
     # header); one of NumPy's default (after a close) to another of its.
-    cdef size_t old = header.size
+    old = header.size
     cdef void* moved = (_np_allocate(context, size, False) if tag == NP_TAG_ARENA
                         else _np_fallback_block(context, size, False))
     if moved == NULL:
         return NULL  # NumPy keeps the old block
     memcpy(moved, data, min(old, size))
+    if np_page_aligned(data):
+        np_large_lookup(<NumpyLarge*>context.books.large, data, &old, True)  # (its record goes)
     if tag == NP_TAG_ARENA:
         header.tag = 0
         np_trace_untrack(TRACE_DOMAIN, <size_t>data)
@@ -678,12 +679,10 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
     return moved
 
 
-cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t size) noexcept nogil:
-    """Resize a big block (page-aligned ``data``) in the arena, in place when jemalloc can; one
-    resized under NP_LARGE_MIN, or of an arena closed meanwhile, moves to a block with a header."""
-    cdef size_t old
-    if not np_large_lookup(<NumpyLarge*>context.books.large, data, &old, False):
-        return NULL  # not a block of the handler's: never touched
+cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t old, size_t size) noexcept nogil:
+    """Resize the big block at ``data`` (of ``old`` bytes) in the arena, in place when jemalloc can;
+    one resized under NP_LARGE_MIN, or of an arena closed meanwhile, moves to a block with a header."""
+    cdef NumpyLarge* table = <NumpyLarge*>context.books.large
     cdef ArenaCore* core = context.core
     cdef void* block = NULL
     cdef int err = ARENA_ECLOSED
@@ -691,15 +690,25 @@ cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t size) noe
     if size >= NP_LARGE_MIN:
         token = access_enter(&core.life)
         if core.open:
+            if context.hugepages and old >= NP_HUGE_MIN:
+                np_advise(data, old, False)  # (a shrink or a move gives pages back: advised again below)
+            # The record out first: a move frees ``data`` inside the resize, and another thread may
+            # be handed it and record it before this one could say the block moved.
+            np_large_lookup(table, data, &old, True)
             err = arena_resize_checked(core, data, old, size, _np_large_align(context, size), False, 0,
                                        &block)
             if err == ARENA_OK:
-                np_large_move(<NumpyLarge*>context.books.large, data, block, size)
                 count_add(&context.books.nbytes, <Py_ssize_t>size - <Py_ssize_t>old)
+            else:
+                block, size = data, old
+            # Never needs memory on a GIL build (a record went, one comes); with the GIL off, only when
+            # other threads filled the table meanwhile and it cannot grow: the block then stays
+            # unrecorded, and its array's free finds no record and leaves it to the close.
+            np_large_add(table, block, size)
+            if context.hugepages and size >= NP_HUGE_MIN:
+                np_advise(block, size, True)
         access_exit(token)
         if err == ARENA_OK:
-            if context.hugepages and size >= NP_HUGE_MIN:
-                np_advise(block, size, True)  # (the new pages: the old ones were advised)
             np_trace_untrack(TRACE_DOMAIN, <size_t>data)
             np_trace_track(TRACE_DOMAIN, <size_t>block, size)
             return block
@@ -711,7 +720,7 @@ cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t size) noe
     if block == NULL:
         return NULL
     memcpy(block, data, min(old, size))
-    if np_large_lookup(<NumpyLarge*>context.books.large, data, &old, True):
+    if np_large_lookup(table, data, &old, True):
         np_trace_untrack(TRACE_DOMAIN, <size_t>data)
         _np_release(context, data, old, old)
     return block

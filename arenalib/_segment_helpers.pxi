@@ -156,8 +156,9 @@ def copy(src, src_offset, dst, dst_offset, nbytes, /):
     Python, ``memoryview(dst).cast("B")[d:d + n] = memoryview(src).cast("B")[s:s + n]``.
 
     Raises ValueError for a negative offset or size, IndexError when a range is out of bounds,
-    TypeError when ``dst`` is read-only (bytes, a readonly() segment), BufferError for a buffer
-    that is not contiguous, ArenaClosedError for a dead segment."""
+    TypeError when ``dst`` is read-only (bytes, a readonly() segment), ArenaClosedError for a
+    dead segment; a buffer that is not contiguous is refused by its exporter (BufferError from a
+    memoryview, ValueError from a NumPy array)."""
     cdef Py_ssize_t source_at = _offset(src_offset, "src_offset")
     cdef Py_ssize_t target_at = _offset(dst_offset, "dst_offset")
     cdef Py_ssize_t length = _offset(nbytes, "nbytes")

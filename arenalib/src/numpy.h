@@ -43,13 +43,9 @@ typedef struct {
 } arenalib_np_header;
 
 #define ARENALIB_NP_HEADER ((size_t)sizeof(arenalib_np_header))
-/* Tags: "ARNANPYA" (the arena's), "ARNANPYD" (NumPy's default handler's, after a close: the header
-   at the start of malloc's block) and "ARNANPYS" (the same, the header 16 bytes into the block, where
-   the data would have been page-aligned: page-aligned data is a big arena block's, which has no
-   header, src/numpy_large.h). */
+/* Tags: "ARNANPYA" (the arena's), "ARNANPYD" (NumPy's default handler's, after a close). */
 #define ARENALIB_NP_TAG_ARENA ((size_t)0x41524E414E505941ULL)
 #define ARENALIB_NP_TAG_DEFAULT ((size_t)0x41524E414E505944ULL)
-#define ARENALIB_NP_TAG_DEFAULT_SHIFTED ((size_t)0x41524E414E505953ULL)
 
 static inline arenalib_np_header *arenalib_np_header_of(void *data) {
     return (arenalib_np_header *)((char *)data - ARENALIB_NP_HEADER);

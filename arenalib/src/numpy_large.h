@@ -6,12 +6,18 @@
    1.5 MiB ...), so a 16-byte header in front of an array whose size is a class's own (every power of
    two: 1 MiB of float64) took the next class, a quarter more address space and jemalloc "active"
    bytes a block (a mixed workload of power-of-two arrays: 561 MiB active where NumPy's default had
-   450).  Page-aligned data is also what SIMD loops and O_DIRECT like.
+   450).  Page-aligned data is also what SIMD loops and O_DIRECT like.  Below ARENALIB_NP_LARGE_MIN
+   the header stays, for speed (see there): a 16-128 KiB power-of-two array still takes the next
+   class, a quarter of at most 160 KiB.
 
-   How free() tells the two kinds apart without touching memory that may not be the handler's: a big
-   block's data is page-aligned, and a block with a header never has page-aligned data (the handler
-   takes another block in the rare case it would: _numpy.pxi).  So only page-aligned addresses are
-   looked up here, and one that is not in the table is not the handler's and is left alone.
+   How free() tells the two kinds apart: every block the handler hands out whose data is page-aligned
+   is recorded here, the big ones and the few small ones whose data falls on a page (a slab region
+   in about 256 of the 48-, 80- and 112-byte classes; their records say ARENALIB_NP_HAS_HEADER).  So
+   a page-aligned address is looked up, and one not recorded is not the handler's (a second free, a
+   pointer never handed out) and is never read; any other address has its header 16 bytes before it,
+   in the same page.  (A version that kept small blocks off page boundaries by taking another block
+   failed: the free-block cache, last in first out, handed the same one back, and after ~600 live
+   arrays of those classes every allocation of the class failed; an attack found it, 2026-12-04.)
 
    Linear probing with backward-shift deletion; at most half full while memory allows, never full
    (one empty slot ends every probe).  Free-threaded builds: frees come from any thread, so a spin
@@ -27,8 +33,15 @@
 
 #include "arenalib/platform.h"  /* ARENALIB_FREE_THREADED, arenalib_try_lock */
 
-#define ARENALIB_NP_LARGE_MIN ((size_t)16384)  /* jemalloc's first large class (4 KiB pages) */
+/* Not from 16 KiB (jemalloc's first large class, where the classes start to come four a doubling):
+   an aligned request skips the arena's free-block cache (to 64 KiB) and jemalloc's thread cache (to
+   tcache_max, 128 KiB: _jemalloc_conf.c), and an np.empty() of 16-128 KiB cost 3.1-3.3x NumPy's
+   default handler's instead of 0.97x (to 50 KB) and 1.5x (64-128 KiB).  From 128 KiB on every block
+   is jemalloc's own extent either way (2.8-3.5x with or without the header, np.empty to 1 MiB). */
+#define ARENALIB_NP_LARGE_MIN ((size_t)131072)
 #define ARENALIB_NP_PAGE ((size_t)4096)
+/* In a record's size: the block has a header (a small block whose data fell on a page). */
+#define ARENALIB_NP_HAS_HEADER ((size_t)1 << (sizeof(size_t) * 8 - 1))
 
 typedef struct {
     uintptr_t *keys;  /* data addresses; 0: an empty slot */
@@ -154,18 +167,6 @@ static inline int arenalib_np_large_lookup(arenalib_np_large *t, void *data, siz
     }
     arenalib_np_large_unlock(t);
     return i >= 0;
-}
-
-/* The block at ``data`` (recorded) is now at ``moved`` (``data`` itself when resized in place) and
-   of ``size`` bytes.  Never needs memory: a key goes, a key comes. */
-static inline void arenalib_np_large_move(arenalib_np_large *t, void *data, void *moved, size_t size) {
-    arenalib_np_large_lock(t);
-    Py_ssize_t i = arenalib_np_large_find_slot(t, (uintptr_t)data);
-    if (i >= 0) {
-        arenalib_np_large_remove_slot(t, (size_t)i);
-        arenalib_np_large_put(t, (uintptr_t)moved, size);
-    }
-    arenalib_np_large_unlock(t);
 }
 
 /* The table of *slot, made (and published: two threads may make an arena's first handler at once)
