@@ -15,8 +15,10 @@ part's glibc heap and page tables do not carry into the next:
   freed, up to 32 MiB, so which sizes come back from the heap warm depends on what came before.  A
   child per size, so each size starts from the same history.
 * Small arrays: ``e(8)`` and ``z(100)`` (``e = numpy.empty``, ``z = numpy.zeros``; the targets), and
-  more sizes from 296 B to 10 KB on both sides of the 1 KiB up to which the handler keeps the blocks of
-  dead arrays for reuse (SMALL_SWEEP), made and dropped in experiment 1's loop (bench/roundtrip.py: 256
+  more sizes from 296 B to 1 MiB on both sides of each bound where the handler's path changes (the
+  1 KiB up to which it keeps the blocks of dead arrays for reuse, the 64 KiB and 128 KiB of the arena's
+  and jemalloc's caches, past 128 KiB a block has no header: SMALL_SWEEP), made and dropped
+  in experiment 1's loop (bench/roundtrip.py: 256
   per inner batch, the garbage collector off): ns per array,
   with NumPy's default handler, inside ``with arena.numpy():``, and, for reference, under the floor
   handler (bench/native/arenalib_bench_floor.c: the one block freed last handed out again, no books;
@@ -58,11 +60,16 @@ SETTINGS = {"quick": {"rounds": 5, "target_ms": 40.0, "small_ms": 8.0},
 WARMUP = 2
 LOOP = {"default": "NumPy's default handler", "arena": "with arena.numpy()", "out": "out= (preallocated)"}
 SMALL_TARGETS = {"empty": ("e(8)", "numpy.empty(8)"), "zeros": ("z(100)", "numpy.zeros(100)")}
-# More sizes, no target: the handler keeps the blocks of dead arrays of up to 1 KiB (1024 bytes of
-# data) for reuse on a GIL build, so its cost changes there; sizes on both sides, not powers of two too.
+# More sizes, no target, where the handler's cost changes: it keeps the blocks of dead arrays of up to
+# 1 KiB (1024 bytes of data) for reuse on a GIL build; the arena's free-block cache ends at 64 KiB and
+# jemalloc's thread cache at 128 KiB; past 128 KiB a block has no header and is page-aligned
+# (src/numpy_large.h).  Sizes on both sides of each, not powers of two too.
+SWEEP_SIZES = [("empty", 37), ("empty", 128), ("empty", 129), ("empty", 500), ("zeros", 37), ("zeros", 129),
+               ("zeros", 1250), ("empty", 2500), ("empty", 8192), ("empty", 12_000), ("empty", 16_383),
+               ("empty", 16_384), ("empty", 16_385), ("empty", 25_000), ("empty", 131_072)]
 SMALL_SWEEP = {f"{kind}{n}": (f"{kind[0]}({n})", f"numpy.{kind}({n}), {fmt_size(8 * n)}")
-               for kind, n in [("empty", 37), ("empty", 128), ("empty", 129), ("empty", 500), ("zeros", 37),
-                               ("zeros", 129), ("zeros", 1250)]}
+               for kind, n in SWEEP_SIZES}
+SWEEP_SPAN = " to ".join(fmt_size(8 * f(n for _, n in SWEEP_SIZES)) for f in (min, max))
 SMALL = {**SMALL_TARGETS, **SMALL_SWEEP}
 RSS_WORKLOADS = {"loop64": "the 64 MiB loop", "sweep": "the 1-16 MiB loop sweep",
                  "mixed": "4,000 arrays of 8 B-1 MiB kept, then dropped"}
@@ -388,7 +395,7 @@ def findings(results: dict) -> list[dict]:
                   if k in results["small"]}
         worst = max(ratios.values())
         swept = [results["small"][k]["ratio"]["median"] for k in SMALL_SWEEP if k in results["small"]]
-        more = (f" ({min(swept):.2f}-{max(swept):.2f}x at {len(swept)} more sizes, 296 B to 10 KB)"
+        more = (f" ({min(swept):.2f}-{max(swept):.2f}x at {len(swept)} more sizes, {SWEEP_SPAN})"
                 if swept else "")
         out.append(finding(side(worst), "NumPy in an arena scope, small arrays: " + ", ".join(
             f"{label} {r:.2f}x" for label, r in ratios.items()) + f" the default's cost{more}.",

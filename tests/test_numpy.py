@@ -825,10 +825,10 @@ def test_the_handlers_functions_directly(arena):
     del capsule
 
 
-BIG = 128 * 1024  # from here on a block has no header (arenalib/src/numpy_large.h)
+BIG = 128 * 1024 + 1  # from here on a block has no header (arenalib/src/numpy_large.h)
 
 
-@pytest.mark.parametrize("n", [16384, 65536, BIG - 16, BIG - 1, BIG, BIG + 1, 200_000, MiB, 3 * MiB])
+@pytest.mark.parametrize("n", [16384, 65536, BIG - 17, BIG - 1, BIG, BIG + 15, 200_000, MiB, 3 * MiB])
 def test_a_big_array_has_page_aligned_data(arena, n):
     with arena.numpy():
         small = [np.empty(k, dtype=np.uint8) for k in range(0, 5000, 16)]  # every 16-byte class

@@ -26,8 +26,8 @@ import arenalib
 from arenalib import ArenaClosedError
 
 DEFAULT = -1  # the source of a buffer NumPy's default handler made outside every scope
-# int64 elements: any count to 70,000, and the edges the handler's layout turns on (a block of 128 KiB
-# and more has no header: 16,384 elements) with sizes that are jemalloc size classes (powers of two).
+# int64 elements: any count to 70,000, and the edges the handler's layout turns on (a block of more
+# than 128 KiB has no header: 16,385 elements) with sizes that are jemalloc size classes (powers of two).
 SIZES = st.one_of(st.integers(0, 70_000), st.sampled_from([2048, 16383, 16384, 16385, 20480, 131072]))
 # The most the handler keeps for reuse (GIL builds): 4 blocks in each of 65 buckets, 16 to 1040 bytes.
 CACHE_BOUND = 4 * sum(16 * bucket + 16 for bucket in range(65))

@@ -33,12 +33,13 @@
 
 #include "arenalib/platform.h"  /* ARENALIB_FREE_THREADED, arenalib_try_lock */
 
-/* Not from 16 KiB (jemalloc's first large class, where the classes start to come four a doubling):
-   an aligned request skips the arena's free-block cache (to 64 KiB) and jemalloc's thread cache (to
-   tcache_max, 128 KiB: _jemalloc_conf.c), and an np.empty() of 16-128 KiB cost 3.1-3.3x NumPy's
-   default handler's instead of 0.97x (to 50 KB) and 1.5x (64-128 KiB).  From 128 KiB on every block
-   is jemalloc's own extent either way (2.8-3.5x with or without the header, np.empty to 1 MiB). */
-#define ARENALIB_NP_LARGE_MIN ((size_t)131072)
+/* Past jemalloc's thread cache (tcache_max, 128 KiB: _jemalloc_conf.c), not from 16 KiB (its first
+   large class, where the classes start to come four a doubling).  An aligned request skips the
+   arena's free-block cache (to 64 KiB) and jemalloc's thread cache, but its free goes into them: an
+   np.empty() of 16-128 KiB cost 3.1-3.3x NumPy's default handler's instead of 0.97x (to 50 KB) and
+   1.5x (64-128 KiB), and the blocks a loop's temporaries free piled up in the thread cache while
+   each new one came from elsewhere.  Past 128 KiB every block is jemalloc's own extent either way. */
+#define ARENALIB_NP_LARGE_MIN ((size_t)131073)
 #define ARENALIB_NP_PAGE ((size_t)4096)
 /* In a record's size: the block has a header (a small block whose data fell on a page). */
 #define ARENALIB_NP_HAS_HEADER ((size_t)1 << (sizeof(size_t) * 8 - 1))
