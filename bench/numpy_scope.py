@@ -423,10 +423,16 @@ def _small_why(small: dict) -> str:
     handler not NumPy's own pays."""
     why = ("both handlers hand out a kept block, but arenalib's also counts the array as an export of the "
            "arena, writes its header and reports it to tracemalloc in its own domain")
-    if not all("floor_ratio" in small.get(k, {}) for k in SMALL_TARGETS):
-        return why
-    return why + "; a handler that keeps one block and no books (the floor) costs " + ", ".join(
-        f"{label} {small[k]['floor_ratio']['median']:.2f}x" for k, (_, label) in SMALL_TARGETS.items())
+    if all("floor_ratio" in small.get(k, {}) for k in SMALL_TARGETS):
+        why += "; a handler that keeps one block and no books (the floor) costs " + ", ".join(
+            f"{label} {small[k]['floor_ratio']['median']:.2f}x" for k, (_, label) in SMALL_TARGETS.items())
+    big = [small[k]["ratio"]["median"] for k, n in ((f"{kind}{n}", n) for kind, n in SWEEP_SIZES)
+           if 8 * n > 64 * 1024 and k in small]
+    if big:
+        why += (f". Past 64 KiB ({min(big):.2f}-{max(big):.2f}x) a block comes from jemalloc's thread cache, "
+                "and past 128 KiB each is an extent of jemalloc's own, where glibc's heap hands the same "
+                "chunk back")
+    return why
 
 
 def tables(results: dict, markdown: bool = False) -> str:
