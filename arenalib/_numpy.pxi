@@ -668,8 +668,9 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
     if moved == NULL:
         return NULL  # NumPy keeps the old block
     memcpy(moved, data, min(old, size))
+    cdef size_t recorded
     if np_page_aligned(data):
-        np_large_lookup(<NumpyLarge*>context.books.large, data, &old, True)  # (its record goes)
+        np_large_lookup(<NumpyLarge*>context.books.large, data, &recorded, True)  # (its record goes)
     if tag == NP_TAG_ARENA:
         header.tag = 0
         np_trace_untrack(TRACE_DOMAIN, <size_t>data)

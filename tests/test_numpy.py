@@ -894,10 +894,38 @@ def test_thousands_of_live_small_arrays_some_on_a_page_boundary(arena, n):
     assert all((a == i % 251).all() for i, a in enumerate(arrays))
     stats = arena.stats()
     assert stats["numpy_arrays"] == 5000 and stats["numpy_bytes"] == 5000 * n
-    for a in arrays[::2]:
-        a.resize(n * 3, refcheck=False)  # moved: the old block freed through the same test
-    del arrays, a
+    resized = [a for i, a in enumerate(arrays) if i % 2 or a.ctypes.data % 4096 == 0]
+    for a in resized:  # moved: the old block's record and header read as at a free
+        a.resize(n * 3, refcheck=False)
+    stats = arena.stats()
+    assert stats["numpy_arrays"] == 5000 and stats["numpy_bytes"] == (5000 + 2 * len(resized)) * n
+    del arrays, resized, a
     assert arena.stats()["numpy_arrays"] == 0 and arena.stats()["live_bytes"] == 0
+    assert arena.stats()["numpy_bytes"] == 0
+
+
+def test_small_blocks_on_a_page_boundary_through_the_handlers_functions(arena):
+    # Their records say they have a header: a realloc moves them with the header's size (a version
+    # read the record's flagged size into the books: UBSan's signed overflow), a second free finds
+    # no record.
+    capsule = arenalib.numpy_handler(arena)
+    h = handler_struct(capsule)
+    blocks = [h.malloc(h.ctx, 32) for _ in range(3000)]
+    aligned = [p for p in blocks if p % 4096 == 0]
+    assert aligned
+    ctypes.memset(aligned[0], 0x5A, 32)
+    moved = h.realloc(h.ctx, aligned[0], 96)
+    assert ctypes.string_at(moved, 32) == b"\x5a" * 32
+    stats = arena.stats()
+    assert stats["numpy_bytes"] == 2999 * 32 + 96 and stats["numpy_arrays"] == 3000
+    h.free(h.ctx, aligned[-1], 0)
+    h.free(h.ctx, aligned[-1], 0)  # no record left: nothing happens
+    assert arena.stats()["numpy_arrays"] == 2999
+    for p in [moved] + [p for p in blocks if p not in (aligned[0], aligned[-1])]:
+        h.free(h.ctx, p, 0)
+    stats = arena.stats()
+    assert stats["numpy_arrays"] == 0 and stats["numpy_bytes"] == 0 and stats["live_bytes"] == 0
+    del capsule
 
 
 def test_a_block_the_handler_never_made_is_left_alone(arena):
