@@ -48,6 +48,13 @@ cdef extern from "Python.h":
     int PyType_HasFeature(type t, unsigned long feature)
     unsigned long Py_TPFLAGS_HEAPTYPE
 
+cdef extern from "src/tracemalloc.h":
+    # Whether tracemalloc traces, and its calls made only when it does: a load of CPython's flag.
+    void tracemalloc_flag_init "arenalib_tracemalloc_flag_init"() noexcept
+    bint tracemalloc_tracing "arenalib_tracemalloc_tracing"(unsigned int domain) noexcept nogil
+    void trace_track "arenalib_trace_track"(unsigned int domain, size_t ptr, size_t size) noexcept nogil
+    void trace_untrack "arenalib_trace_untrack"(unsigned int domain, size_t ptr) noexcept nogil
+
 
 include "_error_table.pxi"
 include "_convert.pxi"
@@ -199,8 +206,7 @@ cdef class ArenaBase(SegmentOwner):
                            const ArenaMark* frame=NULL):
         # Objects first (each may start a GC, whose finalizers may reset or close this arena),
         # then the memory, then the segment bound to it with nothing in between that calls back.
-        # Untracking address 0 tells whether tracemalloc is tracing (-2 when it is not).
-        if self._traced is None and PyTraceMalloc_Untrack(TRACE_DOMAIN, 0) == 0:
+        if self._traced is None and tracemalloc_tracing(TRACE_DOMAIN):
             self._start_tracing()
         # A thread that does not own this object keeps it through an anchor where the kind has
         # one (see _shared.pxi), chosen below: no reference taken on it meanwhile.
@@ -292,7 +298,7 @@ cdef class ArenaBase(SegmentOwner):
         # As _free_segment(): the new segment object first (it may start a GC), then the segment
         # is claimed against its accesses and the arena against reset and close, judged again,
         # and resized with nothing in between that calls back.
-        if self._traced is None and PyTraceMalloc_Untrack(TRACE_DOMAIN, 0) == 0:
+        if self._traced is None and tracemalloc_tracing(TRACE_DOMAIN):
             self._start_tracing()
         cdef Segment resized = make_segment(self, size, False)
         resized._keeper = seg._keeper  # what keeps the arena alive for seg (no call back)
@@ -635,6 +641,7 @@ cdef extern from "src/arena_freelist.h":
 
 cdef int _module_init() except -1:
     """The start-up steps, in the order they depend on each other."""
+    tracemalloc_flag_init()  # (before anything is allocated)
     segment_dealloc_init()
     auto_init()        # (after the hook: what it calls for an automatic segment)
     for kind in (Arena, ConfinedArena, SlicingArena):

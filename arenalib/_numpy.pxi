@@ -79,11 +79,6 @@ from arenalib._abi cimport (
 from arenalib._shared cimport shared_count_allocation
 from arenalib._table cimport ARENA_ECLOSED, ARENA_ENOMEM, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_OK
 
-cdef extern from "Python.h":
-    # nogil: the handler's functions call them (CPython takes the GIL itself where it needs it).
-    int np_trace_track "PyTraceMalloc_Track"(unsigned int domain, size_t ptr, size_t size) noexcept nogil
-    int np_trace_untrack "PyTraceMalloc_Untrack"(unsigned int domain, size_t ptr) noexcept nogil
-
 cdef extern from "src/numpy.h":
     ctypedef struct NpAllocator "arenalib_np_allocator":
         void* ctx
@@ -399,7 +394,7 @@ cdef void* _np_allocate_large(NumpyContext* context, size_t size, bint zero) noe
     if context.hugepages and size >= NP_HUGE_MIN:
         np_advise(block, size, True)  # before the first touch
     shard_add(LIVE_NUMPY, 1)
-    np_trace_track(TRACE_DOMAIN, <size_t>block, size)
+    trace_track(TRACE_DOMAIN, <size_t>block, size)
     return block
 
 
@@ -433,7 +428,7 @@ cdef inline void* _np_hand_out(void* block, size_t size) noexcept nogil:
     header.tag = NP_TAG_ARENA
     shard_add(LIVE_NUMPY, 1)
     cdef char* data = <char*>block + NP_HEADER
-    np_trace_track(TRACE_DOMAIN, <size_t>data, size)
+    trace_track(TRACE_DOMAIN, <size_t>data, size)
     return data
 
 
@@ -589,7 +584,7 @@ cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
         if not np_large_lookup(<NumpyLarge*>context.books.large, data, &size, True):
             return
         if not size & NP_HAS_HEADER:  # a big block
-            np_trace_untrack(TRACE_DOMAIN, <size_t>data)
+            trace_untrack(TRACE_DOMAIN, <size_t>data)
             _np_release(context, data, size, size)
             return
     cdef NpHeader* header = np_header_of(data)  # (in the same page as the data, or recorded)
@@ -598,7 +593,7 @@ cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
         _np_fallback_free(context, header)
     elif tag == NP_TAG_ARENA:
         header.tag = 0  # a second free of the block finds no tag, and leaves it alone
-        np_trace_untrack(TRACE_DOMAIN, <size_t>data)
+        trace_untrack(TRACE_DOMAIN, <size_t>data)
         if not _np_put_back(context, header):
             _np_release(context, header, np_block_size(context.core, header.size), header.size)
     # else: not a block of the handler's (a second free, a pointer it never made): never touched
@@ -673,7 +668,7 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
         np_large_lookup(<NumpyLarge*>context.books.large, data, &recorded, True)  # (its record goes)
     if tag == NP_TAG_ARENA:
         header.tag = 0
-        np_trace_untrack(TRACE_DOMAIN, <size_t>data)
+        trace_untrack(TRACE_DOMAIN, <size_t>data)
         _np_release(context, header, np_block_size(context.core, old), old)
     else:
         _np_fallback_free(context, header)
@@ -710,8 +705,8 @@ cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t old, size
                 np_advise(block, size, True)
         access_exit(token)
         if err == ARENA_OK:
-            np_trace_untrack(TRACE_DOMAIN, <size_t>data)
-            np_trace_track(TRACE_DOMAIN, <size_t>block, size)
+            trace_untrack(TRACE_DOMAIN, <size_t>data)
+            trace_track(TRACE_DOMAIN, <size_t>block, size)
             return block
         if err != ARENA_ECLOSED:
             return NULL  # no memory, or max_bytes: NumPy keeps the old block
@@ -722,7 +717,7 @@ cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t old, size
         return NULL
     memcpy(block, data, min(old, size))
     if np_large_lookup(table, data, &old, True):
-        np_trace_untrack(TRACE_DOMAIN, <size_t>data)
+        trace_untrack(TRACE_DOMAIN, <size_t>data)
         _np_release(context, data, old, old)
     return block
 

@@ -422,7 +422,7 @@ def _small_why(small: dict) -> str:
     """Why small arrays cost more in the scope: with the floor handler's figures, how much of it any
     handler not NumPy's own pays."""
     why = ("both handlers hand out a kept block, but arenalib's also counts the array as an export of the "
-           "arena, writes its header and reports it to tracemalloc in its own domain")
+           "arena, keeps the arena's books and writes its header")
     if all("floor_ratio" in small.get(k, {}) for k in SMALL_TARGETS):
         why += "; a handler that keeps one block and no books (the floor) costs " + ", ".join(
             f"{label} {small[k]['floor_ratio']['median']:.2f}x" for k, (_, label) in SMALL_TARGETS.items())

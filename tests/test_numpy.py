@@ -779,6 +779,38 @@ def test_tracemalloc_sees_the_arrays_in_arenalibs_domain(arena):
     del y
 
 
+
+def test_tracemalloc_sees_the_arrays_made_while_it_traces_and_no_other(arena):
+    # The handler reads tracemalloc's flag itself (src/tracemalloc.h): started and stopped inside a
+    # scope, over and over, it must see each array made while it traces, on each of the handler's
+    # paths (a fresh small block, a kept one, a page-aligned big block), and nothing else.
+    sizes = [100, 100_000, 300_000]
+    with arena.numpy():
+        for _ in range(3):
+            dropped = [np.ones(n, dtype=np.uint8) for n in sizes]
+            del dropped  # (the small block is kept, and handed out again below)
+            untraced = np.ones(50, dtype=np.uint8)
+            assert not tracemalloc.is_tracing()
+            tracemalloc.start()
+            try:
+                traced = [np.ones(n, dtype=np.uint8) for n in sizes]
+                assert arenalib_traces() == sizes
+                del untraced  # made before the start: its free changes nothing
+                assert arenalib_traces() == sizes
+                traced[1].resize(200_000, refcheck=False)
+                assert arenalib_traces() == [100, 200_000, 300_000]
+                traced.pop()
+                assert arenalib_traces() == [100, 200_000]
+            finally:
+                tracemalloc.stop()
+            untraced = [np.ones(n, dtype=np.uint8) for n in sizes]
+            del traced, untraced
+            tracemalloc.start()
+            try:
+                assert arenalib_traces() == []
+            finally:
+                tracemalloc.stop()
+
 # -- the handler's functions, called as NumPy calls them ---------------------------------------------
 
 
