@@ -73,6 +73,8 @@ SWEEP_SPAN = " to ".join(fmt_size(8 * f(n for _, n in SWEEP_SIZES)) for f in (mi
 SMALL = {**SMALL_TARGETS, **SMALL_SWEEP}
 RSS_WORKLOADS = {"loop64": "the 64 MiB loop", "sweep": "the 1-16 MiB loop sweep",
                  "mixed": "4,000 arrays of 8 B-1 MiB kept, then dropped"}
+NP_HEADER = 16  # the bytes arenalib's NumPy handler puts before an array's data, up to 128 KiB
+BIG_ARRAY = 64 * 1024  # from here an array's block is past the arena's own cache (see _big_why)
 BIG_LIMIT, BIG_FAULTS, SWEEP_LIMIT, SMALL_LIMIT, RSS_LIMIT = 0.85, 0.01, 1.02, 1.05, 0.05
 
 
@@ -391,15 +393,24 @@ def findings(results: dict) -> list[dict]:
         out.append(finding(kind, text + ".", "glibc's heap serves these sizes warm too: no page fault to "
                            "save, what is left is each handler's own work" if slower else None))
     if "error" not in results["small"] and results["small"]:
-        ratios = {label: results["small"][k]["ratio"]["median"] for k, (_, label) in SMALL_TARGETS.items()
-                  if k in results["small"]}
+        small = results["small"]
+        ratios = {label: small[k]["ratio"]["median"] for k, (_, label) in SMALL_TARGETS.items() if k in small}
         worst = max(ratios.values())
-        swept = [results["small"][k]["ratio"]["median"] for k in SMALL_SWEEP if k in results["small"]]
-        more = (f" ({min(swept):.2f}-{max(swept):.2f}x at {len(swept)} more sizes, {SWEEP_SPAN})"
-                if swept else "")
+        swept = [(8 * n, small[f"{kind}{n}"]["ratio"]["median"]) for kind, n in SWEEP_SIZES
+                 if f"{kind}{n}" in small]
+        under = [(n, r) for n, r in swept if n < BIG_ARRAY]
+        more = (f" ({_span([r for _, r in under])}x at {len(under)} more sizes, {_size_span(under)})"
+                if under else "")
         out.append(finding(side(worst), "NumPy in an arena scope, small arrays: " + ", ".join(
             f"{label} {r:.2f}x" for label, r in ratios.items()) + f" the default's cost{more}.",
-            _small_why(results["small"]) if side(worst) == "loss" else None))
+            _small_why(small) if side(worst) == "loss" else None))
+        over = [(n, r) for n, r in swept if n >= BIG_ARRAY]
+        if over:
+            hi = max(r for _, r in over)
+            out.append(finding(side(hi), f"NumPy in an arena scope, making arrays of {fmt_size(BIG_ARRAY)} "
+                               f"and more: {_span([r for _, r in over])}x the default's cost at {len(over)} "
+                               f"sizes, {_size_span(over)}.",
+                               _big_why(small) if side(hi) == "loss" else None))
     shares = {RSS_WORKLOADS[w]: _share(results["rss"][w]["arena"]) for w in RSS_WORKLOADS}
     if all(v is not None for v in shares.values()):
         kind = "win" if all(abs(v) <= RSS_LIMIT for v in shares.values()) else "loss"
@@ -426,12 +437,34 @@ def _small_why(small: dict) -> str:
     if all("floor_ratio" in small.get(k, {}) for k in SMALL_TARGETS):
         why += "; a handler that keeps one block and no books (the floor) costs " + ", ".join(
             f"{label} {small[k]['floor_ratio']['median']:.2f}x" for k, (_, label) in SMALL_TARGETS.items())
-    big = [small[k]["ratio"]["median"] for k, n in ((f"{kind}{n}", n) for kind, n in SWEEP_SIZES)
-           if 8 * n > 64 * 1024 and k in small]
-    if big:
-        why += (f". Past 64 KiB ({min(big):.2f}-{max(big):.2f}x) a block comes from jemalloc's thread cache, "
-                "and past 128 KiB each is an extent of jemalloc's own, where glibc's heap hands the same "
-                "chunk back")
+    return why
+
+
+def _span(values: list[float], spec: str = ".2f") -> str:
+    """"lo-hi" of ``values``, one figure when they agree at ``spec``."""
+    lo, hi = format(min(values), spec), format(max(values), spec)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _size_span(cells: list[tuple[int, float]]) -> str:
+    """"lo to hi" of the sizes in (bytes, ratio) ``cells``."""
+    return f"{fmt_size(min(n for n, _ in cells))} to {fmt_size(max(n for n, _ in cells))}"
+
+
+def _big_why(small: dict) -> str:
+    """Why making a big array costs more in the scope than with NumPy's default handler."""
+    # (a block past jemalloc's tcache_max, 128 KiB, is an extent: with its header from 128 KiB - 15)
+    extent = [small[f"{kind}{n}"]["ns"] for kind, n in SWEEP_SIZES
+              if f"{kind}{n}" in small and 8 * n + NP_HEADER > 128 * 1024]
+    why = ("from 64 KiB a block comes from jemalloc's thread cache (the arena's own free-block cache stops "
+           "at 64 KiB, and a block has a 16-byte header), and every such allocation fires jemalloc's thread "
+           "events (its thread cache's upkeep, its peak counter), each due after 64 KiB allocated")
+    if extent:
+        arena = [c["arena"]["median"] for c in extent]
+        default = [c["default"]["median"] for c in extent]
+        why += (f"; past 128 KiB each block is an extent of jemalloc's own ({_span(arena, '.0f')} ns "
+                f"against {_span(default, '.0f')}), where glibc's heap hands the chunk freed last back; next "
+                "to filling the array (1 MiB: ~30 us) it is small")
     return why
 
 
