@@ -22,7 +22,9 @@
    Linear probing with backward-shift deletion; at most half full while memory allows, never full
    (one empty slot ends every probe).  Free-threaded builds: frees come from any thread, so a spin
    lock guards it (its sections are a few probes, or one rehash); GIL builds: NumPy calls the handler
-   with the GIL held, which guards it. */
+   with the GIL held, which guards it.  No fork handler: NumPy calls the handler with the thread's
+   state attached, and os.fork() stops the world first on a free-threaded build (PyOS_BeforeFork,
+   3.13+), so no thread is inside a section when the child is made. */
 
 #ifndef ARENALIB_SRC_NUMPY_LARGE_H
 #define ARENALIB_SRC_NUMPY_LARGE_H
