@@ -70,6 +70,7 @@ from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
 from cpython.object cimport PyObject
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New
 from cpython.ref cimport Py_DECREF, Py_INCREF
+from cpython.version cimport PY_VERSION_HEX
 from libc.string cimport memcpy, memset, strncpy
 
 from arenalib._abi cimport (
@@ -78,6 +79,10 @@ from arenalib._abi cimport (
 )
 from arenalib._shared cimport shared_count_allocation
 from arenalib._table cimport ARENA_ECLOSED, ARENA_ENOMEM, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_OK
+
+cdef extern from "Python.h":
+    int PyGC_Enable()   # 3.10+: each returns whether the collector was enabled
+    int PyGC_Disable()
 
 cdef extern from "src/numpy.h":
     ctypedef struct NpAllocator "arenalib_np_allocator":
@@ -740,7 +745,7 @@ cdef class NumpyScope:
     def __enter__(self):
         if self._arena is None:  # made by NumpyScope.__new__(NumpyScope), not by arena.numpy()
             raise TypeError("this NumpyScope belongs to no arena; make scopes with arena.numpy()")
-        previous = numpy_api().set_handler(numpy_handler_of(self._arena))
+        previous = _set_handler(numpy_handler_of(self._arena))
         cdef bint refused
         # With the GIL off, two threads may enter or exit one scope object at once: its fields change
         # under a critical section, where nothing runs Python code (the value replaced is None).
@@ -750,7 +755,7 @@ cdef class NumpyScope:
                 self._entered = True
                 self._previous = previous
         if refused:
-            numpy_api().set_handler(previous)
+            _set_handler(previous)
             raise RuntimeError("this numpy() scope is entered already; call arena.numpy() again for "
                                "another")
         return self._arena
@@ -763,7 +768,7 @@ cdef class NumpyScope:
             self._previous = None
             self._entered = False
         if entered:
-            numpy_api().set_handler(previous)  # the capsule set on entry is dropped here
+            _set_handler(previous)  # the capsule set on entry is dropped here
         return False
 
     def __repr__(self):
@@ -795,7 +800,24 @@ def set_numpy_handler(handler):
     NumPy keeps the handler in a ContextVar: this sets it for the calling thread's current context
     (and the asyncio tasks created in it from now on), as PyDataMem_SetHandler does."""
     cdef NpApi* api = numpy_api()
-    return api.set_handler(<object>api.default_capsule if handler is None else handler)
+    return _set_handler(<object>api.default_capsule if handler is None else handler)
+
+
+cdef object _set_handler(object capsule):
+    """NumPy's PyDataMem_SetHandler(capsule), a ContextVar.set(), with the collector held off on
+    3.10 and 3.11.  There a collection can start inside the set's own allocations, and a finalizer
+    it runs that sets a context variable too (one that enters a numpy() scope) frees the table the
+    set is still walking: a crash (CPython gh-148891; an attack with two threads whose finalizers
+    entered scopes crashed 4 runs in 4).  3.12 runs the collector only between bytecodes."""
+    cdef NpApi* api = numpy_api()
+    if PY_VERSION_HEX >= 0x030C0000:
+        return api.set_handler(capsule)
+    cdef bint collecting = PyGC_Disable()
+    try:
+        return api.set_handler(capsule)
+    finally:
+        if collecting:
+            PyGC_Enable()
 
 
 cdef Py_ssize_t segment_exports(ArenaBase arena) noexcept:

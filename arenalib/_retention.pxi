@@ -279,9 +279,14 @@ cdef void _keep_within_retain_limit() noexcept nogil:
 def set_retention(max_bytes):
     """Set the most bytes of freed pages that closed arenas keep in RAM, warm for the next arenas
     (default 32 MiB, across all threads).  0: every close hands its pages back to the OS at once
-    (slower scopes, the smallest footprint).  Idle slots above the new limit are wiped now."""
+    (slower scopes, the smallest footprint); a limit beyond any address space is no limit
+    (get_retention() then says sys.maxsize).  Idle slots above the new limit are wiped now."""
     global _retain_limit
-    cdef Py_ssize_t limit = parse_size(max_bytes, "max_bytes")
+    cdef Py_ssize_t limit
+    try:
+        limit = parse_size(max_bytes, "max_bytes")
+    except MemoryError:  # (parse_size's for a size no allocation could have, as max_bytes= takes it)
+        limit = PY_SSIZE_T_MAX
     pool_lock()
     _retain_limit = <size_t>limit
     _keep_within_retain_limit()

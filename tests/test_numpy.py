@@ -78,6 +78,23 @@ def test_arrays_made_in_the_block_come_from_the_arena(arena):
     assert arrays(arena) == 0 and arena.stats()["numpy_bytes"] == 0
 
 
+def test_the_automatic_arena_has_a_scope_too():
+    # auto_arena() is a shared Arena that is never closed: arrays made in its scope live as long as
+    # they like, and its books come back when they die.
+    auto = arenalib.auto_arena()
+    before = auto.stats()["numpy_arrays"]
+    with auto.numpy() as entered:
+        assert entered is auto
+        x = np.arange(300_000.0)  # a big block (page-aligned) and a small one
+        y = np.ones(5)
+    assert get_handler_name(x) == get_handler_name(y) == HANDLER_NAME
+    assert auto.stats()["numpy_arrays"] == before + 2
+    with pytest.raises(TypeError):
+        auto.close()  # (never closed, arrays or not)
+    assert float(x[-1]) == 299_999.0 and float(y.sum()) == 5.0
+    del x, y
+    assert auto.stats()["numpy_arrays"] == before
+
 def test_nested_scopes_restore_what_they_replaced(arena):
     with arenalib.Arena() as other:
         with arena.numpy():
@@ -607,6 +624,50 @@ def test_threads_allocate_free_and_race_a_deferred_close():
 
 # -- re-entrancy, fork, the process-wide operations ---------------------------------------------------
 
+
+def test_finalizers_that_enter_scopes_while_other_threads_enter_and_leave_theirs():
+    # On 3.10 and 3.11 a collection can start inside a ContextVar.set()'s own allocations; a finalizer
+    # it runs that sets a context variable (enters a numpy() scope) freed the table that set was
+    # walking (CPython gh-148891): this crashed every run before the scope held the collector off
+    # around NumPy's PyDataMem_SetHandler.  3.12 on collect between bytecodes only.
+    out = assert_ok(run_python("""
+        import gc, threading
+        import numpy as np
+        import arenalib
+        arenas = [arenalib.Arena() for _ in range(3)]
+        kept = []
+        class Finalized:
+            count = 0
+            def __init__(self):
+                self.cycle = self  # only a collection frees it
+            def __del__(self):
+                Finalized.count += 1
+                with arenas[Finalized.count % 3].numpy():
+                    made = [np.ones(n) for n in (1, 20, 200, 20000)]
+                    if Finalized.count % 2:
+                        kept.append(made[Finalized.count % 4])
+        def loop():
+            for i in range(1000):
+                with arenas[i % 3].numpy():
+                    Finalized()
+                    arrays = [np.ones(n) for n in (1, 3, 50, 128, 1000, 17000, 140000)]
+                    Finalized().array = arrays[2]
+                    joined = np.concatenate(arrays)
+                    assert joined.sum() == sum(a.size for a in arrays)
+                    if i % 5 == 0:
+                        kept.append(joined)
+                    if len(kept) > 30:
+                        del kept[:10]
+        gc.set_threshold(1, 1, 1)
+        threads = [threading.Thread(target=loop) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        gc.set_threshold(700, 10, 10)
+        print("finalizers", Finalized.count > 0)
+    """))
+    assert out.split() == ["finalizers", "True"]
 
 def test_a_finalizer_that_closes_the_arena_during_allocations():
     closing, arrays_before = closing_arenas(), arenalib.live_objects()["numpy_arrays"]

@@ -163,6 +163,9 @@ def test_set_retention_arguments():
         assert arenalib.get_retention() == limit  # a refused value changes nothing
         arenalib.set_retention(0)
         assert arenalib.get_retention() == 0
+        for beyond in (2**63, 2**200):  # no limit, as Arena(max_bytes=2**63) has none (an attack)
+            arenalib.set_retention(beyond)
+            assert arenalib.get_retention() == sys.maxsize
     finally:
         arenalib.set_retention(limit)
 
