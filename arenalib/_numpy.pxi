@@ -812,11 +812,11 @@ cdef object _set_handler(object capsule):
     cdef NpApi* api = numpy_api()
     if PY_VERSION_HEX >= 0x030C0000:
         return api.set_handler(capsule)
-    cdef bint collecting = PyGC_Disable()
+    cdef bint was_enabled = PyGC_Disable()
     try:
         return api.set_handler(capsule)
     finally:
-        if collecting:
+        if was_enabled:
             PyGC_Enable()
 
 
