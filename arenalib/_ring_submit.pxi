@@ -158,7 +158,7 @@ cdef int _queue_one(Ring ring, int op, object fd, object buf, object where, obje
     if op == OP_READ or op == OP_WRITE:
         off = _offset(where)
     else:
-        cflags = where
+        cflags = where if type(where) is int else PyNumber_Index(where)  # (as socket.recv takes it)
         if op == OP_SEND and cflags & MSG_ZEROCOPY:
             raise ValueError(
                 "send() refuses MSG_ZEROCOPY: the kernel reads the pages until the zerocopy "

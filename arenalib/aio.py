@@ -370,6 +370,16 @@ class FrameReader(asyncio.BufferedProtocol):
             if self._on_connection_lost is not None:
                 self._on_connection_lost(self.error if self.error is not None else exc)
 
+    def __del__(self) -> None:
+        # A reader collected without connection_lost(): asyncio calls none for the connections still
+        # open when their loop closes (nor does anyone for a reader driven by hand).  Its frames go
+        # as at a loss, like a socket closed by its collection; else the shared arena, never closed,
+        # kept the frame cut short for good (an attack: 100 loops, 100 MiB).
+        if sys.is_finalizing():
+            return  # (the memory goes with the process)
+        if getattr(self, "_frame", None) is not None or getattr(self, "_delivered", None):
+            self._let_go()
+
     def _let_go(self) -> None:
         """The connection's memory: the frame cut short (nobody will see it) and, from the shared
         arena, every frame delivered and still alive, freed once no export of it is alive."""
@@ -409,7 +419,9 @@ class RingFrameReader:
     ``max_frame_size`` sets ``error`` to a FrameError and drops the rest of the stream; a receive
     error other than ENOBUFS (which only asks for a re-arm) sets ``error`` to the OSError.  An
     exception from ``on_frame`` leaves ``feed()`` and is ``error`` too: the stream is dropped (the
-    bytes after that frame went back with the buffer)."""
+    bytes after that frame went back with the buffer).  ``close()`` gives up a stream the server
+    ends itself (an idle timeout, a shutdown): the frame cut short is freed, as it is when the reader
+    is collected."""
 
     def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
                  max_frame_size: int = 1 << 30) -> None:
@@ -422,6 +434,19 @@ class RingFrameReader:
         self.frames = 0
         self.eof = False
         self.error: BaseException | None = None
+        self.closed = False
+
+    def close(self) -> None:
+        """Give up the stream: the frame cut short is freed, and later completions fed are only
+        given back to the ring (their bytes dropped).  The frames delivered are their callee's."""
+        self.closed = True
+        self._let_go()
+
+    def __del__(self) -> None:
+        # Dropped mid-frame without an end of stream fed (a server closing the connection itself, a
+        # ring closed with the receive armed): nothing else would free the frame cut short.
+        if not sys.is_finalizing() and getattr(self, "_frame", None) is not None:
+            self._let_go()
 
     def feed(self, received) -> bool:
         """Take one completion of this connection's ``recv_multishot()`` (see the class)."""
@@ -436,7 +461,7 @@ class RingFrameReader:
                 self._drop(OSError(-result, os.strerror(-result)))
             return bool(received.more)
         try:
-            if self.error is None:
+            if self.error is None and not self.closed:
                 self._take(seg)
         finally:
             seg.free()  # the buffer goes back to the ring (a frame holds a copy)
@@ -483,6 +508,10 @@ class RingFrameReader:
 
     def _drop(self, error: BaseException) -> None:
         self.error = error
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Free the frame cut short and forget the length prefix begun."""
         frame, self._frame = self._frame, None
         self._header.clear()
         if frame is not None:

@@ -196,6 +196,21 @@ def test_recv_and_send_over_a_socketpair(ring):
         ring.recv(right.fileno(), inbox, flags=socket.MSG_PEEK, user_data="peek")
         assert one(ring) == {"peek": 4}
         assert right.recv(10) == b"more"  # MSG_PEEK left it there
+        # Flags as socket.recv() takes them: any object with __index__ (an IntFlag, a NumPy integer)
+        left.sendall(b"again")
+        ring.recv(right, inbox, flags=Index(int(socket.MSG_PEEK)), user_data="index")
+        assert one(ring) == {"index": 5}
+        with pytest.raises(TypeError):
+            ring.recv(right, inbox, flags=1.0)
+        assert right.recv(10) == b"again"
+
+
+class Index:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
 
 
 def test_nop_and_user_data_come_back_as_given(ring):
