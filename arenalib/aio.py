@@ -180,8 +180,9 @@ class FrameReader(asyncio.BufferedProtocol):
     end).  Without ``arena``, frames come from one Arena the process's readers share (made by the
     first connection, never closed), and the reader frees every frame it delivered that is still
     alive when the connection is lost (``free(deferred=True)``: a frame whose memoryview is still
-    alive goes when that is released), so no frame outlives the connection unless the caller gives
-    the arena.  A connection holds memory only for what is in flight: the frame being received,
+    alive goes when that is released), or when the reader is collected without a loss (a loop closed
+    with the connection open), so no frame outlives the connection unless the caller gives the
+    arena.  A connection holds memory only for what is in flight: the frame being received,
     and the frames its consumer has not freed; an idle one holds no buffer and no arena of its own.
 
     Small frames and the length prefixes land in a staging buffer first (one ``recv_into`` may
