@@ -132,7 +132,8 @@ cdef class ArenaBase(SegmentOwner):
     cdef int _check_usable(self) except -1
     cdef void _untrack_all(self) noexcept
     cdef void _start_tracing(self) noexcept
-    cdef int _trace(self, size_t address, size_t size, bint track, uint64_t stamp=*) except -1
+    cdef int _trace(self, size_t address, size_t size, bint track, uint64_t stamp=*,
+                    uint64_t generation=*) except -1
     cdef int _sync_traced(self) except -1
     cdef int _sync_traced_locked(self) except -1
 

@@ -149,7 +149,14 @@ def jemalloc_version():
     return JEMALLOC_VERSION.decode()
 
 
-# -- ArenaBase ---------------------------------------------------------------------------------------
+cdef bint _carve_alive(Lifetime* life, uint64_t stamp, uint64_t generation) noexcept:
+    """Whether a block carved at ``generation`` under mark stamp ``stamp`` is alive still."""
+    cdef void* token = access_enter(life)  # no close frees the stack meanwhile
+    cdef bint alive = life_generation(life) == generation and frame_stamp_alive(life, stamp)
+    access_exit(token)
+    return alive
+
+
 # -- ArenaBase ---------------------------------------------------------------------------------------
 
 @cython.no_gc  # holds no object that could lead back to it: no cycles, no GC tracking cost
@@ -259,7 +266,7 @@ cdef class ArenaBase(SegmentOwner):
         if anchored and anchor == NULL and not owned:
             shared_make_anchor(self)  # for this thread's next segments
         if self._traced is not None:
-            self._trace(<size_t>ptr, <size_t>size, True, seg._frame_stamp)
+            self._trace(<size_t>ptr, <size_t>size, True, seg._frame_stamp, seg._generation)
         if _debug:
             _debug_note_allocation(self, <size_t>ptr, size)
         return seg
@@ -342,7 +349,7 @@ cdef class ArenaBase(SegmentOwner):
             self._raise(err, f"cannot resize a segment of {old_size} bytes to {size}")
         if self._traced is not None:
             self._trace(<size_t>seg._ptr, 0, False)
-            self._trace(<size_t>ptr, <size_t>size, True, resized._frame_stamp)
+            self._trace(<size_t>ptr, <size_t>size, True, resized._frame_stamp, resized._generation)
         if self._debug_blocks is not None:
             self._debug_blocks.pop(<size_t>seg._ptr, None)
         if _debug:
@@ -357,18 +364,24 @@ cdef class ArenaBase(SegmentOwner):
                 self._traced_framed = framed
                 self._traced_rewinds = -1
 
-    cdef int _trace(self, size_t address, size_t size, bint track, uint64_t stamp=0) except -1:
-        """Report a block to tracemalloc (track) or its end (not track), and remember which; a
-        block carved under a mark is remembered with its stamp, for _sync_traced()."""
+    cdef int _trace(self, size_t address, size_t size, bint track, uint64_t stamp=0,
+                    uint64_t generation=0) except -1:
+        """Report a block to tracemalloc (track: carved at ``generation``) or its end (not track),
+        and remember which; a block carved under a mark is remembered with its stamp, for
+        _sync_traced()."""
         with cython.critical_section(self):  # _untrack_all() of another thread may drop the dicts
             if self._traced is None:
                 return 0
             if track:
                 self._sync_traced_locked()  # a rewind through the C API is told here
                 # Read again: the sync may start a GC whose finalizer resets or closes the arena
-                # (which untracks everything, this block included: it is dead).
+                # (which untracks everything, and may trace anew), or rewinds past the block (the
+                # rewind's own sync ran before the block was in the table): then it is dead, and a
+                # trace of it would stay, or later untrack a live block carved at its address.
                 table = self._traced_framed if stamp else self._traced
-                if table is not None and PyTraceMalloc_Track(TRACE_DOMAIN, address, size) == 0:
+                if table is None or not _carve_alive(&self._core.life, stamp, generation):
+                    return 0
+                if PyTraceMalloc_Track(TRACE_DOMAIN, address, size) == 0:
                     table[address] = stamp
             else:
                 PyTraceMalloc_Untrack(TRACE_DOMAIN, address)
