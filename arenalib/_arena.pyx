@@ -335,6 +335,8 @@ cdef class ArenaBase(SegmentOwner):
             resized._ptr = <char*>ptr
             resized._generation = seg._generation
             seg._resized = True
+            if <size_t>size > old_size:
+                note_growth(&self._core)
         free_end(seg, err == ARENA_OK)  # resized: the old handle (and its slices) die
         access_exit(token)
         if err == ARENA_EEXPORTED:
@@ -386,6 +388,7 @@ cdef class ArenaBase(SegmentOwner):
             else:
                 PyTraceMalloc_Untrack(TRACE_DOMAIN, address)
                 self._traced.pop(address, None)
+                self._traced_framed.pop(address, None)
         return 0
 
     cdef int _sync_traced(self) except -1:

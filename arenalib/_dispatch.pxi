@@ -80,6 +80,13 @@ cdef inline bint note_allocation(ArenaCore* core, void** anchor) noexcept nogil:
     return False
 
 
+cdef inline void note_growth(ArenaCore* core) noexcept nogil:
+    """After a Python-level resize that grew a block: peak_bytes up to date, as after an allocate
+    (note_allocation)."""
+    if core.kind == ARENA_KIND_SHARED:
+        shared_update_peak(core)
+
+
 cdef int arena_free_slow(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
     """arena_free() for every kind and case (the inline fast path calls it)."""
     cdef int err = _usable(core)

@@ -700,6 +700,8 @@ cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t old, size
                                        &block)
             if err == ARENA_OK:
                 count_add(&context.books.nbytes, <Py_ssize_t>size - <Py_ssize_t>old)
+                if size > old:
+                    shared_update_peak(core)  # (see _np_allocate_large)
             else:
                 block, size = data, old
             # Never needs memory on a GIL build (a record went, one comes); with the GIL off, only when

@@ -12,15 +12,22 @@ from arenalib._abi cimport (
 )
 
 
+cdef inline size_t carve_extent(size_t size) noexcept nogil:
+    """The bytes of the chunk a carve of ``size`` takes: one at least, so that every live carve
+    has an address of its own (as every malloc(0) has), which tracemalloc and set_debug() key on."""
+    return size if size else 1
+
+
 cdef inline void* slicing_carve_current(ArenaCore* core, size_t size, size_t align,
                                         bint zero) noexcept nogil:
     """``size`` bytes carved from the current chunk at ``align`` (>= 16), or NULL when they do
     not fit or there is no chunk.  The caller holds the busy lock or the arena's bias."""
     cdef SlicingState* slicing = &core.slicing
     cdef size_t start = (slicing.cursor + align - 1) & ~(align - 1)
-    if start > slicing.cursor_end or size > slicing.cursor_end - start or start == 0:
+    cdef size_t extent = carve_extent(size)
+    if start > slicing.cursor_end or extent > slicing.cursor_end - start or start == 0:
         return NULL
-    slicing.cursor = start + size
+    slicing.cursor = start + extent
     # Nothing is freed between resets, so peak_bytes and allocated_total are brought up to date
     # from live_bytes at reset and close (slicing_settle) instead of on every carve: the one
     # kind whose books are not kept by books_add(), for the carve's sake.

@@ -15,7 +15,7 @@ from arenalib._abi cimport (
     load_carve_record, store_carve_record, thread_ident,
 )
 from arenalib._jemalloc cimport je_dallocx
-from arenalib._slicing cimport slicing_carve_current, slicing_settle
+from arenalib._slicing cimport carve_extent, slicing_carve_current, slicing_settle
 from arenalib._table cimport ARENA_EBUSY, ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SLICING, ARENA_OK
 
 cdef extern from "src/slicing.h":
@@ -237,7 +237,7 @@ cdef int _carve(ArenaCore* core, size_t size, size_t align, bint zero, void** ou
     cdef void* ptr = slicing_carve_current(core, size, align, zero)
     cdef int err
     if ptr == NULL:
-        err = _next_chunk(core, size, align)
+        err = _next_chunk(core, carve_extent(size), align)
         if err:
             return err
         ptr = slicing_carve_current(core, size, align, zero)  # fits the chunk just chosen
@@ -272,10 +272,10 @@ cdef int slicing_resize(ArenaCore* core, void* ptr, size_t old, size_t new, size
     cdef size_t start = <size_t>ptr
     cdef uint64_t version
     cdef bint innermost = frame_stamp_now(&core.life, &version) == stamp
-    cdef bint last = (innermost and slicing.nchunks and start + old == slicing.cursor
+    cdef bint last = (innermost and slicing.nchunks and start + carve_extent(old) == slicing.cursor
                       and start >= <size_t>slicing.chunks[slicing.current])
     out[0] = ptr
-    if last and new <= slicing.cursor_end - start:
+    if last and carve_extent(new) <= slicing.cursor_end - start:
         if new > old and over_limit(core, new - old):
             err = ARENA_ELIMIT
         else:
@@ -284,7 +284,7 @@ cdef int slicing_resize(ArenaCore* core, void* ptr, size_t old, size_t new, size
                 # the bytes a shrink gives back fold in now, or peak and total would never see them.
                 books_note_peak(&core.books)
                 core.books.allocated_total += old - new
-            slicing.cursor = start + new
+            slicing.cursor = start + carve_extent(new)
             core.books.live_bytes += <Py_ssize_t>new - <Py_ssize_t>old
             if zero and new > old:
                 memset(<char*>ptr + old, 0, new - old)
@@ -357,7 +357,8 @@ cdef class SlicingArena(ArenaBase):
 
     SlicingArena(*, chunk_size=None, max_bytes=None).  No per-segment free: reset() invalidates every
     segment and keeps the chunks for reuse; close() gives them back.  Requests larger than a chunk
-    get a chunk of their own.  Any thread may use it; the thread that used it last carves without
+    get a chunk of their own.  Every carve, even of 0 bytes, has an address of its own (as malloc(0)
+    has): at least one byte of the chunk.  Any thread may use it; the thread that used it last carves without
     atomic instructions, and another thread taking it over pays a few microseconds."""
 
     def __cinit__(self, _positional=_NOT_GIVEN, *, chunk_size=None, max_bytes=None):

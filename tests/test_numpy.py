@@ -281,6 +281,20 @@ def test_resize_grows_and_shrinks_in_the_arena(arena):
     assert arrays(arena) == 0
 
 
+def test_an_array_grown_in_place_or_moved_raises_the_peak(arena):
+    # A big block's realloc brought numpy_bytes up to date, not peak_bytes: an array of 200 KB
+    # grown to 8 MiB left the peak at 200 KB, under the live bytes.
+    with arena.numpy():
+        x = np.zeros(200_000, dtype=np.uint8)
+    for size in (8 * MiB, 8 * MiB + 3 * 4096 + 5, 12 * MiB):
+        x.resize(size, refcheck=False)
+        books = arena.stats()
+        assert books["peak_bytes"] >= books["live_bytes"] >= size
+    x.resize(10, refcheck=False)
+    assert arena.stats()["peak_bytes"] >= 12 * MiB
+    del x
+
+
 def test_fromiter_grows_its_buffer_by_realloc(arena):
     with arena.numpy():
         x = np.fromiter((i * i for i in range(50_000)), dtype=np.int64)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from support import FREEABLE_KINDS, KINDS, run_threads
+from support import FREEABLE_KINDS, KINDS, run_roles, run_threads
 
 import arenalib
 from arenalib import ArenaClosedError, UnsupportedOperation
@@ -586,3 +586,33 @@ class ResizeMachine(RuleBasedStateMachine):
 
 ResizeMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
 test_resize_machine = ResizeMachine.TestCase
+
+
+@pytest.mark.parametrize("where", ["here", "another thread"])
+def test_growth_raises_the_peak_for_every_kind(kind, where):
+    # A shared Arena brought peak_bytes up to date after an allocate only: a segment of 10 bytes
+    # grown to 1 MiB left the peak at 10, under the live bytes.
+    if where == "another thread" and kind is arenalib.ConfinedArena:
+        pytest.skip("a ConfinedArena's segments are its thread's")
+    arena = kind()
+    box = [arena.allocate(10)]
+
+    def grow_and_shrink():
+        box[0] = box[0].resize(1 << 20)
+        assert arena.stats()["peak_bytes"] >= 1 << 20
+        box[0] = box[0].resize(10)
+
+    if where == "here":
+        grow_and_shrink()
+    else:
+        run_roles(grow_and_shrink)
+    books = arena.stats()
+    assert books["peak_bytes"] >= 1 << 20 > books["live_bytes"]  # (a SlicingArena's old carve counts)
+    arena.close()
+
+
+def test_growth_raises_the_auto_arenas_peak():
+    size = arenalib.auto_arena().stats()["peak_bytes"] + (1 << 20)  # past any peak before
+    seg = arenalib.allocate(10).resize(size)
+    assert arenalib.auto_arena().stats()["peak_bytes"] >= size
+    seg.free()

@@ -175,3 +175,35 @@ def test_a_finalizer_that_rewinds_past_a_block_being_traced_leaves_no_trace_of_i
     finally:
         gc.collect()
         a.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_segment_of_no_bytes_has_an_address_and_a_trace_of_its_own(tracing, kind):
+    # A SlicingArena carved 0 bytes at the cursor and left it there: the next carve got the same
+    # address, and resizing either untracked the other's trace (traces are keyed by address).
+    with kind() as arena:
+        empty = arena.allocate(0)
+        full = arena.allocate(100)
+        shrunk = arena.allocate(30).resize(0)  # a SlicingArena's last carve: shrunk in place
+        after = arena.allocate(70)
+        addresses = {seg.address for seg in (empty, full, shrunk, after)}
+        assert len(addresses) == 4
+        assert sorted(t.size for t in arenalib_traces()) == [0, 0, 70, 100]
+        grown = empty.resize(50)
+        assert sorted(t.size for t in arenalib_traces()) == [0, 50, 70, 100]
+        grown = shrunk.resize(0)
+        assert full.alive and after.alive and grown.alive
+        assert sorted(t.size for t in arenalib_traces()) == [0, 50, 70, 100]
+        assert arena.stats()["live_bytes"] == 220
+
+
+def test_a_resized_block_carved_in_a_frame_leaves_no_trace_behind(tracing):
+    with arenalib.SlicingArena() as arena:
+        with arena.frame():
+            kept = arena.allocate(40)
+            moved = arena.allocate(24)
+            kept = kept.resize(4000)  # not the last carve: moved to a new carve
+            assert sorted(t.size for t in arenalib_traces()) == [24, 4000]
+            del moved
+        assert len(arenalib_traces()) == 0
+        assert not kept.alive
