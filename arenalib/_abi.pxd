@@ -217,6 +217,12 @@ cdef struct ArenaCore:
     SharedState shared
     SlicingState slicing
     HeldMemory held           # a deferred close's memory, until its last export goes
+    # The ArenaBase this core is part of (borrowed; NULL for a core of C's own): the C API's close
+    # of an arena object's core is that object's close(), and its reset tells the object when
+    # ``object_books`` says it keeps tables of the blocks (tracemalloc's, set_debug()'s).  Set once,
+    # before the first open; no open or close changes them.
+    void* arena_object
+    int object_books
 
 
 # -- arenalib's entry points -----------------------------------------------------------------------

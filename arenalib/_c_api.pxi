@@ -88,7 +88,7 @@ cdef int _capi_init() except -1:
     state.functions.close_slow = arena_close_slow
     state.functions.allocate_slow = arena_allocate_slow
     state.functions.free_slow = arena_free_slow
-    state.functions.reset = arena_reset_checked
+    state.functions.reset = arena_reset_slow
     state.functions.raise_error = arena_raise
     state.functions.core_of = arena_core_of
     state.functions.slot_free = arena_slot_free

@@ -12,7 +12,8 @@ cdef inline bint open_parked(ArenaCore* core, InlineState* state, int kind,
                              Py_ssize_t max_bytes) noexcept nogil:
     """Open ``core`` on the idle parked slot when this open can be done inline (an unlimited
     ConfinedArena: no pool, no lock); False (nothing done) otherwise.  With the GIL held."""
-    if kind != ARENA_KIND_CONFINED or max_bytes >= 0 or not state.parked_idle:
+    if (kind != ARENA_KIND_CONFINED or max_bytes >= 0 or not state.parked_idle
+            or core.life.release_pending or core.life.exports):  # (arena_open_slow refuses those)
         return False
     state.parked_idle = False
     core_init(core, state, state.parked, kind, -1, 0)

@@ -183,6 +183,11 @@ cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
     """arena_open() for every kind and case (the inline fast path calls it)."""
     if core.open:
         raise ValueError("this ArenaCore is open already")
+    if state_read(&core.life.release_pending) or count_read(&core.life.exports):
+        # Closed deferred: its last open's memory is held by live exports, whose releases count
+        # down this core's exports and then free that memory (core_release_held).
+        raise BufferError(f"cannot open this ArenaCore: {count_read(&core.life.exports)} buffer "
+                          "export(s) of its last open (closed deferred) are alive; release them first")
     if kind != ARENA_KIND_SHARED and kind != ARENA_KIND_CONFINED and kind != ARENA_KIND_SLICING:
         raise ValueError(f"kind must be one of ARENA_KIND_SHARED, _CONFINED, _SLICING, not {kind}")
     cdef uint64_t serial
@@ -299,8 +304,25 @@ cdef void core_release_held(ArenaCore* core) noexcept:
 
 
 cdef int arena_close_slow(ArenaCore* core) except -1:
-    """arena_close() of the C API (the inline fast path calls it)."""
+    """arena_close() of the C API (the inline fast path calls it).  An arena object's core closes
+    as its close() does: the NumPy handler's kept blocks go back and its traces end too."""
+    if core.arena_object != NULL:
+        return (<ArenaBase>core.arena_object)._close(False)
     return arena_raise(arena_close_checked(core))
+
+
+cdef int arena_reset_slow(ArenaCore* core) noexcept nogil:
+    """arena_reset() of the C API: an arena object's core resets as its reset() does, the GIL
+    taken for the traces of its segments, if any (tracemalloc's, set_debug()'s)."""
+    cdef int err = arena_reset_checked(core)
+    if err == ARENA_OK and core.arena_object != NULL and core.object_books:
+        _untrack_all_with_gil(core.arena_object)
+    return err
+
+
+cdef void _untrack_all_with_gil(void* arena) noexcept nogil:
+    with gil:
+        (<ArenaBase>arena)._untrack_all()
 
 
 # -- the books ---------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from libc.stdint cimport uint64_t
 cdef extern from *:
     """
     #define ARENALIB_TABLE_FINGERPRINT 0x2a01dd9381f9d70bULL
-    #define ARENALIB_ABI_FINGERPRINT 0x712bbc50070ddfd2ULL
+    #define ARENALIB_ABI_FINGERPRINT 0x6ca85b3ee68bd6c6ULL
     """
     uint64_t TABLE_FINGERPRINT "ARENALIB_TABLE_FINGERPRINT"
     uint64_t ABI_FINGERPRINT "ARENALIB_ABI_FINGERPRINT"

@@ -23,8 +23,8 @@ from arenalib._arena cimport (  # noqa: F401  (the classes, for modules that typ
 )
 from arenalib._abi cimport (
     CACHE_MAX_SIZE, INLINE_PARKING, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, FreeBlocks,
-    InlineState, ThreadCache, abi_check, allocate_fn, arenalib_allocate_slow_fn, arenalib_free_slow_fn,
-    arenalib_inline_state_ptr, arenalib_load_owner, books_remove, core_state, free_fn,
+    InlineState, ThreadCache, abi_check, allocate_fn, arenalib_abi_verdict, arenalib_allocate_slow_fn,
+    arenalib_free_slow_fn, arenalib_inline_state_ptr, arenalib_load_owner, books_remove, core_state, free_fn,
     load_first_cache, thread_ident,
 )
 from arenalib._blocks cimport cache_pop, cache_push, small_align
@@ -64,7 +64,9 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
     cdef FreeBlocks* cache = NULL
     cdef ThreadCache* tc = NULL
     cdef CarverRecord* record
-    if core.self == core and small_align(align):  # (a copy: the slow path says it is closed)
+    # A core handed to this module before any check of arenalib's C ABI (arena_core() or
+    # arena_open() makes it) is read with our layout only once core_state() accepted it.
+    if arenalib_abi_verdict == 1 and core.self == core and small_align(align):  # (a copy: closed)
         if core.fast_owner == me:
             cache = &core.slot.cache
         else:
@@ -112,7 +114,7 @@ cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nog
     cdef InlineState* state
     cdef ThreadCache* tc
     cdef unsigned long me = thread_ident()
-    if size <= CACHE_MAX_SIZE and core.self == core:  # a copy: the slow path says it is closed
+    if arenalib_abi_verdict == 1 and size <= CACHE_MAX_SIZE and core.self == core:  # (as allocate)
         if core.fast_owner == me:
             if cache_push(&core.slot.cache, ptr, size):
                 confined_count_free(core, ptr, size)
@@ -142,7 +144,7 @@ cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
 cdef inline int arena_mark(ArenaCore* core, ArenaMark* out) noexcept nogil:
     """Mark a SlicingArena's carve position in ``out`` (storage the caller keeps) for
     arena_rewind().  Marks nest, one stack per arena.  ARENA_EUNSUPPORTED for the other kinds."""
-    if frames_mark_fast(core, False, out) == ARENA_OK:
+    if arenalib_abi_verdict == 1 and frames_mark_fast(core, False, out) == ARENA_OK:
         return ARENA_OK
     cdef InlineState* state = core_state(core)
     if state == NULL:
@@ -156,7 +158,7 @@ cdef inline int arena_rewind(ArenaCore* core, const ArenaMark* mark) noexcept no
     arena or used up (by a rewind to it or to an earlier mark, a reset, a close); ARENA_EEXPORTED
     while a buffer export of a segment it would kill is alive; ARENA_EORDER while a frame entered
     after the mark is open.  No other thread may use what it kills meanwhile."""
-    if frames_rewind_fast(core, mark, False) == ARENA_OK:
+    if arenalib_abi_verdict == 1 and frames_rewind_fast(core, mark, False) == ARENA_OK:
         return ARENA_OK
     cdef InlineState* state = core_state(core)
     if state == NULL:
@@ -207,6 +209,6 @@ cdef inline int arena_close(ArenaCore* core) except -1:
         return 0
     if arenalib_inline_state_ptr == NULL:
         abi_check()
-    if close_small_scope(core, <InlineState*>arenalib_inline_state_ptr):
-        return 0
+    if core.arena_object == NULL and close_small_scope(core, <InlineState*>arenalib_inline_state_ptr):
+        return 0  # (an arena object's core closes as the object does: close_slow)
     return core.state.functions.close_slow(core)

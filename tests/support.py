@@ -228,7 +228,8 @@ def build_test_consumers(directory: Path) -> dict:
     of arenalib's declarations of another version: ``stale_consumer`` (fast) against one with
     another free-block cache tuning (CACHE_MAX_PER_BIN 32, not 64: a retune that changes no
     struct's size), ``stale_table_consumer`` (table-only) against one whose table has another
-    signature (arena_free's size is a Py_ssize_t)."""
+    signature (arena_free's size is a Py_ssize_t), and ``stale_handoff_consumer``
+    (handoff_consumer, fast) against the first."""
     stale = stale_package_copy(directory / "stale-fast", (
         "_abi.pxd", "    CACHE_MAX_PER_BIN = 64\n", "    CACHE_MAX_PER_BIN = 32\n"))
     stale_table = stale_package_copy(directory / "stale-table", (
@@ -242,4 +243,5 @@ def build_test_consumers(directory: Path) -> dict:
             "core_init_consumer": load_extension(build, "core_init_consumer"),
             "handoff_consumer": load_extension(build, "handoff_consumer"),
             "stale_consumer": load_extension(build, "arenalib_consumer_fast"),
-            "stale_table_consumer": load_extension(build, "arenalib_consumer")}
+            "stale_table_consumer": load_extension(build, "arenalib_consumer"),
+            "stale_handoff_consumer": load_extension(build, "stale_handoff_consumer")}

@@ -402,3 +402,55 @@ def test_c_api_refuses_a_copied_core(cython_consumers, kind):
         segs = [arena.allocate(64).fill(i) for i in range(8)]
         assert [seg.tobytes() for seg in segs] == [bytes([i]) * 64 for i in range(8)]
         assert len({seg.address for seg in segs}) == 8
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("holder", ["memoryview", "numpy"])
+def test_a_core_closed_deferred_is_not_reopened_while_its_exports_live(cython_consumers, kind, holder):
+    """Re-opening from C an arena object's core closed deferred (the end of its with-block, with a
+    buffer export alive) reset the count of exports its held memory waits for: the old export's
+    release then counted the new open's down, close() passed over a live export of the new open,
+    and writes through it landed in another arena's segments."""
+    consumer = cython_consumers["safety_consumer"]
+    if holder == "numpy":
+        if kind is not arenalib.Arena:
+            pytest.skip("numpy() is Arena's")
+        np = pytest.importorskip("numpy")
+    arena = kind()
+    address = consumer.core_address(arena)
+    if holder == "numpy":
+        with arena.numpy():
+            held = np.arange(100, dtype=np.uint8)
+    else:
+        held = memoryview(arena.allocate(100).fill(7))
+    arena.close(deferred=True)
+    with pytest.raises(BufferError, match="1 buffer export"):
+        consumer.open_core_at(address, consumer.KINDS[kind.__name__])
+    assert arena.closed and arena.stats()["held_bytes"] > 0
+    del held  # the last export: the held memory goes back, and the core may open again
+    assert arena.stats()["held_bytes"] == 0
+    consumer.open_core_at(address, consumer.KINDS[kind.__name__])
+    seg = arena.allocate(64).fill(9)
+    view = memoryview(seg)
+    with pytest.raises(BufferError):
+        arena.close()
+    view.release()
+    arena.close()
+    assert not seg.alive
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_module_of_another_abi_handed_a_core_is_refused_on_the_fast_path(cython_consumers, kind):
+    """The inline fast paths read the core with the layout and rules their module was compiled
+    with: a module of another C ABI handed a core by one of the right ABI took them without any
+    check (a size class rule changed: 32 bytes handed out for 64).  It is refused, and allocates
+    nothing, whichever path the call would take."""
+    good, stale = cython_consumers["safety_consumer"], cython_consumers["stale_handoff_consumer"]
+    with kind() as arena:
+        address = good.core_address(arena)
+        assert good.allocate_aligned(arena, 256, 0) == good.OK  # warm: a block cached, or biased
+        live = arena.stats()["live_segments"]
+        for align in (0, 64):
+            code, block = stale.allocate_without_the_gil(address, 256, align)
+            assert (code, block) == (good.ECLOSED, 0)
+        assert arena.stats()["live_segments"] == live

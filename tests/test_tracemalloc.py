@@ -207,3 +207,22 @@ def test_a_resized_block_carved_in_a_frame_leaves_no_trace_behind(tracing):
             del moved
         assert len(arenalib_traces()) == 0
         assert not kept.alive
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_c_level_reset_or_close_ends_the_traces_of_the_segments(tracing, kind, cython_consumers):
+    # Through the C API they left the dead segments traced; a block of another arena traced later
+    # at one of their addresses then lost its trace to this arena's close().
+    consumer = cython_consumers["safety_consumer"]
+    arena = kind()
+    segs = [arena.allocate(n) for n in (10, 200, 3000)]
+    consumer.reset_core_without_the_gil(arena)
+    assert len(arenalib_traces()) == 0 and not any(seg.alive for seg in segs)
+    segs = [arena.allocate(n) for n in (20, 400)]
+    assert sorted(t.size for t in arenalib_traces()) == [20, 400]
+    consumer.close_core(arena)
+    assert len(arenalib_traces()) == 0 and arena.closed
+    with kind() as other:
+        theirs = other.allocate(1000)
+        arena.close()  # (idempotent)
+        assert [t.size for t in arenalib_traces()] == [1000] and theirs.alive

@@ -6,7 +6,7 @@ re-opening an arena object's core from C (tests/test_safety.py)."""
 from arenalib.fast cimport (
     ARENA_ECLOSED, ARENA_EINVAL, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_KIND_SLICING, ARENA_OK,
     ArenaCore, arena_allocate, arena_close, arena_core, arena_core_init, arena_free, arena_open,
-    arena_raise,
+    arena_raise, arena_reset,
 )
 
 from arenalib import ArenaClosedError
@@ -56,6 +56,20 @@ def raise_code(int code):
 def close_core(arena):
     """arena_close() on the arena object's own core: the C API's close path."""
     arena_close(arena_core(arena))
+
+
+def open_core_at(size_t address, int kind):
+    """arena_open() on the core at ``address`` (from core_address(), the arena closed since)."""
+    arena_open(<ArenaCore*>address, kind, -1, 0)
+
+
+def reset_core_without_the_gil(arena):
+    """arena_reset() on the arena object's own core, without the GIL."""
+    cdef ArenaCore* core = arena_core(arena)
+    cdef int err
+    with nogil:
+        err = arena_reset(core)
+    arena_raise(err)
 
 
 def copied_core(int kind):
