@@ -121,7 +121,8 @@ cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nog
 
 
 cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
-    """Free every allocation at once and keep the arena open (no other thread may use it now)."""
+    """Free every allocation at once and keep the arena open (no other thread may use it now).  An
+    arena object's core takes the GIL for a moment if tracemalloc traces its segments."""
     if arenalib_table_ptr == NULL:
         return ARENA_ECLOSED
     return (<ArenaTable*>arenalib_table_ptr).reset(core)

@@ -134,7 +134,8 @@ cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nog
 
 
 cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
-    """Free every allocation at once and keep the arena open (no other thread may use it now)."""
+    """Free every allocation at once and keep the arena open (no other thread may use it now).  An
+    arena object's core takes the GIL for a moment if tracemalloc traces its segments."""
     cdef InlineState* state = core_state(core)
     if state == NULL:
         return ARENA_ECLOSED
@@ -192,7 +193,8 @@ cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
     """Open an arena in an ArenaCore the caller owns (an arena object's, or a C struct on the
     stack for a nogil scope, prepared by arena_core_init()).  kind: ARENA_KIND_*; max_bytes: -1 for
     no limit; chunk_size: the SlicingArena chunk size (0 for the default).  Needs the GIL;
-    arena_close() undoes it."""
+    arena_close() undoes it.  BufferError while exports of the core's last open, closed deferred,
+    are alive."""
     cdef InlineState* state
     if arenalib_inline_state_ptr == NULL:  # the first time only (abi_check() is not small)
         abi_check()
