@@ -201,6 +201,14 @@ cdef struct ArenaCore:
     # and every path treats it as closed, so a copy kept past a close can never reach the slot's
     # memory (the C API forbids copies; this is how it tells).
     ArenaCore* self
+    # The ArenaBase this core is part of (borrowed; NULL for a core of C's own): the C API's close
+    # of an arena object's core is the object's close() (which ends what the object keeps: the
+    # NumPy handler's cache, the traces), and its reset tells the object when
+    # ``object_books`` says it keeps tables of the blocks (tracemalloc's, set_debug()'s).  Set
+    # before the first open; no open or close changes them.  Next to ``self``: the inline close
+    # reads it in the cache line it uses anyway.
+    void* arena_object
+    int object_books
     # Permits of the inline fast paths: the thread that may take the ConfinedArena
     # path, and the thread a SlicingArena is biased to (0: nobody).  They are permits, not state:
     # ``open`` alone says whether the arena is open; close revokes both.
@@ -217,12 +225,6 @@ cdef struct ArenaCore:
     SharedState shared
     SlicingState slicing
     HeldMemory held           # a deferred close's memory, until its last export goes
-    # The ArenaBase this core is part of (borrowed; NULL for a core of C's own): the C API's close
-    # of an arena object's core is that object's close(), and its reset tells the object when
-    # ``object_books`` says it keeps tables of the blocks (tracemalloc's, set_debug()'s).  Set once,
-    # before the first open; no open or close changes them.
-    void* arena_object
-    int object_books
 
 
 # -- arenalib's entry points -----------------------------------------------------------------------
@@ -282,6 +284,7 @@ cdef extern from "arenalib/platform.h":
     void arenalib_unlock(int* flag) noexcept nogil
     void* arenalib_inline_state_ptr
     int arenalib_abi_verdict
+    unsigned long arenalib_abi_unaccepted
     void* arenalib_allocate_slow_fn
     void* arenalib_free_slow_fn
     unsigned long arenalib_load_owner(unsigned long* owner) noexcept nogil
@@ -400,22 +403,30 @@ cdef inline uint64_t abi_fingerprint() noexcept nogil:
 cdef inline InlineState* core_state(ArenaCore* core) noexcept nogil:
     """arenalib's InlineState through ``core``; NULL when the core was never opened or arenalib has
     another C ABI than this module was compiled with (judged once per module, without the GIL)."""
-    global arenalib_abi_verdict
+    global arenalib_abi_verdict, arenalib_abi_unaccepted
     cdef InlineState* state = core.state
     if state == NULL or arenalib_abi_verdict == 1:
         return state
     if arenalib_abi_verdict == 0:
         arenalib_abi_verdict = 1 if state.abi_fingerprint == abi_fingerprint() else -1
+        arenalib_abi_unaccepted = arenalib_abi_verdict != 1
     return state if arenalib_abi_verdict == 1 else NULL
+
+
+cdef inline unsigned long inline_ident() noexcept nogil:
+    """The calling thread's identity as this module's inline fast paths compare it with a core's
+    permits: one that matches none until the module has accepted arenalib's C ABI."""
+    return thread_ident() | arenalib_abi_unaccepted
 
 
 cdef inline void adopt_inline_state(InlineState* state) noexcept nogil:
     """Make ``state`` this module's (once its fingerprint is accepted)."""
-    global arenalib_inline_state_ptr, arenalib_abi_verdict
+    global arenalib_inline_state_ptr, arenalib_abi_verdict, arenalib_abi_unaccepted
     global arenalib_allocate_slow_fn, arenalib_free_slow_fn
     arenalib_allocate_slow_fn = <void*>state.functions.allocate_slow
     arenalib_free_slow_fn = <void*>state.functions.free_slow
     arenalib_abi_verdict = 1
+    arenalib_abi_unaccepted = 0
     arenalib_inline_state_ptr = state
 
 

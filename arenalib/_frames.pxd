@@ -27,7 +27,7 @@ from libc.stdint cimport uint64_t
 from arenalib._abi cimport (
     FRAME_BLOCK_LEVELS, FRAME_BLOCK_SHIFT, FRAME_DEPTH_BITS, FRAME_MAX_DEPTH, FREE_THREADED, ArenaCore,
     CarverRecord, FrameLevel, FrameStack, Lifetime, SlicingState, load_frames, load_life_owner,
-    load_ssize, load_u64, store_ssize, store_u64, thread_ident,
+    load_ssize, load_u64, store_ssize, store_u64,
 )
 from arenalib._slicing cimport biased_begin, biased_end
 from arenalib._table cimport (
@@ -115,14 +115,16 @@ cdef inline void _push(ArenaCore* core, FrameStack* stack, bint frame, ArenaMark
     out.depth = depth
 
 
-cdef inline int frames_mark_fast(ArenaCore* core, bint frame, ArenaMark* out) noexcept nogil:
+cdef inline int frames_mark_fast(ArenaCore* core, bint frame, ArenaMark* out,
+                                 unsigned long me) noexcept nogil:
     """Push a mark (``frame``: a frame's) in ``out`` with no lock and no atomic instruction: ARENA_OK,
     or FRAME_SLOW when the case is not the common one (the arena not biased to this thread, no
     stack yet, the level's block not made, an abandoned frame kept): the caller takes the locked
-    path, which judges every refusal."""
+    path, which judges every refusal.  ``me``: the calling thread's identity (inline_ident() in a
+    module of the C API)."""
     if core.self != core:
         return FRAME_SLOW  # a copy: the slow path says it is closed
-    cdef CarverRecord* record = biased_begin(core, thread_ident())
+    cdef CarverRecord* record = biased_begin(core, me)
     if record == NULL:
         return FRAME_SLOW
     cdef FrameStack* stack = core.life.frames
@@ -188,15 +190,15 @@ cdef inline void frames_pop_to(ArenaCore* core, FrameStack* stack, Py_ssize_t de
     store_depth(&stack.depth, depth - 1)
 
 
-cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark,
-                                   bint exit_frame) noexcept nogil:
+cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark, bint exit_frame,
+                                   unsigned long me) noexcept nogil:
     """Rewind to ``mark`` (``exit_frame``: a frame's, at its exit) with no lock and no atomic
     instruction: ARENA_OK, or FRAME_SLOW when the case is not the common one (see the top of this
     file): the caller takes the locked path, which judges every refusal.  With the GIL off, a
     rewind of an arena any thread may use waits for their accesses: always the locked path."""
     if core.self != core or (FREE_THREADED and load_life_owner(&core.life.owner) == 0):
         return FRAME_SLOW
-    cdef CarverRecord* record = biased_begin(core, thread_ident())
+    cdef CarverRecord* record = biased_begin(core, me)
     if record == NULL:
         return FRAME_SLOW
     cdef FrameStack* stack = core.life.frames

@@ -151,7 +151,7 @@ cdef int _raise_mark_error(SlicingArena arena, int err, str doing) except -1:
 
 
 cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
-    if frames_mark_fast(&arena._core, frame, out) == ARENA_OK:
+    if frames_mark_fast(&arena._core, frame, out, thread_ident()) == ARENA_OK:
         return ARENA_OK  # the common case: the arena is biased to this thread (no lock)
     cdef int err = arena_mark_checked(&arena._core, frame, out)
     while err == ARENA_EBUSY and FREE_THREADED:
@@ -162,7 +162,7 @@ cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
 
 cdef int _rewind_checked(SlicingArena arena, const ArenaMark* mark, bint exit_frame) noexcept:
     """A rewind with no other thread's access of the arena's memory under way: its error code."""
-    if frames_rewind_fast(&arena._core, mark, exit_frame) == ARENA_OK:
+    if frames_rewind_fast(&arena._core, mark, exit_frame, thread_ident()) == ARENA_OK:
         return ARENA_OK
     cdef int err = arena_rewind_checked(&arena._core, mark, exit_frame)
     while err == ARENA_EBUSY and FREE_THREADED:

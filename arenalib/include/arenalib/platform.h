@@ -73,6 +73,11 @@ static inline unsigned long arenalib_thread_ident(void) {
  * module that includes this header judges for itself. */
 static void *arenalib_inline_state_ptr = 0;
 static int arenalib_abi_verdict = 0;
+/* 1 until the verdict is 1, then 0: OR-ed into the thread identity that the inline fast paths
+ * compare with the core's permits (a thread identity is an aligned pointer, so its low bit is 0),
+ * so that a core handed to this module before any check of arenalib's C ABI matches no permit and
+ * goes to the slow path, which judges it.  No branch of its own on the hot path. */
+static unsigned long arenalib_abi_unaccepted = 1;
 /* The two slow paths the fast paths fall to most, copied out of the table by abi_check(): one
  * load to reach them, as a cimported function would take. */
 static void *arenalib_allocate_slow_fn = 0;
