@@ -204,9 +204,9 @@ cdef struct ArenaCore:
     # The ArenaBase this core is part of (borrowed; NULL for a core of C's own): the C API's close
     # of an arena object's core is the object's close() (which ends what the object keeps: the
     # NumPy handler's cache, the traces), and its reset tells the object when
-    # ``object_books`` says it keeps tables of the blocks (tracemalloc's, set_debug()'s).  Set
-    # before the first open; no open or close changes them.  Next to ``self``: the inline close
-    # reads it in the cache line it uses anyway.
+    # ``object_books`` says it keeps tables of the blocks (tracemalloc's, set_debug()'s; the
+    # inline small-scope close then leaves the close to the object).  Set before the first open;
+    # no open or close changes them.
     void* arena_object
     int object_books
     # Permits of the inline fast paths: the thread that may take the ConfinedArena

@@ -59,12 +59,13 @@ cdef inline void recent_blocks_to_cache(ArenaCore* core) noexcept nogil:
 cdef inline bint close_small_scope(ArenaCore* core, InlineState* state) noexcept nogil:
     """Close a ConfinedArena of the calling thread that holds at most RECENT_MAX blocks and was
     opened on the parked slot: its blocks go to the slot's cache and the slot is idle again, warm
-    for the next arena.  False (nothing done) in any other case.  The caller holds the GIL.
+    for the next arena.  False (nothing done) in any other case, such as an arena object that keeps
+    tables of its blocks (object_books: its close() ends them).  The caller holds the GIL.
     ``state`` is the module's own pointer (arena_close() has made sure of it), not core.state,
     which the open has only just stored."""
     cdef ArenaSlot* slot = core.slot
     if (not INLINE_PARKING or core.self != core or core.fast_owner != thread_ident()
-            or core.confined.recent_overflowed
+            or core.confined.recent_overflowed or core.object_books
             or core.life.exports or core.books.allocated_total > PURGE_LIMIT
             or state.parked != slot):
         return False

@@ -211,6 +211,6 @@ cdef inline int arena_close(ArenaCore* core) except -1:
         return 0
     if arenalib_inline_state_ptr == NULL:
         abi_check()
-    if core.arena_object == NULL and close_small_scope(core, <InlineState*>arenalib_inline_state_ptr):
-        return 0  # (an arena object's core closes as the object does: close_slow)
+    if close_small_scope(core, <InlineState*>arenalib_inline_state_ptr):
+        return 0
     return core.state.functions.close_slow(core)
