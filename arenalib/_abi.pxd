@@ -208,7 +208,7 @@ cdef struct ArenaCore:
     # inline small-scope close then leaves the close to the object).  Set before the first open;
     # no open or close changes them.
     void* arena_object
-    int object_books
+    bint object_books         # written by Python threads, read by a C-level reset: load_flag/store_flag
     # Permits of the inline fast paths: the thread that may take the ConfinedArena
     # path, and the thread a SlicingArena is biased to (0: nobody).  They are permits, not state:
     # ``open`` alone says whether the arena is open; close revokes both.

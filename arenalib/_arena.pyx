@@ -37,7 +37,7 @@ from libc.string cimport memcpy
 import warnings
 
 from arenalib._abi cimport (
-    FREE_THREADED, ArenaCore, ArenaSlot, Books, InlineState, Lifetime, owned_by_another,
+    FREE_THREADED, ArenaCore, ArenaSlot, Books, InlineState, Lifetime, owned_by_another, store_flag,
 )
 from arenalib._jemalloc cimport JEMALLOC_VERSION, je_dallocx
 from arenalib._frames cimport frame_stamp_alive, frame_stamp_now, frames_version
@@ -107,7 +107,7 @@ cdef int _debug_note_allocation(ArenaBase arena, size_t address, Py_ssize_t size
         with cython.critical_section(arena):
             if arena._debug_blocks is None:
                 arena._debug_blocks = {}
-                arena._core.object_books = True
+                store_flag(&arena._core.object_books, True)
     # Called from C: the innermost Python frame is the one that allocated.
     arena._debug_blocks[address] = [size, "".join(traceback.format_stack()), 0]
     return 0
@@ -183,7 +183,7 @@ cdef class ArenaBase(SegmentOwner):
             # Called from C: the innermost Python frame is the one that made the arena.
             self._created_at = "".join(traceback.format_stack())
             self._debug_blocks = {}  # now, while no other thread can see the arena
-            self._core.object_books = True
+            store_flag(&self._core.object_books, True)
         return 0
 
     cdef bint _is_open(self) noexcept:
@@ -368,7 +368,7 @@ cdef class ArenaBase(SegmentOwner):
                 self._traced = traced
                 self._traced_framed = framed
                 self._traced_rewinds = -1
-                self._core.object_books = True  # a C-level reset comes to _untrack_all()
+                store_flag(&self._core.object_books, True)  # a C-level reset comes to _untrack_all()
 
     cdef int _trace(self, size_t address, size_t size, bint track, uint64_t stamp=0,
                     uint64_t generation=0) except -1:
@@ -512,7 +512,7 @@ cdef class ArenaBase(SegmentOwner):
             traced, framed = self._traced, self._traced_framed
             self._traced = None
             self._traced_framed = None
-            self._core.object_books = blocks is not None
+            store_flag(&self._core.object_books, blocks is not None)
         for table in (traced, framed):
             if table is not None:
                 for address in table:

@@ -306,7 +306,7 @@ cdef void core_release_held(ArenaCore* core) noexcept:
 cdef int arena_close_slow(ArenaCore* core) except -1:
     """arena_close() of the C API (the inline fast path calls it).  An arena object's core closes
     as its close() does: the NumPy handler's kept blocks go back and its traces end too."""
-    if core.arena_object != NULL:
+    if core.arena_object != NULL and core.self == core:  # (a copy's object may be gone: closed)
         return (<ArenaBase>core.arena_object)._close(False)
     return arena_raise(arena_close_checked(core))
 
@@ -315,7 +315,8 @@ cdef int arena_reset_slow(ArenaCore* core) noexcept nogil:
     """arena_reset() of the C API: an arena object's core resets as its reset() does, the GIL
     taken for the traces of its segments, if any (tracemalloc's, set_debug()'s)."""
     cdef int err = arena_reset_checked(core)
-    if err == ARENA_OK and core.arena_object != NULL and core.object_books:
+    # (A copy of a core is not ARENA_OK.)
+    if err == ARENA_OK and core.arena_object != NULL and load_flag(&core.object_books):
         _untrack_all_with_gil(core.arena_object)
     return err
 

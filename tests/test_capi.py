@@ -454,3 +454,16 @@ def test_a_module_of_another_abi_handed_a_core_is_refused_on_the_fast_path(cytho
             code, block = stale.allocate_without_the_gil(address, 256, align)
             assert (code, block) == (good.ECLOSED, 0)
         assert arena.stats()["live_segments"] == live
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_copy_of_an_arena_objects_core_closes_nothing(cython_consumers, kind):
+    """The C API's close of an arena object's core is the object's close(): reached through a copy
+    of the core (which the C API promises to treat as closed), it closed the original object, and
+    a copy kept past the object's death called into freed memory."""
+    consumer = cython_consumers["safety_consumer"]
+    with kind() as arena:
+        seg = arena.allocate(64).fill(5)
+        with pytest.raises(arenalib.ArenaClosedError):
+            consumer.close_a_copy_of(arena)
+        assert not arena.closed and seg.tobytes() == b"\x05" * 64
