@@ -377,7 +377,10 @@ cdef class Segment:
         raise TypeError("a segment has a fixed size: its bytes cannot be deleted")
 
     def __iter__(self):
-        return iter(self.tobytes())
+        return SegmentIterator(self)
+
+    def __contains__(self, item):
+        return _segment_contains(self, item)
 
     def __repr__(self):
         cdef SegmentOwner arena = self._arena
@@ -397,8 +400,10 @@ cdef class Segment:
     # -- Panama-style helpers (issue 27): their bodies and equivalents are in _segment_helpers.pxi --
 
     def mismatch(self, other, /):
-        """The first byte offset where this segment and ``other`` (any bytes-like object) differ;
-        the shorter one's length when one is a prefix of the other; -1 when they are equal.
+        """The first byte offset where this segment and ``other`` (any contiguous bytes-like
+        object, as bytes.find() takes) differ; the shorter one's length when one is a prefix of
+        the other; -1 when they are equal.  A strided buffer is refused by its exporter
+        (BufferError from a memoryview, ValueError from a NumPy array).
 
         Panama's MemorySegment.mismatch; in Python, a loop over both (or ``==`` for equality)."""
         return _segment_mismatch(self, other)

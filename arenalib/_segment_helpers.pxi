@@ -17,6 +17,7 @@
 # then pin the segment being touched (its last liveness check), touch, unpin.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyObject_CheckBuffer
+from cpython.number cimport PyNumber_Index
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.limits cimport ULONG_MAX
 from libc.string cimport memcmp
@@ -112,25 +113,33 @@ cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, obj
     return seg
 
 
-cdef dict _NUL_WIDTHS = {}
+cdef dict _NUL_WIDTHS = {}  # of the standard library's encodings only: no registration changes them
 
 
 cdef Py_ssize_t _nul_width(object encoding) except -1:
     """The bytes of a NUL character in ``encoding`` (2 in UTF-16, 4 in UTF-32, as Panama's
     allocateFrom(String, Charset) terminates): what one more NUL character adds to the encoded
     bytes, so a byte order mark counts once; 1 where that is not 1, 2 or 4 zero bytes (a codec
-    that refuses a NUL)."""
+    that refuses a NUL, or gives something else)."""
+    cdef object one, two
     width = _NUL_WIDTHS.get(encoding)
-    if width is None:
-        try:
-            one, two = "\0".encode(encoding), "\0\0".encode(encoding)
-        except UnicodeError:
-            return 1  # (not remembered: only what the codec answered is)
-        width = len(two) - len(one) if type(two) is bytes and type(one) is bytes else 1
-        if width not in (1, 2, 4) or two[len(one):] != bytes(width):
-            width = 1
-        if type(encoding) is str and len(_NUL_WIDTHS) < 64:
-            _NUL_WIDTHS[encoding] = width
+    if width is not None:
+        return width
+    try:
+        one, two = "\0".encode(encoding), "\0\0".encode(encoding)
+    except Exception:
+        # A codec may refuse a NUL with any exception; the text itself may still encode (and if
+        # it does not, its own encode() says why).
+        return 1
+    width = len(two) - len(one) if isinstance(two, bytes) and isinstance(one, bytes) else 1
+    if width not in (1, 2, 4) or bytes(two[len(one):]) != bytes(width):
+        width = 1
+    # Remembered only for an encoding of the standard library: its search function is consulted
+    # first, so no later codecs.register() can change what the name means.  A registered codec
+    # can be unregistered and another registered under its name: it is asked every time.
+    import encodings
+    if type(encoding) is str and len(_NUL_WIDTHS) < 64 and encodings.search_function(encoding):
+        _NUL_WIDTHS[encoding] = width
     return width
 
 
@@ -251,8 +260,12 @@ cdef object _segment_equals(Segment seg, object other):
         return NotImplemented
     try:
         PyObject_GetBuffer(other, &view, PyBUF_SIMPLE)
-    except BufferError:
-        return NotImplemented  # not contiguous (bytearray says NotImplemented too)
+    except Exception:
+        # Whatever the exporter raised (BufferError from a strided memoryview, ValueError from a
+        # strided NumPy array, anything from a __buffer__): bytearray's comparison clears it and
+        # says NotImplemented too.  A dead segment on the other side still raises, from its own
+        # reflected __eq__.
+        return NotImplemented
     try:
         seg._pin(&token)
         equal = seg._size == view.len and memcmp(seg._ptr, view.buf, <size_t>seg._size) == 0
@@ -271,11 +284,15 @@ cdef str _segment_hex(Segment seg, object sep, object bytes_per_sep):
     cdef const unsigned char* data
     cdef Py_ssize_t i
     cdef void* token
+    cdef int unused_per_sep
     if sep is not None:
         # The separated forms through memoryview.hex(), which judges sep and bytes_per_sep as
         # bytes.hex() does; the memoryview holds an export, so no free can run under it.
         with memoryview(seg) as view:
             return view.hex(sep, bytes_per_sep)
+    if type(bytes_per_sep) is not int:
+        bytes_per_sep = PyNumber_Index(bytes_per_sep)  # (a conversion: before the pin below)
+    unused_per_sep = bytes_per_sep  # judged without a sep too, as bytes.hex() does: a C int
     if seg._size > PY_SSIZE_T_MAX // 2:
         raise MemoryError(f"the hex of {seg._size} bytes is longer than any str")
     text = PyUnicode_New(2 * seg._size, 127)

@@ -6,9 +6,14 @@
 # Every function here keeps THE RULE of _segment.pxi: the conversions of _convert.pxi and any
 # object creation first, then seg._pin(), then C that cannot call back, then seg._unpin().
 
-from cpython.buffer cimport PyBuffer_IsContiguous, PyBuffer_Release, PyBuffer_ToContiguous
+cimport cython
+from cpython.buffer cimport (
+    PyBUF_SIMPLE, PyBuffer_IsContiguous, PyBuffer_Release, PyBuffer_ToContiguous,
+    PyObject_CheckBuffer, PyObject_GetBuffer,
+)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.string cimport memcpy, memmove
+from cpython.number cimport PyIndex_Check
+from libc.string cimport memchr, memcpy, memmove
 
 from arenalib._abi cimport load_life_owner, thread_ident
 
@@ -56,6 +61,73 @@ cdef object _segment_getitem(Segment seg, object key):
     byte = <unsigned char>seg._ptr[i]
     seg._unpin(token)
     return byte
+
+
+cdef extern from "<string.h>" nogil:
+    # (a GNU extension; Python.h asks for them with _GNU_SOURCE)
+    void* memmem(const void* haystack, size_t haystack_len, const void* needle, size_t needle_len)
+
+
+cdef bint _segment_contains(Segment seg, object item) except -1:
+    """``item in seg`` as bytearray has it: a byte (an int in range(256)) or a run of bytes (any
+    contiguous bytes-like object) found in the segment."""
+    cdef Py_ssize_t byte
+    cdef Py_buffer needle
+    cdef void* token
+    cdef bint found
+    if PyIndex_Check(item):
+        byte = _as_byte(item)
+        seg._pin(&token)
+        found = memchr(seg._ptr, <int>byte, <size_t>seg._size) != NULL
+        seg._unpin(token)
+        return found
+    if not PyObject_CheckBuffer(item):
+        raise TypeError(f"a bytes-like object is required, not '{type(item).__name__}'")
+    PyObject_GetBuffer(item, &needle, PyBUF_SIMPLE)
+    try:
+        seg._pin(&token)
+        found = needle.len == 0 or memmem(seg._ptr, <size_t>seg._size, needle.buf,
+                                          <size_t>needle.len) != NULL
+        seg._unpin(token)
+    finally:
+        PyBuffer_Release(&needle)
+    return found
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class SegmentIterator:
+    """iter(seg): its bytes as ints, each read when the loop reaches it (as bytearray's and
+    memoryview's iterators read them): a write made during the loop is seen, and a segment freed
+    during it raises ArenaClosedError at the next step."""
+
+    cdef Segment _segment  # None once exhausted
+    cdef Py_ssize_t _index
+
+    def __cinit__(self, Segment segment not None):
+        self._segment = segment
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        cdef Segment seg = self._segment
+        cdef void* token
+        cdef unsigned char byte
+        if seg is None:
+            raise StopIteration
+        seg._pin(&token)
+        if self._index >= seg._size:
+            seg._unpin(token)
+            self._segment = None
+            raise StopIteration
+        byte = <unsigned char>seg._ptr[self._index]
+        seg._unpin(token)
+        self._index += 1
+        return byte
+
+    def __length_hint__(self):
+        return 0 if self._segment is None else self._segment._size - self._index
 
 
 cdef int _segment_setitem(Segment seg, object key, object value) except -1:

@@ -246,6 +246,72 @@ def test_iteration_and_tobytes(arena):
     assert bytearray(seg) == PATTERN[:1000]
 
 
+def test_iteration_reads_each_byte_when_the_loop_reaches_it(arena):
+    """As bytearray's and memoryview's iterators: a write during the loop is seen (not a copy
+    taken at the start), and a segment freed during it raises at the next step."""
+    seg = filled(arena, bytes(3))
+    it = iter(seg)
+    assert it.__length_hint__() == 3
+    assert next(it) == 0
+    seg[1] = 7
+    seg[2] = 9
+    assert list(it) == [7, 9]
+    assert list(it) == [] and it.__length_hint__() == 0
+    seg = filled(arena, b"\x05" * 3)
+    it = iter(seg)
+    assert next(it) == 5
+    arena.reset()
+    with pytest.raises(ArenaClosedError):
+        next(it)
+    with pytest.raises(TypeError):
+        pickle.dumps(iter(filled(arena, b"ab")))
+
+
+@given(haystack=st.binary(max_size=40), needle=st.one_of(st.binary(max_size=6), st.integers(-300, 300)))
+def test_membership_is_bytearrays(haystack, needle):
+    with arenalib.Arena() as a:
+        seg = filled(a, haystack)
+        try:
+            expected = needle in bytearray(haystack)
+        except ValueError:
+            with pytest.raises(ValueError, match="range"):
+                needle in seg  # noqa: B015
+            return
+        assert (needle in seg) is expected
+        if isinstance(needle, bytes):
+            assert (bytearray(needle) in seg) is expected
+            assert (memoryview(needle) in seg) is expected
+
+
+def test_membership_refuses_what_bytearray_refuses(arena):
+    seg = filled(arena, b"abc")
+    for unlike in ("a", 1.5, None, [97]):
+        with pytest.raises(TypeError) as caught:
+            unlike in seg  # noqa: B015
+        with pytest.raises(caught.type):
+            unlike in bytearray(b"abc")  # noqa: B015
+    with pytest.raises(BufferError):
+        memoryview(b"abab")[::2] in seg  # noqa: B015 (not contiguous, as bytearray says)
+    assert seg in seg and seg.slice(1, 1) in seg
+    arena.reset()
+    with pytest.raises(ArenaClosedError):
+        97 in seg  # noqa: B015
+    with pytest.raises(ArenaClosedError):
+        b"a" in seg  # noqa: B015
+
+
+def test_membership_with_an_index_that_resets_the_arena_raises(arena):
+    seg = filled(arena, b"abc")
+
+    class Resetting:
+        def __index__(self):
+            arena.reset()
+            return 97
+
+    with pytest.raises(ArenaClosedError):
+        Resetting() in seg  # noqa: B015
+
+
 # -- slicing with [] -------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import io
+import sys
 import threading
 
 import numpy as np
@@ -130,6 +131,52 @@ def test_allocate_string_with_a_codec_refusing_nul_ends_with_one_zero_byte(arena
         assert arena.allocate_string("abc", "arenalib_test_no_nul").tobytes() == b"ABC\x00"
     finally:
         codecs.unregister(search)
+
+
+def codec_search(name: str, encode):
+    """A search function for codecs.register() that finds ``encode`` under ``name``."""
+    import codecs
+
+    def search(asked):
+        if asked != name:
+            return None
+        return codecs.CodecInfo(encode, lambda data, errors="strict": (bytes(data).decode(), len(data)),
+                                name=name)
+
+    return search
+
+
+def test_allocate_string_with_a_codec_refusing_nul_by_any_exception_ends_with_one_zero_byte(arena):
+    import codecs
+
+    def encode(text, errors="strict"):
+        if "\x00" in text:
+            raise ValueError("NUL not representable")
+        return text.encode("ascii"), len(text)
+
+    search = codec_search("arenalib_test_nul_value_error", encode)
+    codecs.register(search)
+    try:
+        assert arena.allocate_string("abc", "arenalib_test_nul_value_error").tobytes() == b"abc\x00"
+    finally:
+        codecs.unregister(search)
+
+
+def test_allocate_string_asks_a_codec_registered_again_under_a_name_anew(arena):
+    """A codec unregistered and another registered under its name: the NUL's width is the new one's
+    (only the standard library's encodings, which no registration overrides, are remembered)."""
+    import codecs
+
+    name = "arenalib_test_reregistered"
+    for width in (1, 2, 4, 2):
+        search = codec_search(name, lambda text, errors="strict", w=width: (
+            text.encode({1: "ascii", 2: "utf-16-le", 4: "utf-32-le"}[w]), len(text)))
+        codecs.register(search)
+        try:
+            assert arena.allocate_string("ab", name).tobytes() == ("ab\x00").encode(
+                {1: "ascii", 2: "utf-16-le", 4: "utf-32-le"}[width])
+        finally:
+            codecs.unregister(search)
 
 
 @pytest.mark.parametrize("how", ["reset", "close"])
@@ -301,6 +348,30 @@ def test_equality_is_bytearrays(arena):
     assert seg.readonly() == seg
 
 
+def test_equality_with_a_buffer_that_cannot_be_had_is_not_implemented(arena):
+    """Whatever the exporter raises (NumPy: ValueError for a strided array), bytearray's
+    comparison says NotImplemented, and so does a segment's: the other side answers."""
+    seg = filled(arena, bytes(range(0, 10, 2)))
+    strided = np.arange(10, dtype=np.uint8)[::2]
+    assert (seg == strided).tolist() == (bytearray(bytes(range(0, 10, 2))) == strided).tolist()
+    assert (seg != strided).tolist() == [False] * 5
+    assert seg.__eq__(strided) is NotImplemented and seg.__ne__(strided) is NotImplemented
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="a Python __buffer__ is PEP 688's (3.12)")
+def test_equality_with_a_buffer_whose_export_raises_is_not_implemented(arena):
+    class Refusing:
+        def __buffer__(self, flags):
+            raise RuntimeError("cannot export now")
+
+        def __eq__(self, other):
+            return "answered"
+
+    seg = filled(arena, b"ab")
+    assert (seg == Refusing()) == "answered"
+    assert (bytearray(b"ab") == Refusing()) == "answered"
+
+
 def test_segment_is_unhashable(arena):
     seg = arena.allocate(8)
     assert Segment_hash_is_none()
@@ -337,12 +408,13 @@ def test_hex_is_bytes_hex(arena, args):
 
 def test_hex_argument_errors_are_bytes_hex(arena):
     seg = filled(arena, PATTERN[:8])
-    for args in (("ab",), ("é",), (1,), (":", "2")):
-        with pytest.raises((TypeError, ValueError)) as caught:
+    for args in (("ab",), ("é",), (1,), (":", "2"), (None, "2"), (None, 1.5), (None, 2**100)):
+        with pytest.raises((TypeError, ValueError, OverflowError)) as caught:
             seg.hex(*args)
         with pytest.raises(caught.type):
-            PATTERN[:8].hex(*args)
+            PATTERN[:8].hex(*args) if args[0] is not None else PATTERN[:8].hex(bytes_per_sep=args[1])
     assert seg.exports == 0
+    assert seg.hex(None, 3) == PATTERN[:8].hex(bytes_per_sep=3)  # judged, and ignored without a sep
 
 
 # -- readonly --------------------------------------------------------------------------------------
