@@ -42,6 +42,14 @@ cdef extern from "src/slots.h":
     int arenalib_thread_exit_init(void (*on_exit)(void*) noexcept nogil) noexcept nogil
     void thread_exit_arm "arenalib_thread_exit_arm"() noexcept nogil
 
+cdef extern from "pythread.h":
+    # (Cython declares it with the GIL; it takes none: PyMem_RawMalloc and the lock's own init)
+    PyThread_type_lock allocate_lock_nogil "PyThread_allocate_lock"() noexcept nogil
+
+cdef extern from "<pthread.h>" nogil:
+    int pthread_atfork(void (*prepare)() noexcept nogil, void (*parent)() noexcept nogil,
+                       void (*child)() noexcept nogil)
+
 cdef unsigned NO_TCACHE = <unsigned>-1
 
 # jemalloc 5.3.0 allows ~4094 arenas, but arenas.create reads out of bounds near that limit (seen
@@ -99,6 +107,12 @@ cdef int slots_init() except -1:
             or je_mallctlnametomib(b"stats.arenas.0.pdirty", _mib_pdirty, &_mib_pdirty_len)):
         raise ImportError("arenalib: the private jemalloc did not answer mallctlnametomib")
     _pid = os.getpid()
+    # In C, right after fork(): before CPython's own after-fork work, which clears the states of
+    # the threads the child has lost and may close arenas on the way (a lost thread's frame
+    # arena), under locks those threads held.  Registered after jemalloc's own handlers (made at
+    # its first call, above), so it runs after them.
+    if pthread_atfork(NULL, NULL, _after_fork_child) != 0:
+        raise ImportError("arenalib: pthread_atfork failed")
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _idle_decay_wanted = "background_thread" not in os.environ.get("ARENALIB_JE_MALLOC_CONF", "")
     return 0
@@ -225,37 +239,44 @@ cdef unsigned _fresh_tcache() noexcept nogil:
 cdef object _pid = None  # the process slots_init() ran in (set by it)
 
 
-def _after_fork_in_child():
+cdef void _after_fork_child() noexcept nogil:
     """jemalloc's child forgets the explicit tcaches made before the fork (flushing one would
     corrupt it): give every slot and thread cache a new one, never touch the old ones again, and
-    replace locks another thread of the parent may have held.  A no-op in a process that did not
-    fork since the last call (the function is reachable from Python)."""
-    global _spare_tcache_count, _spare_tcache_lock, _all_slots_lock, _pid, _idle_decay_started
-    if os.getpid() == _pid:
-        return
-    _pid = os.getpid()
-    if _idle_decay_started:  # jemalloc stopped its background thread in this child
-        _idle_decay_started = False
-        _start_idle_decay()
+    replace locks another thread of the parent may have held.  C only (pthread_atfork's child
+    handler): no Python state is usable yet."""
+    global _spare_tcache_count, _spare_tcache_lock, _all_slots_lock
     cdef Py_ssize_t i
     cdef ArenaSlot* slot
     cdef ThreadCache* tc
     _spare_tcache_count = 0
-    _spare_tcache_lock = PyThread_allocate_lock()
-    _all_slots_lock = PyThread_allocate_lock()
+    _spare_tcache_lock = allocate_lock_nogil()
+    _all_slots_lock = allocate_lock_nogil()
     pool_lock_reinit()
     arenalib_records_after_fork()
     slicing_after_fork()
     for i in range(_all_slots_count):
         slot = _all_slots[i]
         slot.tcache_index = _fresh_tcache()
-        slot.threads_lock = PyThread_allocate_lock()
+        slot.threads_lock = allocate_lock_nogil()
         tc = slot.threads
         while tc != NULL:
             tc.tcache_index = _fresh_tcache()
             if tc.thread != thread_ident():
                 tc.thread = 0  # its thread is not in the child: the child's threads take it over
             tc = tc.next
+
+
+def _after_fork_in_child():
+    """What a fork's child needs of Python once CPython's after-fork work is done: jemalloc's
+    background thread again (it stopped in the child).  A no-op in a process that did not fork
+    since the last call (the function is reachable from Python)."""
+    global _pid, _idle_decay_started
+    if os.getpid() == _pid:
+        return
+    _pid = os.getpid()
+    if _idle_decay_started:
+        _idle_decay_started = False
+        _start_idle_decay()
 
 
 cdef void _thread_exit(void* unused) noexcept nogil:
