@@ -151,12 +151,22 @@ cdef int _raise_mark_error(SlicingArena arena, int err, str doing) except -1:
 
 
 cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
+    """A mark pushed as an access of the arena (as _allocate carves): another thread's close
+    waits for it, and frees neither the stack it pushes on nor the carver record it holds under
+    it (with the GIL off, a mark racing a close crashed).  Its error code."""
+    cdef void* token = access_enter(&arena._core.life)  # (nothing for a thread's own arena)
     if frames_mark_fast(&arena._core, frame, out, thread_ident()) == ARENA_OK:
+        access_exit(token)
         return ARENA_OK  # the common case: the arena is biased to this thread (no lock)
     cdef int err = arena_mark_checked(&arena._core, frame, out)
     while err == ARENA_EBUSY and FREE_THREADED:
-        arenalib_yield()  # another thread is carving: microseconds (as _allocate waits)
+        # Another thread is carving: microseconds (as _allocate waits), out of the access so that
+        # a close waiting for it goes first (it is then seen closed).
+        access_exit(token)
+        arenalib_yield()
+        token = access_enter(&arena._core.life)
         err = arena_mark_checked(&arena._core, frame, out)
+    access_exit(token)
     return err
 
 
