@@ -73,6 +73,8 @@ from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.version cimport PY_VERSION_HEX
 from libc.string cimport memcpy, memset, strncpy
 
+import contextvars
+
 from arenalib._abi cimport (
     CACHE_MAX_SIZE, FREE_THREADED, ArenaCore, Lifetime, ThreadCache, arenalib_load_owner, books_remove,
     load_first_cache, thread_ident,
@@ -731,15 +733,23 @@ cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t old, size
 
 # -- the Python API -----------------------------------------------------------------------------
 
+# The innermost numpy() scope entered in this context (each one names the scope innermost when it was
+# entered): what lets a scope that ends out of order (generators closed in another order) leave
+# NumPy's handler to the scopes entered after it, and one ending in another context see it.
+cdef object _innermost_scope = contextvars.ContextVar("arenalib_numpy_scope", default=None)
+
+
 @cython.final
-@cython.no_gc  # an arena and capsules: nothing that leads back to it
+@cython.no_gc  # an arena, capsules and the scopes entered before it, which never lead back to it
 cdef class NumpyScope:
     """What arena.numpy() returns: a with-statement that makes NumPy allocate the data of the arrays
     created in the block (in this context) from the arena; see Arena.numpy()."""
 
     cdef ArenaBase _arena
-    cdef object _previous       # the handler the block replaced, while entered
+    cdef object _previous       # the handler the block replaced, while entered or left out of order
+    cdef NumpyScope _outer      # the scope innermost in this context when this one was entered
     cdef bint _entered
+    cdef bint _left             # ended out of order: its handler goes with the scopes entered after it
 
     def __init__(self, *args, **kwargs):
         raise TypeError("NumpyScope cannot be constructed directly; use arena.numpy()")
@@ -747,35 +757,95 @@ cdef class NumpyScope:
     def __enter__(self):
         if self._arena is None:  # made by NumpyScope.__new__(NumpyScope), not by arena.numpy()
             raise TypeError("this NumpyScope belongs to no arena; make scopes with arena.numpy()")
+        cdef NumpyScope outer = _innermost_scope.get()
         previous = _set_handler(numpy_handler_of(self._arena))
         cdef bint refused
+        cdef bint left
         # With the GIL off, two threads may enter or exit one scope object at once: its fields change
-        # under a critical section, where nothing runs Python code (the value replaced is None).
+        # under a critical section, where nothing runs Python code (the values replaced are None).
         with cython.critical_section(self):
-            refused = self._entered
+            refused = self._entered or self._left
+            left = self._left
             if not refused:
                 self._entered = True
                 self._previous = previous
+                self._outer = outer
         if refused:
             _set_handler(previous)
+            if left:
+                raise RuntimeError("this numpy() scope ended before a scope entered after it; call "
+                                   "arena.numpy() again for another")
             raise RuntimeError("this numpy() scope is entered already; call arena.numpy() again for "
                                "another")
+        _context_set(_innermost_scope, self)
         return self._arena
 
     def __exit__(self, exc_type, exc, tb):
         cdef bint entered
         with cython.critical_section(self):
             entered = self._entered
-            previous = self._previous  # (the local keeps it: dropping the field runs no finalizer)
-            self._previous = None
             self._entered = False
         if entered:
-            _set_handler(previous)  # the capsule set on entry is dropped here
+            _scope_exit(self)
         return False
 
     def __repr__(self):
-        state = "entered" if self._entered else "not entered"
+        state = "entered" if self._entered else "ended out of order" if self._left else "not entered"
         return f"<arenalib.NumpyScope of {self._arena!r}, {state}>"
+
+    def __reduce__(self):
+        raise TypeError("a NumpyScope cannot be pickled")
+
+
+cdef int _scope_exit(NumpyScope scope) except -1:
+    """The end of ``scope``'s block.  The innermost scope of this context restores the handler it
+    replaced, or the one the scopes under it that ended out of order replaced; any other ends out
+    of order: NumPy's handler stays the one of the scopes entered after it, until they end (as a
+    frame left out of order is let go by the next rewind below it).  A scope not in this context at
+    all (a generator suspended in it, closed on another thread) raises RuntimeError: the context it
+    began in keeps its handler until the scopes there end."""
+    # Fields change under the scope's critical section (another thread may walk the same scopes,
+    # in a context copied from this one); the locals keep what a field drops, so that no capsule or
+    # scope is freed there.
+    cdef NumpyScope below, next_below = None
+    cdef object restore, candidate = None
+    cdef bint popped
+    innermost = _innermost_scope.get()
+    if innermost is scope:
+        with cython.critical_section(scope):
+            restore = scope._previous
+            below = scope._outer
+            scope._previous = None
+            scope._outer = None
+        while below is not None:  # scopes under it that ended out of order go too
+            with cython.critical_section(below):
+                popped = below._left
+                if popped:
+                    below._left = False
+                    candidate = below._previous
+                    below._previous = None
+                    next_below = below._outer
+                    below._outer = None
+            if not popped:
+                break
+            restore = candidate
+            below = next_below
+        _set_handler(restore)  # (the capsule set at entry, and the ones of those let go, dropped)
+        _context_set(_innermost_scope, below)
+        return 0
+    cdef NumpyScope walk = innermost
+    while walk is not None and walk is not scope:
+        with cython.critical_section(walk):
+            next_below = walk._outer
+        walk = next_below
+    with cython.critical_section(scope):
+        scope._left = True
+    if walk is None:
+        raise RuntimeError(
+            "this numpy() scope ended in another context than it began in (a generator suspended "
+            "in it closed on another thread, or a task's): NumPy's handler stays arenalib's in the "
+            "context it began in until the scopes entered there end")
+    return 0
 
 
 cdef NumpyScope numpy_scope(ArenaBase arena):
@@ -803,6 +873,18 @@ def set_numpy_handler(handler):
     (and the asyncio tasks created in it from now on), as PyDataMem_SetHandler does."""
     cdef NpApi* api = numpy_api()
     return _set_handler(<object>api.default_capsule if handler is None else handler)
+
+
+cdef object _context_set(object var, object value):
+    """var.set(value), with the collector held off on 3.10 and 3.11 (see _set_handler)."""
+    if PY_VERSION_HEX >= 0x030C0000:
+        return var.set(value)
+    cdef bint was_enabled = PyGC_Disable()
+    try:
+        return var.set(value)
+    finally:
+        if was_enabled:
+            PyGC_Enable()
 
 
 cdef object _set_handler(object capsule):

@@ -106,6 +106,89 @@ def test_nested_scopes_restore_what_they_replaced(arena):
         del inner, outer
 
 
+def scoped(arena):
+    """A generator suspended inside ``arena.numpy()``: its scope ends when it is closed."""
+    with arena.numpy():
+        yield
+
+
+def test_scopes_ended_out_of_order_leave_the_handler_to_those_entered_after_them(arena):
+    """Generators closed in the order they were suspended end their scopes out of order: the
+    outer's end leaves the inner's handler in place (its block is still open), and the inner's
+    end restores what the outer replaced, not the outer's handler (which then stayed current
+    once every scope had ended)."""
+    with arenalib.Arena() as other:
+        outer, inner = scoped(arena), scoped(other)
+        next(outer)
+        next(inner)
+        outer.close()
+        x = np.ones(10)
+        assert arrays(other) == 1 and arrays(arena) == 0
+        inner.close()
+        assert get_handler_name() == "default_allocator"
+        y = np.ones(10)
+        assert arrays(other) == 1 and arrays(arena) == 0
+        del x, y
+
+
+def test_a_scope_ended_out_of_order_under_a_scope_still_open_goes_with_it(arena):
+    with arenalib.Arena() as first, arenalib.Arena() as second:
+        with first.numpy():
+            a, b = scoped(arena), scoped(second)
+            next(a)
+            next(b)
+            a.close()  # out of order: second's handler stays
+            b.close()  # first's handler back, arena's scope gone with it
+            x = np.ones(10)
+            assert arrays(first) == 1 and arrays(arena) == 0 and arrays(second) == 0
+        assert get_handler_name() == "default_allocator"
+        del x
+
+
+def test_a_scope_ended_out_of_order_is_not_entered_again(arena):
+    with arenalib.Arena() as other:
+        scope = arena.numpy()
+        scope.__enter__()
+        inner = scoped(other)
+        next(inner)
+        scope.__exit__(None, None, None)
+        assert "ended out of order" in repr(scope)
+        with pytest.raises(RuntimeError, match="ended before a scope entered after it"):
+            scope.__enter__()
+        inner.close()
+        assert get_handler_name() == "default_allocator"
+        with scope:  # let go with the scope entered after it: a scope like any other again
+            x = np.ones(10)
+        assert arrays(arena) == 1
+        del x
+
+
+def test_a_scope_ended_in_another_context_says_so(arena):
+    """A generator suspended in a scope and closed on another thread (whose context is not the one
+    the scope began in) cannot reach the context holding the handler: RuntimeError, as
+    ContextVar.reset() of another context's token raises; the scope's own context is left as the
+    block left it."""
+    context = contextvars.copy_context()  # the scope's: the test's own is left untouched
+    gen = scoped(arena)
+    context.run(next, gen)
+    caught = []
+
+    def close():
+        try:
+            gen.close()
+        except RuntimeError as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=close)
+    thread.start()
+    thread.join()
+    assert caught and "another context" in str(caught[0])
+    x = context.run(np.ones, 10)
+    assert arrays(arena) == 1  # its context still has the handler: documented
+    assert get_handler_name() == "default_allocator"
+    del x
+
+
 def test_a_scope_is_entered_once_at_a_time_and_can_be_entered_again(arena):
     scope = arena.numpy()
     with scope:
@@ -608,7 +691,10 @@ def test_one_scope_entered_and_exited_by_threads_at_once(arena):
             except RuntimeError:
                 pass
             x = np.ones(10)
-            scope.__exit__(None, None, None)
+            try:
+                scope.__exit__(None, None, None)
+            except RuntimeError as exc:  # entered by another thread: its context, not this one
+                assert "another context" in str(exc)
             del x
         return get_handler_name()
 
