@@ -113,6 +113,37 @@ cdef int _debug_note_allocation(ArenaBase arena, size_t address, Py_ssize_t size
     return 0
 
 
+cdef int _note_block(ArenaBase arena, size_t address, size_t size, uint64_t stamp,
+                     uint64_t generation) except -1:
+    """tracemalloc's and debug mode's books of a block just bound to its segment.  Diagnostics: a
+    block they cannot note (no memory for a table entry, the recursion limit reached by
+    format_stack()) goes unnoted rather than fail the allocation or resize (a raise here lost the
+    block bound to a segment the caller never got, counted until close, and a resized segment:
+    PyTraceMalloc_Track()'s callers ignore its failure too)."""
+    try:
+        if arena._traced is not None:
+            arena._trace(address, size, True, stamp, generation)
+        if _debug:
+            _debug_note_allocation(arena, address, size)
+    except (MemoryError, RecursionError):
+        pass
+    return 0
+
+
+cdef int _note_block_gone(ArenaBase arena, size_t address) except -1:
+    """tracemalloc's and debug mode's books of a block freed or moved away: after the fact, so a
+    failure (no memory for the address as a key) leaves an entry rather than raising for a free or
+    resize that was done (harmless: the address noted again replaces it, a close untracks it)."""
+    try:
+        if arena._traced is not None:
+            arena._trace(address, 0, False)
+        if arena._debug_blocks is not None:
+            arena._debug_blocks.pop(address, None)
+    except MemoryError:
+        pass
+    return 0
+
+
 cdef int debug_note_export(Segment root, Py_ssize_t delta) except -1:
     """Debug mode: an export of ``root`` begins (1) or ends (-1)."""
     if not isinstance(root._arena, ArenaBase):
@@ -268,10 +299,8 @@ cdef class ArenaBase(SegmentOwner):
         access_exit(token)
         if anchored and anchor == NULL and not owned:
             shared_make_anchor(self)  # for this thread's next segments
-        if self._traced is not None:
-            self._trace(<size_t>ptr, <size_t>size, True, seg._frame_stamp, seg._generation)
-        if _debug:
-            _debug_note_allocation(self, <size_t>ptr, size)
+        if self._traced is not None or _debug:
+            _note_block(self, <size_t>ptr, <size_t>size, seg._frame_stamp, seg._generation)
         return seg
 
     cdef int _free_segment(self, Segment seg) except -1:
@@ -298,10 +327,8 @@ cdef class ArenaBase(SegmentOwner):
                 "first, or free(deferred=True) to free it with the last")
         if err:
             self._raise(err, "cannot free this segment")
-        if self._traced is not None:
-            self._trace(<size_t>seg._ptr, 0, False)
-        if self._debug_blocks is not None:
-            self._debug_blocks.pop(<size_t>seg._ptr, None)
+        if self._traced is not None or self._debug_blocks is not None:
+            _note_block_gone(self, <size_t>seg._ptr)
         return 0
 
     cdef Segment _resize_segment(self, Segment seg, Py_ssize_t size, bint zero):
@@ -352,13 +379,10 @@ cdef class ArenaBase(SegmentOwner):
                              "opened after it was carved, and die at its rewind; resize it there")
         if err:
             self._raise(err, f"cannot resize a segment of {old_size} bytes to {size}")
-        if self._traced is not None:
-            self._trace(<size_t>seg._ptr, 0, False)
-            self._trace(<size_t>ptr, <size_t>size, True, resized._frame_stamp, resized._generation)
-        if self._debug_blocks is not None:
-            self._debug_blocks.pop(<size_t>seg._ptr, None)
-        if _debug:
-            _debug_note_allocation(self, <size_t>ptr, size)
+        if self._traced is not None or self._debug_blocks is not None:
+            _note_block_gone(self, <size_t>seg._ptr)
+        if self._traced is not None or _debug:
+            _note_block(self, <size_t>ptr, <size_t>size, resized._frame_stamp, resized._generation)
         return resized
 
     cdef void _start_tracing(self) noexcept:

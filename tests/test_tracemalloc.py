@@ -2,6 +2,7 @@
 arenalib's own domain."""
 
 import gc
+import sys
 import sysconfig
 import tracemalloc
 
@@ -226,3 +227,91 @@ def test_a_c_level_reset_or_close_ends_the_traces_of_the_segments(tracing, kind,
         theirs = other.allocate(1000)
         arena.close()  # (idempotent)
         assert [t.size for t in arenalib_traces()] == [1000] and theirs.alive
+
+
+def failing_python_allocation(k):
+    """A context in which the k-th allocation of Python's allocators from now on fails."""
+    import contextlib
+
+    _testcapi = pytest.importorskip("_testcapi")
+
+    @contextlib.contextmanager
+    def failing():
+        _testcapi.set_nomemory(k, k + 1)
+        try:
+            yield
+        finally:
+            _testcapi.remove_mem_hooks()
+
+    return failing()
+
+
+@pytest.mark.parametrize("kind", FREEABLE_KINDS)
+def test_no_memory_for_tracemallocs_books_of_a_block_loses_neither_the_block_nor_the_segment(kind):
+    """tracemalloc's table is written once the block is bound to its segment: a MemoryError there
+    lost the block (counted until close, max_bytes used up by blocks nobody held) and, in a
+    resize, the segment (the old one dead, the new one never returned).  Every Python allocation
+    in turn fails once: allocate() and resize() either raise with nothing changed or succeed."""
+    tracemalloc.start()
+    try:
+        for k in range(60):
+            with kind(max_bytes=1 << 20) as arena:
+                try:
+                    with failing_python_allocation(k):
+                        seg = arena.allocate(1024)
+                except MemoryError:
+                    assert arena.stats()["live_segments"] == 0, k
+                    continue
+                seg.fill(7)
+                try:
+                    with failing_python_allocation(k):
+                        grown = seg.resize(50_000)
+                except MemoryError:
+                    assert seg.alive and seg.tobytes() == b"\x07" * 1024, k
+                    assert arena.stats()["live_bytes"] == 1024, k
+                else:
+                    assert not seg.alive and grown.tobytes()[:1024] == b"\x07" * 1024, k
+                    assert arena.stats()["live_bytes"] == 50_000, k
+                    seg = grown
+                seg.free()
+                assert arena.stats()["live_segments"] == 0, k
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("kind", FREEABLE_KINDS)
+def test_debug_mode_at_the_recursion_limit_loses_no_block(kind):
+    """Debug mode notes where a block was allocated (traceback.format_stack()) once the block is
+    bound: at the recursion limit that raised RecursionError, and the block was lost to a segment
+    the caller never got.  Allocations made at every depth up to the limit: each one either raises
+    before taking memory or returns its segment, and the books count exactly those returned."""
+    got: list = []
+    arenalib.set_debug(True)
+    try:
+        with kind() as arena:
+
+            def dive():
+                try:
+                    dive()
+                except RecursionError:
+                    pass
+                try:
+                    got.append(arena.allocate(64))
+                except RecursionError:
+                    pass
+
+            depth, frame = 0, sys._getframe()
+            while frame is not None:
+                depth, frame = depth + 1, frame.f_back
+            limit = sys.getrecursionlimit()
+            sys.setrecursionlimit(depth + 150)  # (each note formats the whole stack: keep it short)
+            try:
+                dive()
+            finally:
+                sys.setrecursionlimit(limit)
+            assert got and arena.stats()["live_segments"] == len(got)
+            for seg in got:
+                seg.free()
+            got.clear()
+    finally:
+        arenalib.set_debug(False)
