@@ -45,9 +45,33 @@ cdef void _start_idle_decay() noexcept nogil:
     cdef size_t one = 1
     cdef unsigned char on = 1  # a C bool
     je_mallctl(b"max_background_threads", NULL, NULL, &one, sizeof(size_t))
+    cdef uint64_t runs = _background_runs()
     je_mallctl(b"background_thread", NULL, NULL, &on, sizeof(on))
+    # Wait for the thread's first pass (a few hundred microseconds, once a process): it allocates
+    # its thread-local data then, which glibc allocates for a dlopen'ed library at a thread's first
+    # touch and, when malloc fails, ends the process ("cannot allocate memory for thread-local
+    # data").  Now, rather than at the first moment the program runs out of memory.
+    cdef int i
+    for i in range(4000 if runs != NO_RUNS else 0):  # (at most ~0.2 s)
+        if _background_runs() != runs:
+            break
+        arenalib_sleep_us(50)
     if _barrier_arena == 0 and _mallctl_read_unsigned(b"arenas.create", &_barrier_arena) != 0:
         _barrier_arena = 0
+
+
+cdef uint64_t NO_RUNS = <uint64_t>1 << 63
+
+
+cdef uint64_t _background_runs() noexcept nogil:
+    """The passes jemalloc's background threads have made (NO_RUNS when it cannot say)."""
+    cdef uint64_t epoch = 1
+    cdef uint64_t runs = 0
+    cdef size_t size = sizeof(uint64_t)
+    je_mallctl(b"epoch", NULL, NULL, &epoch, sizeof(epoch))
+    if je_mallctl(b"stats.background_thread.num_runs", &runs, &size, NULL, 0) != 0:
+        return NO_RUNS
+    return runs
 
 
 cdef void _background_thread_barrier() noexcept nogil:

@@ -13,7 +13,7 @@ import os
 import sys
 
 import pytest
-from support import KINDS, SANITIZED, THREAD_SANITIZED, assert_ok, run_python
+from support import KINDS, SANITIZED, THREAD_SANITIZED, assert_ok, not_sanitized, run_python
 
 # -- fork ------------------------------------------------------------------------------------------
 
@@ -454,6 +454,38 @@ def test_interpreter_exit_with_many_unclosed_arenas_is_quick():
 
 
 # -- memory the OS will not give: RLIMIT_AS ---------------------------------------------------------
+
+FIRST_ARENA_THEN_NO_MEMORY = """
+import os, resource, time
+import arenalib
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one CPU: a new thread runs when this one waits
+with open("/proc/self/statm") as f:
+    size = int(f.read().split()[0]) * 4096
+arena = arenalib.Arena()  # the process's first: it starts jemalloc's background thread
+resource.setrlimit(resource.RLIMIT_AS, (size + (8 << 20), resource.RLIM_INFINITY))
+got = 0
+try:
+    for _ in range(100_000):
+        arena.allocate(1 << 20)
+        got += 1
+except MemoryError:
+    pass
+time.sleep(0.3)  # (the background thread's first pass, had it not been made yet, lands here)
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY,) * 2)
+arena.close()
+print("ok", got)
+"""
+
+
+@not_sanitized  # (ASan's allocator ends a process that runs out of memory)
+def test_memory_running_out_at_once_after_the_first_arena_raises_memory_error():
+    """jemalloc's background thread, started by the first arena, allocates its thread-local data at
+    its first pass; glibc allocates a dlopen'ed library's TLS with malloc there and ends the process
+    when malloc fails ("cannot allocate memory for thread-local data", exit 127: 10 runs in 10 of
+    this script before, pinned to one CPU).  The first arena now waits for that pass."""
+    for _ in range(5):
+        assert assert_ok(run_python(FIRST_ARENA_THEN_NO_MEMORY)).startswith("ok")
+
 
 RLIMIT_SCRIPT = """
 import resource
