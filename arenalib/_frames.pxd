@@ -226,6 +226,8 @@ cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark, bint 
             stack.rewinds += 1
             store_u64(&stack.serial, serial)
             store_depth(&stack.depth, depth - 1)
+            if stack.abandoned:
+                _pop_abandoned(core, stack)  # (as frames_rewind() does: refused frames under it)
             err = ARENA_OK
     biased_end(record)
     return err
@@ -303,6 +305,10 @@ cdef inline int frames_rewind(ArenaCore* core, FrameStack* stack, const ArenaMar
     if _exported_from(stack, mark.depth):
         return ARENA_EEXPORTED
     frames_pop_to(core, stack, mark.depth)
+    # Frames under it whose exits were refused while it was open go with it: left already, they are
+    # the innermost now, and a carve made with no frame open would land in their level (and die
+    # when the next mark popped them).
+    _pop_abandoned(core, stack)
     return ARENA_OK
 
 

@@ -377,14 +377,30 @@ def test_frames_left_out_of_order_are_refused_and_never_rewind_wrongly(arena):
     assert seg_a.tobytes() == bytes([1]) * 32 and seg_b.tobytes() == bytes([2]) * 32
     with pytest.raises(ValueError, match="not open"):
         a.allocate(8)  # A's exit was refused, not undone: it is left, and abandoned
-    b.__exit__(None, None, None)
+    b.__exit__(None, None, None)  # B's exit takes A with it: A was left already
     assert_dead(seg_b)
-    assert seg_a.alive and arena.stats()["marks"] == 1
+    assert_dead(seg_a)
+    assert arena.stats()["marks"] == 0
     with pytest.raises(ValueError, match="not open"):
         a.__exit__(None, None, None)
-    with arena.frame():  # nothing open above the abandoned A: the next mark lets it go
+    kept = arena.allocate(16).fill(3)  # carved with no frame open: no frame's exit or mark takes it
+    with arena.frame():
         assert arena.stats()["marks"] == 1
-    assert_dead(seg_a)
+    assert kept.tobytes() == bytes([3]) * 16
+
+
+def test_a_frame_left_out_of_order_under_an_export_goes_with_the_next_mark_after_the_release(arena):
+    """A frame whose exit was refused for a live export stays until the export goes (its segments
+    with it); the next mark with nothing open above it lets it go."""
+    frame = arena.frame()
+    frame.__enter__()
+    view = memoryview(frame.allocate(32).fill(1))
+    with pytest.raises(BufferError):
+        frame.__exit__(None, None, None)
+    assert arena.stats()["marks"] == 1 and view[0] == 1
+    view.release()
+    with arena.frame():  # nothing open above the abandoned frame, nothing of it exported: it goes
+        assert arena.stats()["marks"] == 1
     assert arena.stats()["marks"] == 0
 
 
@@ -429,7 +445,7 @@ def test_only_the_innermost_frame_allocates(arena):
         outer.allocate(8)
 
 
-def test_an_abandoned_frame_goes_with_the_frame_below_it(arena):
+def test_an_abandoned_frame_goes_with_the_frame_entered_after_it(arena):
     with arena.frame() as outer:
         a, b = arena.frame(), arena.frame()
         a.__enter__()
@@ -437,10 +453,10 @@ def test_an_abandoned_frame_goes_with_the_frame_below_it(arena):
         b.__enter__()
         with pytest.raises(ValueError):
             a.__exit__(None, None, None)
-        b.__exit__(None, None, None)
-        assert seg_a.alive
+        b.__exit__(None, None, None)  # A, left already, goes with the frame entered after it
+        assert_dead(seg_a)
+        assert arena.stats()["marks"] == 1  # the outer frame's
         assert outer.arena is arena
-    assert_dead(seg_a)
     assert arena.stats()["marks"] == 0
 
 
@@ -868,8 +884,8 @@ class FramesMachine(RuleBasedStateMachine):
         self.live.append(entry)
 
     def _let_abandoned_go(self):
-        """A mark or frame entry first lets go of abandoned frames nothing open lies above and no
-        export holds."""
+        """A mark or frame entry, and a rewind or frame exit after its own, let go of abandoned
+        frames nothing open lies above and no export holds."""
         while True:
             items = [(m[1], "mark", m) for m in self.marks if m[3]]
             items += [(f[1], "frame", f) for f in self.frames if self._in_stack(f)]
@@ -903,6 +919,7 @@ class FramesMachine(RuleBasedStateMachine):
         else:
             self.arena.rewind(mark)
             self._kill_after(pos, seq - 1)  # the mark is used up too
+            self._let_abandoned_go()  # frames left under it while it was open go with it
 
     @rule()
     def enter_frame(self):
@@ -932,6 +949,7 @@ class FramesMachine(RuleBasedStateMachine):
             frame.__exit__(None, None, None)
             self._kill_after(pos, seq - 1)  # its own mark goes too
             f[3] = "gone"
+            self._let_abandoned_go()  # frames left under it while it was open go with it
 
     @precondition(lambda self: self.live)
     @rule(pick=PICK)
