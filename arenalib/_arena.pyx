@@ -576,6 +576,8 @@ cdef class ArenaBase(SegmentOwner):
         try:
             self._close(True)
         except Exception as close_error:
+            if isinstance(exc, GeneratorExit):
+                raise  # a generator's close() swallows GeneratorExit, and a note on it with it
             # The block's exception propagates unchanged; the close's failure is noted on it.
             _add_note(exc, f"and closing {type(self).__name__} failed: {close_error!r}")
         return False

@@ -316,8 +316,8 @@ cdef class Segment:
         except ArenaClosedError:
             pass  # another thread freed it, or reset or closed its arena, since the look above
         except Exception as free_error:
-            if exc is None:
-                raise
+            if exc is None or isinstance(exc, GeneratorExit):
+                raise  # (a generator's close() swallows GeneratorExit, and a note on it with it)
             _add_note(exc, f"and freeing the segment failed: {free_error!r}")
         return False
 

@@ -370,3 +370,32 @@ class DeferredCloseMachine(RuleBasedStateMachine):
 
 TestDeferredClose = DeferredCloseMachine.TestCase
 TestDeferredClose.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_a_generator_closed_on_another_thread_inside_a_confined_scope_says_why_it_stays_open():
+    """A generator suspended in `with ConfinedArena()` and closed on another thread: the close is
+    refused there (WrongThreadError).  Noted on the GeneratorExit, it was swallowed with it by
+    close(), and the arena stayed open silently until the collector's ResourceWarning."""
+    from arenalib import ConfinedArena, WrongThreadError
+
+    def scoped():
+        with ConfinedArena() as arena:
+            arena.allocate(16)
+            yield arena
+
+    gen = scoped()
+    arena = next(gen)
+    caught = []
+
+    def close():
+        try:
+            gen.close()
+        except WrongThreadError as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=close)
+    thread.start()
+    thread.join()
+    assert caught and isinstance(caught[0].__context__, GeneratorExit)
+    assert arena.stats()["live_segments"] == 1  # open: its owner closes it
+    arena.close()
