@@ -229,8 +229,11 @@ cdef class ArenaBase(SegmentOwner):
         False for memory with whatever it held (a bool, or an int).  align: a power of two the
         address is a multiple of (up to 1 GiB).  Raises MemoryError when the memory cannot be had
         or max_bytes would be exceeded."""
-        return self._allocate(_parse_size(size, "size"), parse_flag(zero, "zero"),
-                              1 if align is None else parse_align(align))
+        # The flags first: a bad one is a ValueError or TypeError whatever the size (a size past
+        # any address space is a MemoryError).
+        cdef bint fill = parse_flag(zero, "zero")
+        cdef size_t alignment = 1 if align is None else parse_align(align)
+        return self._allocate(_parse_size(size, "size"), fill, alignment)
 
     def allocate_from(self, data, *, align=None):
         """A new Segment holding a copy of ``data`` (any bytes-like object; a strided one is

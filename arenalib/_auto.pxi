@@ -120,5 +120,6 @@ def allocate(size, *, zero=True, align=None):
     zero and align as ArenaBase.allocate().  The memory comes from the process's AutoArena, and goes
     back when the last reference to the segment, its slices and its buffer exports is gone, from
     whichever thread drops it; seg.free() or ``with seg:`` give it back earlier."""
-    return auto_arena_now()._allocate(_parse_size(size, "size"), parse_flag(zero, "zero"),
-                                      1 if align is None else parse_align(align))
+    cdef bint fill = parse_flag(zero, "zero")  # (the flags first, as ArenaBase.allocate())
+    cdef size_t alignment = 1 if align is None else parse_align(align)
+    return auto_arena_now()._allocate(_parse_size(size, "size"), fill, alignment)

@@ -293,8 +293,9 @@ cdef class Frame:
     cdef Segment _allocate(self, size, zero, align):
         if load_ssize(&self._state) != FRAME_ENTERED:
             raise ValueError("allocate() of a frame that is not open")
-        return self._arena._allocate(_parse_size(size, "size"), parse_flag(zero, "zero"),
-                                     1 if align is None else parse_align(align), &self._mark)
+        cdef bint fill = parse_flag(zero, "zero")  # (the flags first, as ArenaBase.allocate())
+        cdef size_t alignment = 1 if align is None else parse_align(align)
+        return self._arena._allocate(_parse_size(size, "size"), fill, alignment, &self._mark)
 
     def __reduce__(self):
         raise TypeError("a Frame cannot be pickled")

@@ -159,9 +159,12 @@ cdef ArenaSlot* slot_acquire(uint64_t* serial) except NULL:
             "close arenas that are no longer needed")
     if err == -2:
         raise MemoryError("cannot allocate an arena slot")
+    # jemalloc's EAGAIN: its metadata (or the arena's first extent) could not be had; with few
+    # arenas in use, that is the process out of memory, not too many arenas.
     raise MemoryError(
-        f"jemalloc cannot create another arena (error {err}): {_slots_created} are in use; "
-        "close arenas that are no longer needed")
+        f"jemalloc cannot create another arena (error {err}, {os.strerror(err)}): no memory for "
+        f"its metadata, with {_slots_created} arena(s) in use; close arenas that are no longer "
+        "needed, or free memory")
 
 
 cdef ArenaSlot* _slot_take(int* err) noexcept:

@@ -1168,3 +1168,19 @@ def test_reset_gives_back_what_counted_against_max_bytes():
                     arena.allocate(600)
                 arena.reset()
             assert arena.stats()["live_bytes"] == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_bad_flag_is_refused_as_such_whatever_the_size(kind):
+    """align and zero are judged before the size: a bad one is a ValueError or TypeError even with
+    a size past any address space (which alone is a MemoryError)."""
+    with kind() as arena:
+        for size in (10, 2**63, 2**64):
+            with pytest.raises(ValueError, match="align"):
+                arena.allocate(size, align=3)
+            with pytest.raises(TypeError, match="zero"):
+                arena.allocate(size, zero="no")
+            with pytest.raises(ValueError, match="align"):
+                arenalib.allocate(size, align=-1)
+        with pytest.raises(MemoryError):
+            arena.allocate(2**63)
