@@ -852,7 +852,9 @@ class FramesMachine(RuleBasedStateMachine):
         return f[4] == self.generation and f[3] in ("open", "abandoned")
 
     def _exported(self, pos):
-        return any(entry in self.live[pos:] for _, entry in self.views)
+        # By identity: `in` would compare entries by value, and segments by content.
+        after = {id(entry) for entry in self.live[pos:]}
+        return any(id(entry) in after for _, entry in self.views)
 
     def _kill_after(self, pos, seq):
         for entry in self.live[pos:]:
