@@ -111,12 +111,10 @@ def test_a_finalizer_that_resets_while_a_block_is_traced_leaves_a_dead_segment_n
 
         outer = a.frame()
         outer.__enter__()
-        outer.allocate(16)  # traced with a frame stamp
-        inner = a.frame()
-        inner.__enter__()
-        with pytest.raises(ValueError):
-            outer.__exit__(None, None, None)  # out of order: refused, the outer frame abandoned
-        inner.__exit__(None, None, None)
+        view = memoryview(outer.allocate(16))  # traced with a frame stamp
+        with pytest.raises(BufferError):
+            outer.__exit__(None, None, None)  # exported: refused, the frame abandoned
+        view.release()
         a.mark()  # pops the abandoned frame: a rewind the traces have not seen
         Bomb()
         junk = [[] for _ in range(100)]  # generation 0 past the threshold below
