@@ -15,7 +15,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from support import SANITIZED, MiB, settled_rss, slots_in_use
+from support import SANITIZED, MiB, run_threads, settled_rss, slots_in_use
 
 import arenalib
 from arenalib import ArenaClosedError
@@ -385,17 +385,8 @@ def test_a_generator_closed_on_another_thread_inside_a_confined_scope_says_why_i
 
     gen = scoped()
     arena = next(gen)
-    caught = []
-
-    def close():
-        try:
-            gen.close()
-        except WrongThreadError as exc:
-            caught.append(exc)
-
-    thread = threading.Thread(target=close)
-    thread.start()
-    thread.join()
-    assert caught and isinstance(caught[0].__context__, GeneratorExit)
+    with pytest.raises(WrongThreadError) as caught:
+        run_threads(lambda index: gen.close(), 1)
+    assert isinstance(caught.value.__context__, GeneratorExit)
     assert arena.stats()["live_segments"] == 1  # open: its owner closes it
     arena.close()
