@@ -68,12 +68,12 @@
 
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
 from cpython.object cimport PyObject
+from cpython.contextvars cimport PyContextVar_Get, PyContextVar_New_with_default, PyContextVar_Set
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.version cimport PY_VERSION_HEX
 from libc.string cimport memcpy, memset, strncpy
 
-import contextvars
 
 from arenalib._abi cimport (
     CACHE_MAX_SIZE, FREE_THREADED, ArenaCore, Lifetime, ThreadCache, arenalib_load_owner, books_remove,
@@ -736,7 +736,7 @@ cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t old, size
 # The innermost numpy() scope entered in this context (each one names the scope innermost when it was
 # entered): what lets a scope that ends out of order (generators closed in another order) leave
 # NumPy's handler to the scopes entered after it, and one ending in another context see it.
-cdef object _innermost_scope = contextvars.ContextVar("arenalib_numpy_scope", default=None)
+cdef object _innermost_scope = PyContextVar_New_with_default(b"arenalib_numpy_scope", None)
 
 
 @cython.final
@@ -757,8 +757,8 @@ cdef class NumpyScope:
     def __enter__(self):
         if self._arena is None:  # made by NumpyScope.__new__(NumpyScope), not by arena.numpy()
             raise TypeError("this NumpyScope belongs to no arena; make scopes with arena.numpy()")
-        cdef NumpyScope outer = _innermost_scope.get()
-        previous = _set_handler(numpy_handler_of(self._arena))
+        cdef NumpyScope outer = _innermost(_innermost_scope)
+        previous = _set_handler(numpy_handler_of(self._arena), True, self)
         cdef bint refused
         cdef bint left
         # With the GIL off, two threads may enter or exit one scope object at once: its fields change
@@ -771,13 +771,12 @@ cdef class NumpyScope:
                 self._previous = previous
                 self._outer = outer
         if refused:
-            _set_handler(previous)
+            _set_handler(previous, True, outer)
             if left:
                 raise RuntimeError("this numpy() scope ended before a scope entered after it; call "
                                    "arena.numpy() again for another")
             raise RuntimeError("this numpy() scope is entered already; call arena.numpy() again for "
                                "another")
-        _context_set(_innermost_scope, self)
         return self._arena
 
     def __exit__(self, exc_type, exc, tb):
@@ -810,7 +809,7 @@ cdef int _scope_exit(NumpyScope scope) except -1:
     cdef NumpyScope below, next_below = None
     cdef object restore, candidate = None
     cdef bint popped
-    innermost = _innermost_scope.get()
+    cdef NumpyScope innermost = _innermost(_innermost_scope)
     if innermost is scope:
         with cython.critical_section(scope):
             restore = scope._previous
@@ -830,8 +829,7 @@ cdef int _scope_exit(NumpyScope scope) except -1:
                 break
             restore = candidate
             below = next_below
-        _set_handler(restore)  # (the capsule set at entry, and the ones of those let go, dropped)
-        _context_set(_innermost_scope, below)
+        _set_handler(restore, True, below)  # (dropped: the capsule set at entry, those let go)
         return 0
     cdef NumpyScope walk = innermost
     while walk is not None and walk is not scope:
@@ -875,33 +873,34 @@ def set_numpy_handler(handler):
     return _set_handler(<object>api.default_capsule if handler is None else handler)
 
 
-cdef object _context_set(object var, object value):
-    """var.set(value), with the collector held off on 3.10 and 3.11 (see _set_handler)."""
-    if PY_VERSION_HEX >= 0x030C0000:
-        return var.set(value)
-    cdef bint was_enabled = PyGC_Disable()
-    try:
-        return var.set(value)
-    finally:
-        if was_enabled:
-            PyGC_Enable()
+cdef inline object _innermost(object var):
+    """The scope innermost in this context (None: none), with no method call."""
+    cdef PyObject* value = NULL
+    PyContextVar_Get(var, NULL, &value)  # (cannot fail for a ContextVar)
+    if value == NULL:
+        return None
+    result = <object>value
+    Py_DECREF(result)  # PyContextVar_Get() gave a new reference
+    return result
 
 
-cdef object _set_handler(object capsule):
-    """NumPy's PyDataMem_SetHandler(capsule), a ContextVar.set(), with the collector held off on
-    3.10 and 3.11.  There a collection can start inside the set's own allocations, and a finalizer
-    it runs that sets a context variable too (one that enters a numpy() scope) frees the table the
-    set is still walking: a crash (CPython gh-148891; an attack with two threads whose finalizers
-    entered scopes crashed 4 runs in 4).  3.12 runs the collector only between bytecodes."""
+cdef object _set_handler(object capsule, bint set_scope=False, object scope=None):
+    """NumPy's PyDataMem_SetHandler(capsule), a ContextVar.set(), and (``set_scope``) ``scope`` as
+    the innermost in this context, a set too: with the collector held off on 3.10 and 3.11.  There a
+    collection can start inside a set's own allocations, and a finalizer it runs that sets a
+    context variable too (one that enters a numpy() scope) frees the table the set is still
+    walking: a crash (CPython gh-148891; an attack with two threads whose finalizers entered
+    scopes crashed 4 runs in 4).  3.12 runs the collector only between bytecodes."""
     cdef NpApi* api = numpy_api()
-    if PY_VERSION_HEX >= 0x030C0000:
-        return api.set_handler(capsule)
-    cdef bint was_enabled = PyGC_Disable()
+    cdef bint was_enabled = PY_VERSION_HEX < 0x030C0000 and PyGC_Disable()
     try:
-        return api.set_handler(capsule)
+        previous = api.set_handler(capsule)
+        if set_scope:
+            PyContextVar_Set(_innermost_scope, scope)
     finally:
         if was_enabled:
             PyGC_Enable()
+    return previous
 
 
 cdef Py_ssize_t segment_exports(ArenaBase arena) noexcept:
