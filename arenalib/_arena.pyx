@@ -414,8 +414,12 @@ cdef class ArenaBase(SegmentOwner):
                 table = self._traced_framed if stamp else self._traced
                 if table is None or not _carve_alive(&self._core.life, stamp, generation):
                     return 0
-                if PyTraceMalloc_Track(TRACE_DOMAIN, address, size) == 0:
-                    table[address] = stamp
+                # The table's entry first: one it cannot make (MemoryError) leaves tracemalloc
+                # told nothing, where a trace without an entry would outlive the block's close.
+                key = address
+                table[key] = stamp
+                if PyTraceMalloc_Track(TRACE_DOMAIN, address, size) != 0:
+                    del table[key]
             else:
                 PyTraceMalloc_Untrack(TRACE_DOMAIN, address)
                 self._traced.pop(address, None)

@@ -68,7 +68,9 @@
 
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
 from cpython.object cimport PyObject
-from cpython.contextvars cimport PyContextVar_Get, PyContextVar_New_with_default, PyContextVar_Set
+from cpython.contextvars cimport (
+    PyContextVar_Get, PyContextVar_New_with_default, PyContextVar_Reset, PyContextVar_Set,
+)
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.version cimport PY_VERSION_HEX
@@ -750,6 +752,7 @@ cdef class NumpyScope:
     cdef NumpyScope _outer      # the scope innermost in this context when this one was entered
     cdef bint _entered
     cdef bint _left             # ended out of order: its handler goes with the scopes entered after it
+    cdef object _token          # its entry's token of the scope chain's ContextVar: what its exit resets
 
     def __init__(self, *args, **kwargs):
         raise TypeError("NumpyScope cannot be constructed directly; use arena.numpy()")
@@ -758,7 +761,7 @@ cdef class NumpyScope:
         if self._arena is None:  # made by NumpyScope.__new__(NumpyScope), not by arena.numpy()
             raise TypeError("this NumpyScope belongs to no arena; make scopes with arena.numpy()")
         cdef NumpyScope outer = _innermost(_innermost_scope)
-        previous = _set_handler(numpy_handler_of(self._arena), True, self)
+        previous, token = _enter_scope(numpy_handler_of(self._arena), self)
         cdef bint refused
         cdef bint left
         # With the GIL off, two threads may enter or exit one scope object at once: its fields change
@@ -770,8 +773,9 @@ cdef class NumpyScope:
                 self._entered = True
                 self._previous = previous
                 self._outer = outer
+                self._token = token
         if refused:
-            _set_handler(previous, True, outer)
+            _leave_scope(token, previous, False, None)
             if left:
                 raise RuntimeError("this numpy() scope ended before a scope entered after it; call "
                                    "arena.numpy() again for another")
@@ -796,53 +800,91 @@ cdef class NumpyScope:
         raise TypeError("a NumpyScope cannot be pickled")
 
 
+cdef inline NumpyScope _outer_of(NumpyScope scope, bint* left):
+    """The scope innermost when ``scope`` was entered, and whether ``scope`` ended out of order."""
+    with cython.critical_section(scope):
+        left[0] = scope._left
+        return scope._outer
+
+
 cdef int _scope_exit(NumpyScope scope) except -1:
-    """The end of ``scope``'s block.  The innermost scope of this context restores the handler it
-    replaced, or the one the scopes under it that ended out of order replaced; any other ends out
-    of order: NumPy's handler stays the one of the scopes entered after it, until they end (as a
-    frame left out of order is let go by the next rewind below it).  A scope not in this context at
-    all (a generator suspended in it, closed on another thread) raises RuntimeError: the context it
-    began in keeps its handler until the scopes there end."""
-    # Fields change under the scope's critical section (another thread may walk the same scopes,
+    """The end of ``scope``'s block.  The innermost scope of this context (once those entered after
+    it that ended out of order are passed over) restores the handler it replaced, or the one the
+    scopes under it that ended out of order replaced; any other ends out of order: NumPy's handler
+    stays the one of the scopes entered after it, until they end (as a frame left out of order goes
+    with the frame entered after it).  A scope ending in another context than it began in (a
+    generator suspended in it, closed on another thread, in a task or in a copied context) raises
+    RuntimeError, as ContextVar.reset() of its token says: the context it began in keeps its handler
+    until a scope entered there ends."""
+    # Fields change under each scope's critical section (another thread may walk the same scopes,
     # in a context copied from this one); the locals keep what a field drops, so that no capsule or
     # scope is freed there.
-    cdef NumpyScope below, next_below = None
-    cdef object restore, candidate = None
-    cdef bint popped
-    cdef NumpyScope innermost = _innermost(_innermost_scope)
-    if innermost is scope:
-        with cython.critical_section(scope):
-            restore = scope._previous
-            below = scope._outer
-            scope._previous = None
-            scope._outer = None
-        while below is not None:  # scopes under it that ended out of order go too
-            with cython.critical_section(below):
-                popped = below._left
-                if popped:
-                    below._left = False
-                    candidate = below._previous
-                    below._previous = None
-                    next_below = below._outer
-                    below._outer = None
-            if not popped:
-                break
-            restore = candidate
-            below = next_below
-        _set_handler(restore, True, below)  # (dropped: the capsule set at entry, those let go)
-        return 0
-    cdef NumpyScope walk = innermost
+    cdef bint left
+    cdef NumpyScope top = _innermost(_innermost_scope)
+    cdef NumpyScope walk = top
+    cdef NumpyScope next_walk
     while walk is not None and walk is not scope:
-        with cython.critical_section(walk):
-            next_below = walk._outer
-        walk = next_below
+        next_walk = _outer_of(walk, &left)
+        if not left:
+            break  # a scope entered after it is still open: it ends out of order
+        walk = next_walk
+    if walk is not scope:
+        while walk is not None and walk is not scope:
+            walk = _outer_of(walk, &left)
+        with cython.critical_section(scope):
+            scope._left = True
+        if walk is None:
+            raise RuntimeError(_OTHER_CONTEXT)
+        return 0
+    # The innermost open scope here: what it replaced comes back, or what the scopes under it that
+    # ended out of order replaced (they go with it).
+    cdef object restore, token
+    cdef NumpyScope below
     with cython.critical_section(scope):
-        scope._left = True
-    if walk is None:
-        raise RuntimeError(
-            "this numpy() scope ended in another context than it began in (a generator suspended "
-            "in it closed on another thread, or a task's): NumPy's handler stays arenalib's in the "
-            "context it began in until the scopes entered there end")
+        restore = scope._previous
+        below = scope._outer
+        token = scope._token
+    cdef NumpyScope outer = below
+    while below is not None:
+        next_walk = _outer_of(below, &left)
+        if not left:
+            break
+        with cython.critical_section(below):
+            restore = below._previous
+        below = next_walk
+    try:
+        _leave_scope(token, restore, below is not outer, below)
+    except ValueError:  # the token's context is another one: nothing changed
+        with cython.critical_section(scope):
+            scope._left = True
+        raise RuntimeError(_OTHER_CONTEXT) from None
+    # Those let go drop what they hold (the chain above this scope, and under it down to ``below``).
+    _drop_scopes(top, scope)
+    _drop_scopes(scope, below)
+    return 0
+
+
+cdef str _OTHER_CONTEXT = (
+    "this numpy() scope ended in another context than it began in (a generator suspended in it "
+    "closed on another thread, in a task or in a copied context): NumPy's handler stays "
+    "arenalib's in the context it began in until a scope entered there ends")
+
+
+cdef int _drop_scopes(NumpyScope start, NumpyScope stop) except -1:
+    """Clear the fields of the scopes from ``start`` down its chain to ``stop`` (excluded)."""
+    cdef NumpyScope walk = start
+    cdef NumpyScope next_walk
+    cdef object dropped_previous, dropped_token
+    while walk is not None and walk is not stop:
+        dropped_previous = dropped_token = None  # (the last ones dropped here, outside the section)
+        with cython.critical_section(walk):
+            dropped_previous, dropped_token = walk._previous, walk._token
+            next_walk = walk._outer
+            walk._previous = None
+            walk._token = None
+            walk._outer = None
+            walk._left = False
+        walk = next_walk
     return 0
 
 
@@ -884,23 +926,54 @@ cdef inline object _innermost(object var):
     return result
 
 
-cdef object _set_handler(object capsule, bint set_scope=False, object scope=None):
-    """NumPy's PyDataMem_SetHandler(capsule), a ContextVar.set(), and (``set_scope``) ``scope`` as
-    the innermost in this context, a set too: with the collector held off on 3.10 and 3.11.  There a
-    collection can start inside a set's own allocations, and a finalizer it runs that sets a
-    context variable too (one that enters a numpy() scope) frees the table the set is still
-    walking: a crash (CPython gh-148891; an attack with two threads whose finalizers entered
-    scopes crashed 4 runs in 4).  3.12 runs the collector only between bytecodes."""
+cdef object _set_handler(object capsule):
+    """NumPy's PyDataMem_SetHandler(capsule), a ContextVar.set() (see _held_off)."""
     cdef NpApi* api = numpy_api()
-    cdef bint was_enabled = PY_VERSION_HEX < 0x030C0000 and PyGC_Disable()
+    cdef bint was_enabled = _held_off()
     try:
-        previous = api.set_handler(capsule)
-        if set_scope:
-            PyContextVar_Set(_innermost_scope, scope)
+        return api.set_handler(capsule)
     finally:
         if was_enabled:
             PyGC_Enable()
-    return previous
+
+
+cdef tuple _enter_scope(object capsule, NumpyScope scope):
+    """NumPy's handler set to ``capsule`` and ``scope`` made the innermost of this context, under
+    one hold of the collector: (the handler replaced, the scope chain's token)."""
+    cdef NpApi* api = numpy_api()
+    cdef bint was_enabled = _held_off()
+    try:
+        previous = api.set_handler(capsule)
+        return previous, PyContextVar_Set(_innermost_scope, scope)
+    finally:
+        if was_enabled:
+            PyGC_Enable()
+
+
+cdef int _leave_scope(object token, object restore, bint set_below, object below) except -1:
+    """Undo a scope's entry: the chain reset by ``token`` (ValueError, changing nothing, in another
+    context than the token's: first), NumPy's handler ``restore``, and (``set_below``) ``below``
+    the innermost (scopes that ended out of order went with it)."""
+    cdef NpApi* api = numpy_api()
+    cdef bint was_enabled = _held_off()
+    try:
+        PyContextVar_Reset(_innermost_scope, token)
+        api.set_handler(restore)
+        if set_below:
+            PyContextVar_Set(_innermost_scope, below)
+    finally:
+        if was_enabled:
+            PyGC_Enable()
+    return 0
+
+
+cdef inline bint _held_off() noexcept:
+    """Hold the collector off (True: it was on) around context variable sets on 3.10 and 3.11.
+    There a collection can start inside a set's own allocations, and a finalizer it runs that sets
+    a context variable too (one that enters a numpy() scope) frees the table the set is still
+    walking: a crash (CPython gh-148891; an attack with two threads whose finalizers entered
+    scopes crashed 4 runs in 4).  3.12 runs the collector only between bytecodes."""
+    return PY_VERSION_HEX < 0x030C0000 and PyGC_Disable()
 
 
 cdef Py_ssize_t segment_exports(ArenaBase arena) noexcept:

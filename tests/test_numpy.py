@@ -179,6 +179,25 @@ def test_a_scope_ended_in_another_context_says_so(arena):
     del x
 
 
+def test_a_scope_ended_in_a_copy_of_its_context_says_so_and_the_scope_around_it_still_ends(arena):
+    """A copied context holds the same scopes (an asyncio task's, copy_context().run()): the scope's
+    entry token tells the copy from the context it began in.  Ended in the copy it raised nothing,
+    restored the copy's handler only, and the scope around it then ended with a false
+    RuntimeError, leaving the arena's handler current for good."""
+    with arenalib.Arena() as other:
+        with arena.numpy():
+            inner = scoped(other)
+            next(inner)
+            with pytest.raises(RuntimeError, match="another context"):
+                contextvars.copy_context().run(inner.close)
+            x = np.ones(10)  # the context it began in keeps its handler until a scope here ends
+            assert arrays(other) == 1
+        assert get_handler_name() == "default_allocator"  # the outer end passed over the inner
+        y = np.ones(10)
+        assert arrays(other) == 1 and arrays(arena) == 0
+        del x, y
+
+
 def test_a_scope_is_entered_once_at_a_time_and_can_be_entered_again(arena):
     scope = arena.numpy()
     with scope:

@@ -227,21 +227,19 @@ def test_a_c_level_reset_or_close_ends_the_traces_of_the_segments(tracing, kind,
         assert [t.size for t in arenalib_traces()] == [1000] and theirs.alive
 
 
-def failing_python_allocation(k):
-    """A context in which the k-th allocation of Python's allocators from now on fails."""
-    import contextlib
+class failing_python_allocation:  # (a context manager, used as a function)
+    """A context in which the k-th allocation of Python's allocators from its start fails (a class,
+    not a generator: its entry allocates nothing after the hook is set)."""
 
-    _testcapi = pytest.importorskip("_testcapi")
+    def __init__(self, k):
+        self.testcapi = pytest.importorskip("_testcapi")
+        self.k = k
 
-    @contextlib.contextmanager
-    def failing():
-        _testcapi.set_nomemory(k, k + 1)
-        try:
-            yield
-        finally:
-            _testcapi.remove_mem_hooks()
+    def __enter__(self):
+        self.testcapi.set_nomemory(self.k, self.k + 1)
 
-    return failing()
+    def __exit__(self, *exc_info):
+        self.testcapi.remove_mem_hooks()
 
 
 @pytest.mark.parametrize("kind", FREEABLE_KINDS)
@@ -254,12 +252,17 @@ def test_no_memory_for_tracemallocs_books_of_a_block_loses_neither_the_block_nor
     try:
         for k in range(60):
             with kind(max_bytes=1 << 20) as arena:
+                kept = [arena.allocate(64) for _ in range(7)]  # the table is about to grow
                 try:
                     with failing_python_allocation(k):
                         seg = arena.allocate(1024)
                 except MemoryError:
-                    assert arena.stats()["live_segments"] == 0, k
+                    assert arena.stats()["live_segments"] == len(kept), k
                     continue
+                finally:
+                    for one in kept:
+                        one.free()
+                    kept.clear()
                 seg.fill(7)
                 try:
                     with failing_python_allocation(k):
@@ -273,6 +276,8 @@ def test_no_memory_for_tracemallocs_books_of_a_block_loses_neither_the_block_nor
                     seg = grown
                 seg.free()
                 assert arena.stats()["live_segments"] == 0, k
+            # No trace outlives the blocks: one made before its table entry failed used to.
+            assert not arenalib_traces(), k
     finally:
         tracemalloc.stop()
 
@@ -313,3 +318,24 @@ def test_debug_mode_at_the_recursion_limit_loses_no_block(kind):
             got.clear()
     finally:
         arenalib.set_debug(False)
+
+
+@pytest.mark.parametrize("kind", FREEABLE_KINDS)
+def test_no_trace_outlives_a_block_whose_table_entry_could_not_be_made(kind):
+    """The trace was made before the table entry that lets a close untrack it: an entry that could
+    not be made (a MemoryError, swallowed since) left a trace in arenalib's domain for good."""
+    tracemalloc.start()
+    try:
+        for k in range(1, 30):
+            arena = kind()
+            kept = [arena.allocate(64) for _ in range(7)]  # the table is about to grow
+            try:
+                with failing_python_allocation(k):
+                    arena.allocate(12345)
+            except MemoryError:
+                pass
+            arena.close()
+            kept.clear()
+            assert not arenalib_traces(), k
+    finally:
+        tracemalloc.stop()
