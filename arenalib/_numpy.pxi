@@ -76,7 +76,6 @@ from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.version cimport PY_VERSION_HEX
 from libc.string cimport memcpy, memset, strncpy
 
-
 from arenalib._abi cimport (
     CACHE_MAX_SIZE, FREE_THREADED, ArenaCore, Lifetime, ThreadCache, arenalib_load_owner, books_remove,
     load_first_cache, thread_ident,
