@@ -214,7 +214,7 @@ def _thp_mode():
             words = f.read().split()
     except OSError:
         return None
-    chosen = [w[1:-1] for w in words if w.startswith("[")]
+    chosen = [w.strip("[]") for w in words if w.startswith("[")]
     return chosen[0] if chosen else None
 
 

@@ -410,7 +410,11 @@ cdef class SlicingArena(ArenaBase):
             slot_purge_settle(slot)
 
     def stats(self):
-        """As ArenaBase.stats(), plus the chunks held and the marks open (frames included)."""
+        """As ArenaBase.stats(), plus the chunks held and the marks open (frames included).
+
+        live_bytes counts what was carved and not yet rewound or reset: a resize that moved a
+        segment leaves its old carve counted (its bytes come back with the next rewind below it,
+        or reset()), while live_segments counts the new segment only."""
         result = ArenaBase.stats(self)
         result["chunks"] = self._core.slicing.nchunks
         result["chunk_bytes"] = self._core.slicing.chunk_bytes

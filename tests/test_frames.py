@@ -110,6 +110,29 @@ def test_at_most_16384_marks_are_open(arena):
         assert arena.stats()["marks"] == 1
 
 
+def test_the_depth_limit_reached_by_frames_kept_for_exports_names_them(arena):
+    # Each frame's exit is refused while a memoryview of its segment lives: the frames stay on
+    # the stack up to the limit, whose error says why and what lets them go.
+    views = [memoryview(arena.allocate(8))]  # one below every frame, which no frame kills
+    for _ in range(16384):
+        with pytest.raises(BufferError), arena.frame():
+            views.append(memoryview(arena.allocate(8)))
+    with pytest.raises(MemoryError, match=r"16384 of them are frames whose exit was refused.*"
+                                          r"outermost held at depth 1\b"):
+        arena.frame().__enter__()
+    views[1].release()  # the outermost frame is no longer held, but frames above it are
+    with pytest.raises(MemoryError, match=r"16384 of them .* outermost held at depth 2\b"):
+        arena.mark()
+    views[-1].release()  # the innermost frame goes with the next push
+    with arena.frame():
+        assert arena.stats()["marks"] == 16384
+    del views[1:]
+    with arena.frame():
+        assert arena.stats()["marks"] == 1
+    assert arena.stats()["live_segments"] == 1 and arena.stats()["marks"] == 0
+    assert bytes(views[0]) == bytes(8)
+
+
 def test_a_rewind_to_an_earlier_mark_uses_up_later_marks(arena):
     outer = arena.mark()
     inner = arena.mark()

@@ -88,6 +88,23 @@ def test_slicing_arena_resizes_its_last_carve_in_place_and_moves_others():
         assert a.stats()["live_segments"] == 3
 
 
+def test_slicing_arena_moved_segment_leaves_its_old_carve_counted_until_a_rewind():
+    # As documented in SlicingArena.stats(): the old carve of a moved segment cannot be carved
+    # again before a rewind below it (or a reset), so it stays in live_bytes and under max_bytes.
+    with arenalib.SlicingArena(max_bytes=1000) as a:
+        kept = a.allocate(100)
+        mark = a.mark()
+        seg = a.allocate(300)
+        a.allocate(10)
+        seg = seg.resize(400)  # not the last carve: moved
+        assert a.stats()["live_bytes"] == 810 and a.stats()["live_segments"] == 3
+        with pytest.raises(MemoryError):
+            a.allocate(200)  # 810 + 200 > 1000, though the live segments hold 510
+        a.rewind(mark)
+        assert a.stats()["live_bytes"] == 100 and a.stats()["live_segments"] == 1
+        assert kept.alive and not seg.alive
+
+
 def test_slicing_arena_refuses_to_move_a_segment_into_a_later_frame():
     with arenalib.SlicingArena() as a:
         outer = a.allocate(64).fill(3)
