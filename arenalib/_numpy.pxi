@@ -71,7 +71,7 @@ from cpython.object cimport PyObject
 from cpython.contextvars cimport (
     PyContextVar_Get, PyContextVar_New_with_default, PyContextVar_Reset, PyContextVar_Set,
 )
-from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New
+from cpython.pycapsule cimport PyCapsule_CheckExact, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.version cimport PY_VERSION_HEX
 from libc.string cimport memcpy, memset, strncpy
@@ -734,24 +734,46 @@ cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t old, size
 
 # -- the Python API -----------------------------------------------------------------------------
 
-# The innermost numpy() scope entered in this context (each one names the scope innermost when it was
-# entered): what lets a scope that ends out of order (generators closed in another order) leave
-# NumPy's handler to the scopes entered after it, and one ending in another context see it.
-cdef object _innermost_scope = PyContextVar_New_with_default(b"arenalib_numpy_scope", None)
+# The scope chain of this context: a link for each numpy() scope entered here and not yet ended, the
+# innermost first.  What lets a scope that ends out of order (generators closed in another order)
+# leave NumPy's handler to the scopes entered after it, and one ending in another context see it.
+# Links never change once made, so a context copied from this one (an asyncio task's) keeps the
+# chain as it was, and no walk can loop; what changes (a scope ended out of order, what it replaced)
+# is on the scope, and only its home context, the one it was entered in, changes or reads it.
+cdef object _scope_chain = PyContextVar_New_with_default(b"arenalib_numpy_scopes", None)
+
+cdef extern from *:
+    """
+    /* The context object current on this thread (CPython's own field, public since 3.7): a copy of
+       a context is another object, and a context stays the same object while its variables change. */
+    static inline void *arenalib_current_context(void) { return (void *)PyThreadState_Get()->context; }
+    """
+    void* current_context "arenalib_current_context"() noexcept
 
 
 @cython.final
-@cython.no_gc  # an arena, capsules and the scopes entered before it, which never lead back to it
+cdef class _ScopeLink:
+    """One entry of a scope in a context's scope chain (collected by the cyclic GC, as its scope)."""
+    cdef NumpyScope scope
+    cdef _ScopeLink outer       # the link innermost when this one was made
+    cdef uint64_t entry         # the scope's entry it was made for: current while scope._entry is
+
+
+@cython.final
 cdef class NumpyScope:
     """What arena.numpy() returns: a with-statement that makes NumPy allocate the data of the arrays
     created in the block (in this context) from the arena; see Arena.numpy()."""
 
+    # Collected by the cyclic GC: a scope never ended holds its entry's token, which holds the
+    # context it began in, whose chain holds the scope.
     cdef ArenaBase _arena
-    cdef object _previous       # the handler the block replaced, while entered or left out of order
-    cdef NumpyScope _outer      # the scope innermost in this context when this one was entered
+    cdef object _previous       # the handler the block replaced, while entered or ended out of order
+    cdef object _token          # its entry's token of the chain's ContextVar: what its exit resets
+    cdef uint64_t _entry        # its entry now (0: none), while entered or ended out of order
+    cdef uint64_t _entries      # its entries so far: each link names the one it was made for
+    cdef void* _home            # the context it was entered in, kept alive by _token (identity only)
     cdef bint _entered
     cdef bint _left             # ended out of order: its handler goes with the scopes entered after it
-    cdef object _token          # its entry's token of the scope chain's ContextVar: what its exit resets
 
     def __init__(self, *args, **kwargs):
         raise TypeError("NumpyScope cannot be constructed directly; use arena.numpy()")
@@ -759,8 +781,13 @@ cdef class NumpyScope:
     def __enter__(self):
         if self._arena is None:  # made by NumpyScope.__new__(NumpyScope), not by arena.numpy()
             raise TypeError("this NumpyScope belongs to no arena; make scopes with arena.numpy()")
-        cdef NumpyScope outer = _innermost(_innermost_scope)
-        previous, token = _enter_scope(numpy_handler_of(self._arena), self)
+        cdef _ScopeLink link = _ScopeLink.__new__(_ScopeLink)
+        link.scope = self
+        link.outer = _innermost_link()
+        with cython.critical_section(self):
+            self._entries += 1
+            link.entry = self._entries
+        previous, token = _enter_scope(numpy_handler_of(self._arena), link)
         cdef bint refused
         cdef bint left
         # With the GIL off, two threads may enter or exit one scope object at once: its fields change
@@ -771,8 +798,9 @@ cdef class NumpyScope:
             if not refused:
                 self._entered = True
                 self._previous = previous
-                self._outer = outer
                 self._token = token
+                self._entry = link.entry
+                self._home = current_context()
         if refused:
             _leave_scope(token, previous, False, None)
             if left:
@@ -784,11 +812,13 @@ cdef class NumpyScope:
 
     def __exit__(self, exc_type, exc, tb):
         cdef bint entered
+        cdef uint64_t entry
         with cython.critical_section(self):
             entered = self._entered
+            entry = self._entry
             self._entered = False
         if entered:
-            _scope_exit(self)
+            _scope_exit(self, entry)
         return False
 
     def __repr__(self):
@@ -799,67 +829,62 @@ cdef class NumpyScope:
         raise TypeError("a NumpyScope cannot be pickled")
 
 
-cdef inline NumpyScope _outer_of(NumpyScope scope, bint* left):
-    """The scope innermost when ``scope`` was entered, and whether ``scope`` ended out of order."""
+cdef inline bint _passed_over(_ScopeLink link, void* here) noexcept:
+    """Whether a walk of this context's chain passes over ``link``: its entry is still current, it
+    began in this context (``here``), and it ended out of order.  A scope of another context (the
+    chain was copied from it) stops the walk, and is never changed from here."""
+    cdef NumpyScope scope = link.scope
     with cython.critical_section(scope):
-        left[0] = scope._left
-        return scope._outer
+        return scope._entry == link.entry and scope._home == here and scope._left
 
 
-cdef int _scope_exit(NumpyScope scope) except -1:
-    """The end of ``scope``'s block.  The innermost scope of this context (once those entered after
-    it that ended out of order are passed over) restores the handler it replaced, or the one the
-    scopes under it that ended out of order replaced; any other ends out of order: NumPy's handler
-    stays the one of the scopes entered after it, until they end (as a frame left out of order goes
-    with the frame entered after it).  A scope ending in another context than it began in (a
-    generator suspended in it, closed on another thread, in a task or in a copied context) raises
-    RuntimeError, as ContextVar.reset() of its token says: the context it began in keeps its handler
-    until a scope entered there ends."""
-    # Fields change under each scope's critical section (another thread may walk the same scopes,
-    # in a context copied from this one); the locals keep what a field drops, so that no capsule or
-    # scope is freed there.
-    cdef bint left
-    cdef NumpyScope top = _innermost(_innermost_scope)
-    cdef NumpyScope walk = top
-    cdef NumpyScope next_walk
-    while walk is not None and walk is not scope:
-        next_walk = _outer_of(walk, &left)
-        if not left:
+cdef int _scope_exit(NumpyScope scope, uint64_t entry) except -1:
+    """The end of ``scope``'s block (its entry ``entry``).  The innermost scope of this context (once
+    those entered after it that ended out of order are passed over) restores the handler it
+    replaced, or the one the scopes under it that ended out of order replaced; any other ends out
+    of order: NumPy's handler stays the one of the scopes entered after it, until they end (as a
+    frame left out of order goes with the frame entered after it).  A scope ending in another
+    context than it began in (a generator suspended in it, closed on another thread, in a task or
+    in a copied context) raises RuntimeError, as ContextVar.reset() of its token says: the context
+    it began in keeps its handler until a scope entered there ends."""
+    cdef void* here = current_context()
+    cdef bint home
+    with cython.critical_section(scope):
+        home = scope._home == here
+        if not home:
+            scope._left = True  # (its own end: what its home context reads)
+    if not home:
+        raise RuntimeError(_OTHER_CONTEXT)
+    cdef _ScopeLink top = _innermost_link()
+    cdef _ScopeLink walk = top
+    while walk is not None and not (walk.scope is scope and walk.entry == entry):
+        if not _passed_over(walk, here):
             break  # a scope entered after it is still open: it ends out of order
-        walk = next_walk
-    if walk is not scope:
-        while walk is not None and walk is not scope:
-            walk = _outer_of(walk, &left)
+        walk = walk.outer
+    if walk is None or walk.scope is not scope or walk.entry != entry:
         with cython.critical_section(scope):
             scope._left = True
-        if walk is None:
-            raise RuntimeError(_OTHER_CONTEXT)
         return 0
     # The innermost open scope here: what it replaced comes back, or what the scopes under it that
     # ended out of order replaced (they go with it).
+    cdef _ScopeLink mine = walk
     cdef object restore, token
-    cdef NumpyScope below
     with cython.critical_section(scope):
         restore = scope._previous
-        below = scope._outer
         token = scope._token
-    cdef NumpyScope outer = below
-    while below is not None:
-        next_walk = _outer_of(below, &left)
-        if not left:
-            break
-        with cython.critical_section(below):
-            restore = below._previous
-        below = next_walk
+    cdef _ScopeLink below = mine.outer
+    while below is not None and _passed_over(below, here):
+        with cython.critical_section(below.scope):
+            restore = below.scope._previous
+        below = below.outer
     try:
-        _leave_scope(token, restore, below is not outer, below)
+        _leave_scope(token, restore, below is not mine.outer, below)
     except ValueError:  # the token's context is another one: nothing changed
         with cython.critical_section(scope):
             scope._left = True
         raise RuntimeError(_OTHER_CONTEXT) from None
-    # Those let go drop what they hold (the chain above this scope, and under it down to ``below``).
-    _drop_scopes(top, scope)
-    _drop_scopes(scope, below)
+    # Those let go drop what they hold (the links above this scope's, and under it down to ``below``).
+    _drop_scopes(top, below)
     return 0
 
 
@@ -869,21 +894,24 @@ cdef str _OTHER_CONTEXT = (
     "arenalib's in the context it began in until a scope entered there ends")
 
 
-cdef int _drop_scopes(NumpyScope start, NumpyScope stop) except -1:
-    """Clear the fields of the scopes from ``start`` down its chain to ``stop`` (excluded)."""
-    cdef NumpyScope walk = start
-    cdef NumpyScope next_walk
+cdef int _drop_scopes(_ScopeLink start, _ScopeLink stop) except -1:
+    """End the entries of the links from ``start`` down the chain to ``stop`` (excluded): their
+    scopes drop what they hold and may be entered again."""
+    cdef _ScopeLink walk = start
+    cdef NumpyScope scope
     cdef object dropped_previous, dropped_token
     while walk is not None and walk is not stop:
+        scope = walk.scope
         dropped_previous = dropped_token = None  # (the last ones dropped here, outside the section)
-        with cython.critical_section(walk):
-            dropped_previous, dropped_token = walk._previous, walk._token
-            next_walk = walk._outer
-            walk._previous = None
-            walk._token = None
-            walk._outer = None
-            walk._left = False
-        walk = next_walk
+        with cython.critical_section(scope):
+            if scope._entry == walk.entry:
+                dropped_previous, dropped_token = scope._previous, scope._token
+                scope._previous = None
+                scope._token = None
+                scope._entry = 0
+                scope._home = NULL
+                scope._left = False
+        walk = walk.outer
     return 0
 
 
@@ -911,18 +939,21 @@ def set_numpy_handler(handler):
     NumPy keeps the handler in a ContextVar: this sets it for the calling thread's current context
     (and the asyncio tasks created in it from now on), as PyDataMem_SetHandler does."""
     cdef NpApi* api = numpy_api()
+    if handler is not None and not PyCapsule_CheckExact(handler):
+        raise TypeError(f"set_numpy_handler() takes a 'mem_handler' capsule or None, not "
+                        f"{type(handler).__name__}")
     return _set_handler(<object>api.default_capsule if handler is None else handler)
 
 
-cdef inline object _innermost(object var):
-    """The scope innermost in this context (None: none), with no method call."""
+cdef inline _ScopeLink _innermost_link():
+    """The link of the scope innermost in this context (None: none), with no method call."""
     cdef PyObject* value = NULL
-    PyContextVar_Get(var, NULL, &value)  # (cannot fail for a ContextVar)
+    PyContextVar_Get(_scope_chain, NULL, &value)  # (cannot fail for a ContextVar)
     if value == NULL:
         return None
     result = <object>value
     Py_DECREF(result)  # PyContextVar_Get() gave a new reference
-    return result
+    return <_ScopeLink>result
 
 
 cdef object _set_handler(object capsule):
@@ -936,14 +967,14 @@ cdef object _set_handler(object capsule):
             PyGC_Enable()
 
 
-cdef tuple _enter_scope(object capsule, NumpyScope scope):
-    """NumPy's handler set to ``capsule`` and ``scope`` made the innermost of this context, under
-    one hold of the collector: (the handler replaced, the scope chain's token)."""
+cdef tuple _enter_scope(object capsule, _ScopeLink link):
+    """NumPy's handler set to ``capsule`` and ``link`` made the innermost of this context's chain,
+    under one hold of the collector: (the handler replaced, the chain's token)."""
     cdef NpApi* api = numpy_api()
     cdef bint was_enabled = _held_off()
     try:
         previous = api.set_handler(capsule)
-        return previous, PyContextVar_Set(_innermost_scope, scope)
+        return previous, PyContextVar_Set(_scope_chain, link)
     finally:
         if was_enabled:
             PyGC_Enable()
@@ -956,10 +987,10 @@ cdef int _leave_scope(object token, object restore, bint set_below, object below
     cdef NpApi* api = numpy_api()
     cdef bint was_enabled = _held_off()
     try:
-        PyContextVar_Reset(_innermost_scope, token)
+        PyContextVar_Reset(_scope_chain, token)
         api.set_handler(restore)
         if set_below:
-            PyContextVar_Set(_innermost_scope, below)
+            PyContextVar_Set(_scope_chain, below)
     finally:
         if was_enabled:
             PyGC_Enable()

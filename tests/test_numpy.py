@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import ctypes
+import datetime
 import gc
 import os
 import pickle
@@ -198,6 +199,82 @@ def test_a_scope_ended_in_a_copy_of_its_context_says_so_and_the_scope_around_it_
         del x, y
 
 
+def test_a_copy_of_the_context_leaves_the_scopes_of_the_one_it_was_copied_from_alone(arena):
+    """An asyncio task copies the chain of scopes; its own scope's end, with a scope of the context
+    it was copied from below (one that ended out of order there), cleared that scope's state: the
+    context it came from then kept the arena's handler once every block had ended."""
+    with arenalib.Arena() as second, arenalib.Arena() as third:
+
+        async def child():
+            with third.numpy():  # the task's own scope, above the copied, out-of-order one
+                return np.zeros(3)
+
+        async def main():
+            gen = scoped(arena)
+            next(gen)
+            task = asyncio.create_task(child())  # copies the chain: arena's scope
+            with second.numpy():
+                gen.close()  # out of order: second's handler stays until its block ends
+                made_in_task = await task
+            return made_in_task, get_handler_name(), np.ones(1000)
+
+        made_in_task, handler, after = asyncio.run(main())
+        assert handler == "default_allocator"
+        assert arrays(arena) == 0 and arrays(third) == 1
+        del made_in_task, after
+
+
+def test_scopes_re_entered_after_a_copy_cannot_make_the_chain_a_loop(arena):
+    """A scope ended in its context, then entered again while a copy still held it in its chain:
+    the copy's chain led back to the scope itself, and the next exit walked it for good."""
+    arenas = [arenalib.Arena() for _ in range(3)]
+    try:
+        first, second = arena.numpy(), arenas[0].numpy()
+        first.__enter__()
+        copy = contextvars.copy_context()  # its chain: first
+        second.__enter__()
+        first.__exit__(None, None, None)  # out of order
+
+        def in_copy():
+            with arenas[1].numpy():
+                pass
+        copy.run(in_copy)
+        second.__exit__(None, None, None)  # passes over first: both ended
+        assert get_handler_name() == "default_allocator"
+        first.__enter__()  # a scope like any other again
+        last = arenas[2].numpy()
+        last.__enter__()
+        first.__exit__(None, None, None)  # out of order
+        last.__exit__(None, None, None)  # returned (it looped before), first gone with it
+        assert get_handler_name() == "default_allocator"
+
+        def re_enter_in_copy():  # the copy's chain still names first's earlier entry
+            with first:
+                with arenas[1].numpy():
+                    pass
+                x = np.ones(10)
+            return x, get_handler_name()
+        x, inside = copy.run(re_enter_in_copy)
+        assert inside == HANDLER_NAME and arrays(arena) == 1
+        assert copy.run(get_handler_name) == HANDLER_NAME  # the copy's, from before its entry
+        del x
+    finally:
+        for a in arenas:
+            a.close()
+
+
+def test_a_scope_never_ended_goes_with_its_context(arena):
+    """A scope holds its entry's token, which holds its context, whose chain holds the scope: the
+    cyclic GC collects them once the context is gone (they held the arena for good)."""
+    before = sys.getrefcount(arena)
+    for _ in range(20):
+        context = contextvars.copy_context()
+        context.run(arena.numpy().__enter__)
+        del context
+    gc.collect()
+    assert sys.getrefcount(arena) == before
+
+
 def test_a_scope_is_entered_once_at_a_time_and_can_be_entered_again(arena):
     scope = arena.numpy()
     with scope:
@@ -254,8 +331,12 @@ def test_numpy_handler_and_set_numpy_handler(arena):
         assert arenalib.set_numpy_handler(previous) is handler
     assert get_handler_name(x) == HANDLER_NAME and arrays(arena) == 1
     assert arenalib.set_numpy_handler(None) is previous  # None: NumPy's default
+    for wrong in (object(), 42, b"mem_handler"):  # not a capsule: TypeError, as CPython has it
+        with pytest.raises(TypeError, match="'mem_handler' capsule or None, not"):
+            arenalib.set_numpy_handler(wrong)
     with pytest.raises(ValueError, match="mem_handler"):
-        arenalib.set_numpy_handler(object())
+        arenalib.set_numpy_handler(datetime.datetime_CAPI)  # a capsule of another name
+    assert get_handler_name() == "default_allocator"
     del x, handler
 
 
