@@ -267,6 +267,23 @@ cdef enum:
     FRAME_NEW = 0
     FRAME_ENTERED = 1
     FRAME_LEFT = 2
+    FRAME_BUSY = 3      # being entered or left by one thread: no other may enter or leave it now
+
+cdef extern from "arenalib/platform.h":
+    # A frame's state is published with release once its mark is written, and read with acquire.
+    Py_ssize_t load_frame_state "arenalib_load_acquire"(Py_ssize_t* state) noexcept nogil
+    void store_frame_state "arenalib_store_release"(Py_ssize_t* state, Py_ssize_t value) noexcept nogil
+
+
+cdef inline bint _frame_claim(Frame frame, Py_ssize_t expected) noexcept:
+    """Move ``frame`` from ``expected`` to FRAME_BUSY, for one thread only (two threads entering
+    one frame at once on a free-threaded build both pushed a level, one left on the stack)."""
+    cdef bint claimed
+    with cython.critical_section(frame):
+        claimed = load_frame_state(&frame._state) == expected
+        if claimed:
+            store_frame_state(&frame._state, FRAME_BUSY)
+    return claimed
 
 
 @cython.final
@@ -278,8 +295,8 @@ cdef class Frame:
     innermost may be left.  ``f.allocate()`` allocates in the frame."""
     cdef ArenaMark _mark
     cdef SlicingArena _arena
-    # FRAME_NEW, FRAME_ENTERED, FRAME_LEFT: read and set with relaxed atomics, as a Frame object may
-    # be in other threads' hands (3.13t) while its thread leaves it.
+    # FRAME_NEW, FRAME_ENTERED, FRAME_LEFT, FRAME_BUSY: read and set atomically, as a Frame object
+    # may be in other threads' hands (3.13t) while its thread enters or leaves it.
     cdef Py_ssize_t _state
 
     def __init__(self, *args, **kwargs):
@@ -291,14 +308,14 @@ cdef class Frame:
         return self._arena
 
     def __enter__(self):
-        if load_ssize(&self._state) != FRAME_NEW:
-            raise ValueError("a frame is entered once; make a new one with arena.frame()")
         if self._arena is None:  # made by Frame.__new__(Frame): every other method needs an entry
             raise TypeError("this Frame belongs to no arena; make frames with SlicingArena.frame()")
+        if not _frame_claim(self, FRAME_NEW):
+            raise ValueError("a frame is entered once; make a new one with arena.frame()")
         cdef int err = _mark_checked(self._arena, True, &self._mark)
+        store_frame_state(&self._state, FRAME_NEW if err else FRAME_ENTERED)
         if err:
             _raise_mark_error(self._arena, err, "enter a frame")
-        store_ssize(&self._state, FRAME_ENTERED)
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -313,7 +330,7 @@ cdef class Frame:
         return self._allocate(size, zero, align)
 
     cdef Segment _allocate(self, size, zero, align):
-        if load_ssize(&self._state) != FRAME_ENTERED:
+        if load_frame_state(&self._state) != FRAME_ENTERED:
             raise ValueError("allocate() of a frame that is not open")
         cdef bint fill = parse_flag(zero, "zero")  # (the flags first, as ArenaBase.allocate())
         cdef size_t alignment = 1 if align is None else parse_align(align)
@@ -327,19 +344,23 @@ cdef object _frame_exit(object obj):
     """Frame.__exit__(): rewind to the frame's mark; a frame whose exit the rule refuses is left
     abandoned (see _frames.pxd)."""
     cdef Frame self = <Frame>obj
-    if load_ssize(&self._state) != FRAME_ENTERED:
+    if load_frame_state(&self._state) != FRAME_ENTERED:  # (never, for a Frame of no arena)
         raise ValueError("this frame is not open")
     cdef ArenaCore* core = &self._arena._core
     cdef int err = ARENA_OK
     if owned_by_another(&core.life):
         raise _wrong_thread_error(self._arena)  # before reading what its owner moves with no lock
+    if not _frame_claim(self, FRAME_ENTERED):  # (another thread is leaving it, or left it)
+        raise ValueError("this frame is not open")
     # A reset or close since made everything in it dead already: nothing to rewind.
     if core.open and self._mark.generation == life_generation(&core.life):
         err = _rewind_checked(self._arena, &self._mark, True)
     # Left unless the call could not judge it (another thread's confined arena, ...): a frame
     # the rule refused is abandoned, and goes with the next rewind below it.
     if err == ARENA_OK or err == ARENA_EORDER or err == ARENA_EEXPORTED or err == ARENA_ESTALEMARK:
-        store_ssize(&self._state, FRAME_LEFT)
+        store_frame_state(&self._state, FRAME_LEFT)
+    else:
+        store_frame_state(&self._state, FRAME_ENTERED)
     if err:
         _raise_mark_error(self._arena, err, "leave the frame")
     self._arena._sync_traced()

@@ -89,7 +89,7 @@ cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, obj
     cdef object encoded
     cdef Segment seg
     cdef void* token
-    if type(text) is not str:
+    if not isinstance(text, str):  # (a subclass's own encode() is not called: its str is encoded)
         raise TypeError(f"allocate_string() needs a str, not {type(text).__name__}")
     if encoding == "utf-8" or encoding == "utf8":
         # str's own UTF-8 (an ASCII string's very characters; cached in it otherwise): no copy.
@@ -98,7 +98,7 @@ cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, obj
     else:
         if terminated:
             terminator = _nul_width(encoding)
-        encoded = text.encode(encoding)
+        encoded = str.encode(text, encoding)
         if type(encoded) is not bytes:
             raise TypeError(f"encoding {encoding!r} gave {type(encoded).__name__}, not bytes")
         data = PyBytes_AS_STRING(encoded)
@@ -258,13 +258,18 @@ cdef object _segment_equals(Segment seg, object other):
         return equal
     if not PyObject_CheckBuffer(other):
         return NotImplemented
+    cdef int status
     try:
         PyObject_GetBuffer(other, &view, PyBUF_SIMPLE)
     except Exception:
         # Whatever the exporter raised (BufferError from a strided memoryview, ValueError from a
         # strided NumPy array, anything from a __buffer__): bytearray's comparison clears it and
-        # says NotImplemented too.  A dead segment on the other side still raises, from its own
-        # reflected __eq__.
+        # says NotImplemented too, unless this segment is dead (two dead segments compared each
+        # other's failed export away, and Python then compared them by identity).  A dead segment
+        # on the other side raises from its own reflected __eq__.
+        status = seg._status()
+        if status:
+            seg._raise_status(status)
         return NotImplemented
     try:
         seg._pin(&token)
@@ -284,7 +289,6 @@ cdef str _segment_hex(Segment seg, object sep, object bytes_per_sep):
     cdef const unsigned char* data
     cdef Py_ssize_t i
     cdef void* token
-    cdef int unused_per_sep
     if sep is not None:
         # The separated forms through memoryview.hex(), which judges sep and bytes_per_sep as
         # bytes.hex() does; the memoryview holds an export, so no free can run under it.
@@ -292,7 +296,8 @@ cdef str _segment_hex(Segment seg, object sep, object bytes_per_sep):
             return view.hex(sep, bytes_per_sep)
     if type(bytes_per_sep) is not int:
         bytes_per_sep = PyNumber_Index(bytes_per_sep)  # (a conversion: before the pin below)
-    unused_per_sep = bytes_per_sep  # judged without a sep too, as bytes.hex() does: a C int
+    if not -2147483648 <= bytes_per_sep <= 2147483647:  # judged without a sep too, as bytes.hex() does
+        raise OverflowError("Python int too large to convert to C int")  # (its words)
     if seg._size > PY_SSIZE_T_MAX // 2:
         raise MemoryError(f"the hex of {seg._size} bytes is longer than any str")
     text = PyUnicode_New(2 * seg._size, 127)

@@ -111,23 +111,40 @@ cdef class SegmentIterator:
         return self
 
     def __next__(self):
-        cdef Segment seg = self._segment
+        cdef Segment seg
+        cdef Py_ssize_t index
         cdef void* token
         cdef unsigned char byte
+        cdef bint claimed = False
+        # The position claimed under the iterator's critical section: with the GIL off, threads
+        # sharing one iterator each take their own byte, and none reads the segment after another
+        # dropped it (the last reference: a crash).
+        with cython.critical_section(self):
+            seg = self._segment
+            index = self._index
+            if seg is not None and index < seg._size:
+                self._index = index + 1
+                claimed = True
         if seg is None:
             raise StopIteration
-        seg._pin(&token)
-        if self._index >= seg._size:
+        seg._pin(&token)  # (a dead segment raises, at its end too)
+        if not claimed:
             seg._unpin(token)
-            self._segment = None
+            with cython.critical_section(self):
+                if self._segment is seg:
+                    self._segment = None  # (``seg`` still holds it: no dealloc in the section)
             raise StopIteration
-        byte = <unsigned char>seg._ptr[self._index]
+        byte = <unsigned char>seg._ptr[index]
         seg._unpin(token)
-        self._index += 1
         return byte
 
     def __length_hint__(self):
-        return 0 if self._segment is None else self._segment._size - self._index
+        cdef Segment seg
+        cdef Py_ssize_t index
+        with cython.critical_section(self):
+            seg = self._segment
+            index = self._index
+        return 0 if seg is None else seg._size - index
 
 
 cdef int _segment_setitem(Segment seg, object key, object value) except -1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import io
+import re
 import sys
 import threading
 
@@ -234,6 +235,16 @@ def test_allocate_string_refuses_a_codec_giving_no_bytes(arena):
         codecs.unregister(search)
 
 
+def test_allocate_string_takes_a_str_subclass_by_its_characters(arena):
+    class Text(str):
+        def encode(self, *args, **kwargs):  # not what allocate_string() asks: str's own encoding
+            return b"overridden"
+
+    for encoding in ("utf-8", "utf-16-le", "latin-1"):
+        seg = arena.allocate_string(Text("h\xe9"), encoding)
+        assert seg.tobytes() == str.encode("h\xe9", encoding) + bytes(2 if "16" in encoding else 1)
+
+
 def test_allocate_string_errors_are_encodes(arena):
     with pytest.raises(UnicodeEncodeError):
         arena.allocate_string("\ud800")  # a lone surrogate, as "\ud800".encode() raises
@@ -397,6 +408,16 @@ def test_comparing_a_dead_segment_raises(arena):
     live = arena.allocate(8)
     with pytest.raises(ArenaClosedError):
         live == seg  # noqa: B015
+    other_dead = arena.allocate(8)
+    arena.reset()  # two dead segments (each refused the other's export) compared by identity
+    for left, right in [(seg, other_dead), (seg, seg)]:
+        with pytest.raises(ArenaClosedError):
+            left == right  # noqa: B015
+        with pytest.raises(ArenaClosedError):
+            left != right  # noqa: B015
+    with pytest.raises(ArenaClosedError):
+        seg in [other_dead]  # noqa: B015
+    assert (seg == "text") is False  # no bytes to compare: as a released memoryview's
 
 
 @pytest.mark.parametrize("args", [(), (":",), ("-", 2), (b" ", -3), ("_", 100), ("|", -1)])
@@ -408,10 +429,11 @@ def test_hex_is_bytes_hex(arena, args):
 
 def test_hex_argument_errors_are_bytes_hex(arena):
     seg = filled(arena, PATTERN[:8])
-    for args in (("ab",), ("é",), (1,), (":", "2"), (None, "2"), (None, 1.5), (None, 2**100)):
+    for args in (("ab",), ("é",), (1,), (":", "2"), (None, "2"), (None, 1.5), (None, 2**100),
+                 (None, 2**40), (None, -2**31 - 1)):
         with pytest.raises((TypeError, ValueError, OverflowError)) as caught:
             seg.hex(*args)
-        with pytest.raises(caught.type):
+        with pytest.raises(caught.type, match=re.escape(str(caught.value))):  # its words too
             PATTERN[:8].hex(*args) if args[0] is not None else PATTERN[:8].hex(bytes_per_sep=args[1])
     assert seg.exports == 0
     assert seg.hex(None, 3) == PATTERN[:8].hex(bytes_per_sep=3)  # judged, and ignored without a sep
