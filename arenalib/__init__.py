@@ -41,7 +41,19 @@ from arenalib._errors import (
     WrongThreadError,
 )
 from arenalib._pool import BufferPool
-from arenalib._ring import Received, Ring, check
+from arenalib._ring import (
+    FEATURES,
+    OPCODES,
+    SETUP_CLAMP,
+    SETUP_COOP_TASKRUN,
+    SETUP_IOPOLL,
+    SETUP_SQPOLL,
+    SETUP_SUBMIT_ALL,
+    SETUP_TASKRUN_FLAG,
+    Received,
+    Ring,
+    check,
+)
 
 __version__: str  # read on first use by __getattr__ below
 
@@ -72,6 +84,14 @@ def get_c_include() -> str:
 
 
 __all__ = [
+    "FEATURES",
+    "OPCODES",
+    "SETUP_CLAMP",
+    "SETUP_COOP_TASKRUN",
+    "SETUP_IOPOLL",
+    "SETUP_SQPOLL",
+    "SETUP_SUBMIT_ALL",
+    "SETUP_TASKRUN_FLAG",
     "TRACEMALLOC_DOMAIN",
     "Arena",
     "ArenaBase",

@@ -18,6 +18,7 @@ class BufferPoolStats(TypedDict):
     acquisitions: int
     high_water: int
     exhausted: int
+    lent: int
 
 @final
 class BufferPool(SegmentOwner):

@@ -479,7 +479,9 @@ cdef class BufferPool(SegmentOwner):
         resident (bytes of the region in RAM now), exports (live buffer exports of its segments),
         closed, buffers, buffer_size, in_use, available, acquisitions (acquire()/try_acquire()
         calls served), high_water (most buffers in use at once), exhausted (such calls that found
-        no free buffer) and lent (buffers lent to a Ring by Ring.provide(), counted in in_use).
+        no free buffer) and lent (buffers lent to a Ring by Ring.provide(), counted in in_use,
+        those a completion delivered included until their segments are released, even once the
+        lending ended).
         The figures are of one moment (in_use + available == buffers while open),
         read in one critical section with nothing else inside."""
         cdef size_t nbytes = self._stride * <size_t>self._count

@@ -148,15 +148,30 @@ cdef class Received:
     buffer of the group was out).  ``more``: the receive is still armed; when False it has ended and
     another recv_multishot() re-arms it (after releasing segments, for -ENOBUFS)."""
 
-    cdef readonly object segment
-    cdef readonly int result
-    cdef readonly bint more
+    cdef object _segment
+    cdef int _result
+    cdef bint _more
 
     def __init__(self, *args, **kwargs):
         raise TypeError("Received is made by Ring.wait(), not constructed")
 
+    @property
+    def segment(self):
+        """The Segment over the bytes received (release it to give the buffer back), or None."""
+        return self._segment
+
+    @property
+    def result(self):
+        """The bytes received (> 0), 0 at the end of the stream, or -errno."""
+        return self._result
+
+    @property
+    def more(self):
+        """Whether the receive is still armed (False: recv_multishot() again to re-arm it)."""
+        return self._more
+
     def __repr__(self):
-        return f"<arenalib.Received result={self.result} more={bool(self.more)} segment={self.segment!r}>"
+        return f"<arenalib.Received result={self._result} more={self._more} segment={self._segment!r}>"
 
     def __reduce__(self):
         raise TypeError("a Received holds a live Segment and cannot be pickled")
@@ -164,9 +179,9 @@ cdef class Received:
 
 cdef Received _make_received(PyObject* segment, int result, bint more):
     cdef Received r = Received.__new__(Received)
-    r.segment = <object>segment if segment != NULL else None
-    r.result = result
-    r.more = more
+    r._segment = <object>segment if segment != NULL else None
+    r._result = result
+    r._more = more
     return r
 
 
@@ -176,6 +191,8 @@ include "_ring_table.pxi"
 def check(result):
     """A completion's result: returned when it is >= 0; -errno is raised as the matching OSError
     (FileNotFoundError for -ENOENT, BlockingIOError for -EAGAIN ...)."""
+    if type(result) is not int:
+        result = PyNumber_Index(result)  # (as os.strerror(): a float is a TypeError)
     cdef int res = result
     if res < 0:
         raise OSError(-res, os.strerror(-res))
@@ -189,7 +206,8 @@ cdef class Ring:
     until their completion is reaped.
 
     Ring(entries=64, *, flags=0): ``entries`` submission slots (1 to 32768; the kernel rounds up to a
-    power of two), a completion queue twice as large; ``flags`` adds SETUP_* flags of this module.
+    power of two), a completion queue twice as large; ``flags`` adds SETUP_* flags
+    (arenalib.SETUP_SQPOLL ...).
 
     Requests (read, write, readv, writev, read_fixed, write_fixed, recv, send, nop) are queued, sent
     to the kernel by submit() or wait(), and complete as ``(user_data, result)`` pairs from wait()

@@ -280,7 +280,8 @@ cdef class Segment:
         released by another thread stays allocated until the arena's reset or close."""
         self._check()
         if self._root is not None:
-            raise UnsupportedOperation("a slice shares its parent's memory: free the parent instead")
+            raise UnsupportedOperation("a slice (or readonly() view) shares its parent's memory: "
+                                       "free the parent instead")
         if deferred:
             self._arena._check_freeable()
             self._free_when_unexported()

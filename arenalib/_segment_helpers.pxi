@@ -157,6 +157,11 @@ cdef inline Py_ssize_t _offset(object value, str name) except -1:
     return _bounded_index(value, name)
 
 
+cdef inline object _shown(object given, Py_ssize_t bounded):
+    """An offset or size as the caller passed it (an int past Py_ssize_t's range is bounded)."""
+    return given if type(given) is int else bounded
+
+
 def copy(src, src_offset, dst, dst_offset, nbytes, /):
     """Copy ``nbytes`` bytes from ``src`` at byte ``src_offset`` to ``dst`` at byte ``dst_offset``.
 
@@ -182,10 +187,12 @@ def copy(src, src_offset, dst, dst_offset, nbytes, /):
             if target.readonly:
                 raise TypeError(f"copy() cannot write to read-only memory ({type(dst).__name__})")
             if source_at > source.len or length > source.len - source_at:
-                raise IndexError(f"copy() reads [{source_at}:{source_at}+{length}] of a "
+                raise IndexError(f"copy() reads [{_shown(src_offset, source_at)}:"
+                                 f"{_shown(src_offset, source_at)}+{_shown(nbytes, length)}] of a "
                                  f"{source.len}-byte src")
             if target_at > target.len or length > target.len - target_at:
-                raise IndexError(f"copy() writes [{target_at}:{target_at}+{length}] of a "
+                raise IndexError(f"copy() writes [{_shown(dst_offset, target_at)}:"
+                                 f"{_shown(dst_offset, target_at)}+{_shown(nbytes, length)}] of a "
                                  f"{target.len}-byte dst")
             # Both buffers are held: nothing can free either until they are released.
             memmove(<char*>target.buf + target_at, <const char*>source.buf + source_at,

@@ -219,8 +219,12 @@ cdef object _dead_segment_error(Segment seg):
     if not arena_open:
         why = f"its {type(arena).__name__} is closed"
     elif seg._dead_root():
-        why = ("it was resized (use the segment resize() returned)" if seg._owner_segment()._resized
-               else "it was freed or released")
+        if not seg._owner_segment()._resized:
+            why = "it was freed or released"
+        elif seg._root is None:
+            why = "it was resized (use the segment resize() returned)"
+        else:
+            why = "the segment it is a slice of was resized (slice the segment resize() returned)"
     elif same_generation:
         why = f"its {type(arena).__name__} was rewound to a mark made before it"
     else:

@@ -28,6 +28,7 @@ import asyncio
 import atexit
 import errno
 import logging
+import operator
 import os
 import struct
 import sys
@@ -40,6 +41,8 @@ from arenalib._errors import ArenaError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+    from arenalib._ring import Received
 
 __all__ = ["FRAME_HEADER", "FrameError", "FrameReader", "RingFrameReader", "frame_header"]
 
@@ -55,7 +58,22 @@ class FrameError(ValueError):
 
 def frame_header(size: int) -> bytes:
     """The length prefix of a frame of ``size`` bytes (send it, then the frame's bytes)."""
+    size = operator.index(size)
+    if not 0 <= size < 1 << 64:
+        raise ValueError(f"a frame's size is 0 to 2**64 - 1 bytes, not {size}")
     return FRAME_HEADER.pack(size)
+
+
+def _check_reader_arguments(on_frame: object, arena: object, max_frame_size: int) -> None:
+    """What a reader's constructor can judge at once (a connection finds out about its arena)."""
+    takes_calls = callable(on_frame)  # (a name: no narrowing of ``object`` for the type checker)
+    if not takes_calls:
+        raise TypeError(f"on_frame must be callable, not {type(on_frame).__name__}")
+    if arena is not None and not isinstance(arena, ArenaBase):
+        raise TypeError(f"arena must be an arena (Arena, ConfinedArena, SlicingArena) or None, "
+                        f"not {type(arena).__name__}")
+    if operator.index(max_frame_size) < 0:
+        raise ValueError(f"max_frame_size must be >= 0, not {max_frame_size}")
 
 
 # -- what connections share ---------------------------------------------------------------------------
@@ -209,6 +227,11 @@ class FrameReader(asyncio.BufferedProtocol):
     def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
                  max_frame_size: int = 1 << 30, staging_size: int = 65536,
                  on_connection_lost: Callable[[BaseException | None], object] | None = None) -> None:
+        _check_reader_arguments(on_frame, arena, max_frame_size)
+        takes_calls = on_connection_lost is None or callable(on_connection_lost)
+        if not takes_calls:
+            raise TypeError(f"on_connection_lost must be callable or None, not "
+                            f"{type(on_connection_lost).__name__}")
         if staging_size < FRAME_HEADER.size:
             raise ValueError(f"staging_size must be at least {FRAME_HEADER.size}, not {staging_size}")
         # Nothing is allocated here: asyncio drops an error of a protocol factory silently (unless
@@ -426,6 +449,7 @@ class RingFrameReader:
 
     def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
                  max_frame_size: int = 1 << 30) -> None:
+        _check_reader_arguments(on_frame, arena, max_frame_size)
         self._on_frame = on_frame
         self._arena: ArenaBase | None = arena
         self._max_frame_size = max_frame_size
@@ -449,9 +473,13 @@ class RingFrameReader:
         if not sys.is_finalizing() and getattr(self, "_frame", None) is not None:
             self._let_go()
 
-    def feed(self, received) -> bool:
+    def feed(self, received: Received) -> bool:
         """Take one completion of this connection's ``recv_multishot()`` (see the class)."""
-        seg = received.segment
+        try:
+            seg = received.segment
+        except AttributeError:
+            raise TypeError(f"feed() takes a Received of Ring.wait(), not {type(received).__name__}"
+                            ) from None
         if seg is None:
             result = received.result
             if result == 0:

@@ -53,6 +53,28 @@ def feed(reader: FrameReader, data: bytes, cuts: list[int]) -> None:
         pos += n
 
 
+def test_readers_and_frame_header_judge_their_arguments_at_once():
+    with pytest.raises(ValueError, match="not -1"):
+        frame_header(-1)  # a struct.error saying "too large" before
+    with pytest.raises(ValueError, match="2\\*\\*64"):
+        frame_header(1 << 64)
+    with pytest.raises(TypeError):
+        frame_header(2.5)
+    assert frame_header((1 << 64) - 1) == b"\xff" * 8
+    with BufferPool(64, 1) as pool:
+        for make in (FrameReader, RingFrameReader):
+            with pytest.raises(TypeError, match="on_frame must be callable"):
+                make(None)
+            with pytest.raises(ValueError, match="max_frame_size must be >= 0"):
+                make(print, max_frame_size=-1)
+            with pytest.raises(TypeError, match="arena must be an arena"):
+                make(print, arena=pool)
+    with pytest.raises(TypeError, match="on_connection_lost must be callable"):
+        FrameReader(print, on_connection_lost=5)
+    with pytest.raises(TypeError, match="feed\\(\\) takes a Received"):
+        RingFrameReader(print).feed(b"abc")  # an AttributeError before
+
+
 @settings(deadline=None)
 @given(sizes=st.lists(st.one_of(st.integers(0, 20), st.integers(0, 70_000)), max_size=12),
        cuts=st.lists(st.integers(1, 100_000), max_size=60),

@@ -199,6 +199,13 @@ def test_refusals(kind):
         with pytest.raises(MemoryError):
             seg.resize(sys.maxsize)
         assert seg.alive
+        if kind is not arenalib.SlicingArena:
+            with pytest.raises(UnsupportedOperation, match=r"slice \(or readonly\(\) view\)"):
+                seg.readonly().free()
+        part = seg.slice(0, 8)
+        seg = seg.resize(32)
+        with pytest.raises(ArenaClosedError, match="the segment it is a slice of was resized"):
+            part.tobytes()
         a.reset()
         with pytest.raises(ArenaClosedError):
             seg.resize(10)

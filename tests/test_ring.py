@@ -324,6 +324,16 @@ def test_errors_come_back_as_results_and_check_raises_them(ring):
     with pytest.raises(BlockingIOError):
         check(-errno.EAGAIN)
     assert check(0) == 0 and check(7) == 7
+    with pytest.raises(TypeError):
+        check(2.7)  # not an int (it came back unchanged), as os.strerror(2.7) refuses it
+    assert check(True) == 1  # an int, as os.strerror(True) takes it
+
+
+def test_the_setup_flags_and_received_fields_are_public_and_documented():
+    assert arenalib.SETUP_CLAMP == arenalib._ring.SETUP_CLAMP and "READ" in arenalib.OPCODES
+    assert "SETUP_SQPOLL" in arenalib.__all__ and "arenalib.SETUP_" in arenalib.Ring.__doc__
+    for name in ("segment", "result", "more"):
+        assert getattr(arenalib.Received, name).__doc__
 
 
 def test_bad_arguments_raise_before_anything_is_queued(ring):

@@ -300,8 +300,10 @@ def test_copy_bounds_and_argument_errors(arena):
         arenalib.copy(b"abc", 0, seg, 14, 3)
     with pytest.raises(IndexError):
         arenalib.copy(b"abc", 1, seg, 0, 3)
-    with pytest.raises(IndexError):
-        arenalib.copy(b"abc", 1 << 70, seg, 0, 0)
+    with pytest.raises(IndexError, match=re.escape(f"reads [{1 << 70}:{1 << 70}+0] of a 3-byte src")):
+        arenalib.copy(b"abc", 1 << 70, seg, 0, 0)  # the numbers passed, not bounded ones
+    with pytest.raises(IndexError, match=re.escape(f"writes [{1 << 64}:{1 << 64}+0] of a 16-byte dst")):
+        arenalib.copy(b"abc", 0, seg, 1 << 64, 0)
     arenalib.copy(b"abc", 3, seg, 16, 0)  # empty ranges at the ends are in bounds
     for args in ((b"abc", -1, seg, 0, 1), (b"abc", 0, seg, -1, 1), (b"abc", 0, seg, 0, -1)):
         with pytest.raises(ValueError):

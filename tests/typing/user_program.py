@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 import arenalib
 from arenalib import ArenaClosedError, Segment
+from arenalib.aio import FrameReader, frame_header
 
 
 def digest(seg: Segment) -> str:
@@ -68,6 +69,11 @@ def main() -> None:
         with pool.acquire() as buffer:
             arenalib.copy(block, 0, buffer, 0, 32)
     print(auto.stats()["live_bytes"])
+    handler: object = arenalib.numpy_handler(auto)  # an AutoArena serves NumPy too
+    with arenalib.BufferPool(4096, 2) as lender:
+        lent: int = lender.stats()["lent"]
+    reader = FrameReader(lambda frame: frame.free(deferred=True), max_frame_size=1 << 20)
+    print(handler is not None, lent, arenalib.check(0), arenalib.SETUP_CLAMP, frame_header(3), reader)
 
 
 if __name__ == "__main__":
