@@ -46,7 +46,7 @@ from cpython.buffer cimport (
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.number cimport PyNumber_Index
-from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject, PyTypeObject
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF, PyObject, PyTypeObject
 from libc.errno cimport EBUSY, EINTR, EINVAL, EOPNOTSUPP
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memset
@@ -215,7 +215,8 @@ cdef class Ring:
     result is what the system call would return, or -errno (``check(result)`` raises it as OSError).
     While a request is in flight, each buffer it names is held by a buffer export, so a Segment's
     memory cannot be freed, released, reset or closed with its arena or pool (BufferError), nor a
-    bytearray resized.  A raw view of a BufferPool buffer (``pool.raw_views()``, or a memoryview
+    bytearray resized; a file or socket given for ``fd`` (an object with fileno()) is held too, so
+    that its collection cannot close the fd under the request.  A raw view of a BufferPool buffer (``pool.raw_views()``, or a memoryview
     or slice of one) pins no buffer and is refused with TypeError: pass the acquired Segment.  At
     most ``cq_entries`` requests may be in flight and not yet returned by wait(): one more raises
     OSError(EBUSY) (the completion queue never overflows).  ``user_data`` may be any object: the

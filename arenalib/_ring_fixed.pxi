@@ -17,6 +17,7 @@ cdef int _queue_fixed(Ring ring, object fd, object segment, object offset, objec
     _request_init(&req)
     _acquire(seg, &req.view, reading)  # pins it; ArenaClosedError for a dead segment
     req.nviews = 1
+    _hold_file(&req, fd)
     req.fixed = True
     cdef Py_ssize_t index
     try:

@@ -302,6 +302,7 @@ cdef int _queue_recv_multishot(Ring ring, object sock, object group, object user
     cdef Request req
     _request_init(&req)
     req.prov = p
+    _hold_file(&req, sock)
     cdef io_uring_sqe* sqe = _begin(ring, &req)
     io_uring_prep_recv_multishot(sqe, cfd, NULL, 0, 0)
     sqe.flags |= IOSQE_BUFFER_SELECT

@@ -167,6 +167,7 @@ cdef int _queue_one(Ring ring, int op, object fd, object buf, object where, obje
     cdef Request req
     _request_init(&req)
     _acquire(buf, &req.view, op == OP_READ or op == OP_RECV)
+    _hold_file(&req, fd)
     req.nviews = 1
     cdef io_uring_sqe* sqe = _begin(ring, &req)
     cdef unsigned length = _length(req.view.len)
@@ -187,6 +188,9 @@ cdef int _queue_vector(Ring ring, object fd, object bufs, object offset, object 
     """readv (``reading``) or writev: every buffer of ``bufs`` pinned by an export of its own."""
     cdef int cfd = _fd(fd)
     cdef uint64_t off = _offset(offset)
+    if PyObject_CheckBuffer(bufs):  # (a bytes-like object is a sequence of ints)
+        raise TypeError(f"{'readv' if reading else 'writev'}() takes a sequence of buffers, not one "
+                        f"{type(bufs).__name__}: pass [buffer]")
     # A copy: acquiring a buffer may run Python code, which must not change the list under us.
     cdef tuple items = tuple(bufs)
     cdef Py_ssize_t n = len(items)
@@ -194,6 +198,7 @@ cdef int _queue_vector(Ring ring, object fd, object bufs, object offset, object 
         raise ValueError(f"at most {MAX_IOVECS} buffers per request, not {n}")
     cdef Request req
     _request_init(&req)
+    _hold_file(&req, fd)
     req.views = <Py_buffer*>PyMem_Malloc(max(n, 1) * sizeof(Py_buffer))
     req.iov = <iovec*>PyMem_Malloc(max(n, 1) * sizeof(iovec))
     if req.views == NULL or req.iov == NULL:

@@ -41,6 +41,8 @@ ctypedef struct Request:
     bint fixed               # a read_fixed/write_fixed: the registration must outlive it
     bint cancelling          # close() has sent a cancel for it (the per-request fallback)
     Provision* prov          # recv_multishot: the group its buffers come from (stays until its last CQE)
+    PyObject* file           # the object the fd came from (a file, a socket: owned, so that its fd
+                             # is not closed and reused under the request by its collection), or NULL
 
 
 ctypedef struct Completion:
@@ -100,23 +102,34 @@ cdef inline void _request_init(Request* req) noexcept:
     memset(req, 0, sizeof(Request))
 
 
+cdef inline void _hold_file(Request* req, object fd) noexcept:
+    """Keep the object ``fd`` came from (anything but an int) until the request is let go."""
+    if type(fd) is not int:
+        Py_INCREF(fd)
+        req.file = <PyObject*>fd
+
+
 cdef void _request_release(Request* req) noexcept:
-    """Let go of the request's pins (may run Python code: finalizers of what the buffers held)."""
+    """Let go of the request's pins and file (may run Python code: finalizers of what the buffers
+    held, a file closed by its collection)."""
     cdef Py_ssize_t i
     cdef Py_buffer* views = req.views
     cdef Py_ssize_t n = req.nviews
     cdef iovec* iov = req.iov
+    cdef PyObject* file = req.file
     req.views = NULL
     req.iov = NULL
     req.nviews = 0
+    req.file = NULL
     PyMem_Free(iov)
     if views == NULL:
         if n == 1:
             PyBuffer_Release(&req.view)
-        return
-    for i in range(n):
-        PyBuffer_Release(&views[i])
-    PyMem_Free(views)
+    else:
+        for i in range(n):
+            PyBuffer_Release(&views[i])
+        PyMem_Free(views)
+    Py_XDECREF(file)
 
 
 cdef unsigned _table_file(RequestTable* t, Request* req, object user_data) noexcept:
@@ -256,6 +269,10 @@ cdef int _table_traverse(RequestTable* t, visitproc visit, void* arg) noexcept:
             ret = visit(req.user_data, arg)
             if ret:
                 return ret
+            if req.file != NULL:
+                ret = visit(req.file, arg)
+                if ret:
+                    return ret
             for j in range(req.nviews):
                 obj = buffer_obj(&req.views[j] if req.views != NULL else &req.view)
                 if obj != NULL:

@@ -350,11 +350,31 @@ def test_bad_arguments_raise_before_anything_is_queued(ring):
         ring.read("not a file", bytearray(1))
     with pytest.raises(ValueError):
         ring.readv(0, [bytearray(1)] * 1025)
+    for single in (bytearray(4), b"abc"):  # one buffer, not a sequence of them: it said "not int"
+        with pytest.raises(TypeError, match=r"takes a sequence of buffers, not one .*: pass \[buffer\]"):
+            (ring.readv if type(single) is bytearray else ring.writev)(0, single)
     with pytest.raises(ValueError):
         Ring(0)
     with pytest.raises(ValueError):
         Ring(8, flags=1 << 30)
     assert ring.in_flight == 0
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_file_object_is_held_until_its_request_completes(ring, tmp_path):
+    """A request on a file object kept only its fd number: the object collected before the
+    request was submitted closed the fd, and the next open took the number, so the read read
+    (and a write wrote) another file."""
+    (tmp_path / "mine").write_bytes(b"mine" * 4)
+    (tmp_path / "other").write_bytes(b"OTHER" * 4)
+    into = bytearray(4)
+    ring.read(open(tmp_path / "mine", "rb"), into, 0, user_data="read")  # noqa: SIM115
+    ring.write(open(tmp_path / "out", "wb"), b"data", 0, user_data="write")  # noqa: SIM115
+    gc.collect()
+    with open(tmp_path / "other", "rb") as other, open(tmp_path / "other", "r+b") as another:
+        assert one(ring, 2) == {"read": 4, "write": 4}
+        assert other.read() == another.read() == b"OTHER" * 4
+    assert into == b"mine" and (tmp_path / "out").read_bytes() == b"data"
 
 
 def test_fixed_requests_take_a_live_segment_of_the_registered_pool(ring):
