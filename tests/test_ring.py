@@ -368,8 +368,8 @@ def test_a_file_object_is_held_until_its_request_completes(ring, tmp_path):
     (tmp_path / "mine").write_bytes(b"mine" * 4)
     (tmp_path / "other").write_bytes(b"OTHER" * 4)
     into = bytearray(4)
-    ring.read(open(tmp_path / "mine", "rb"), into, 0, user_data="read")  # noqa: SIM115
-    ring.write(open(tmp_path / "out", "wb"), b"data", 0, user_data="write")  # noqa: SIM115
+    ring.read(open(tmp_path / "mine", "rb"), into, 0, user_data="read")
+    ring.write(open(tmp_path / "out", "wb"), b"data", 0, user_data="write")
     gc.collect()
     with open(tmp_path / "other", "rb") as other, open(tmp_path / "other", "r+b") as another:
         assert one(ring, 2) == {"read": 4, "write": 4}
