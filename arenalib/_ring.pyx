@@ -216,8 +216,9 @@ cdef class Ring:
     While a request is in flight, each buffer it names is held by a buffer export, so a Segment's
     memory cannot be freed, released, reset or closed with its arena or pool (BufferError), nor a
     bytearray resized; a file or socket given for ``fd`` (an object with fileno()) is held too, so
-    that its collection cannot close the fd under the request.  A raw view of a BufferPool buffer (``pool.raw_views()``, or a memoryview
-    or slice of one) pins no buffer and is refused with TypeError: pass the acquired Segment.  At
+    that its collection cannot close the fd under the request.  A raw view of a BufferPool buffer
+    (``pool.raw_views()``, or a memoryview or slice of one) pins no buffer and is refused with
+    TypeError: pass the acquired Segment.  At
     most ``cq_entries`` requests may be in flight and not yet returned by wait(): one more raises
     OSError(EBUSY) (the completion queue never overflows).  ``user_data`` may be any object: the
     ring holds it until wait() returns it or close() drops it, in the garbage collector's sight: a

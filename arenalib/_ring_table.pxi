@@ -41,8 +41,9 @@ ctypedef struct Request:
     bint fixed               # a read_fixed/write_fixed: the registration must outlive it
     bint cancelling          # close() has sent a cancel for it (the per-request fallback)
     Provision* prov          # recv_multishot: the group its buffers come from (stays until its last CQE)
-    PyObject* file           # the object the fd came from (a file, a socket: owned, so that its fd
-                             # is not closed and reused under the request by its collection), or NULL
+    # The object the fd came from (a file, a socket), owned so that its collection cannot close the
+    # fd and let it be reused under the request; NULL for an int.
+    PyObject* file
 
 
 ctypedef struct Completion:
