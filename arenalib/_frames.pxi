@@ -98,18 +98,20 @@ cdef Py_ssize_t frames_depth(Lifetime* life) noexcept nogil:
     return depth
 
 
-cdef Py_ssize_t frames_abandoned(Lifetime* life, Py_ssize_t* outermost) noexcept nogil:
-    """The abandoned frames on the stack, and in ``outermost`` the depth of the outermost one that
-    an export still holds (0: none), for the error at the depth limit; read inside an access."""
+cdef Py_ssize_t frames_abandoned(Lifetime* life, Py_ssize_t* held, Py_ssize_t* outermost) noexcept nogil:
+    """The abandoned frames on the stack; in ``held`` how many of them exports hold, and in
+    ``outermost`` the depth of the outermost of those (0: none), for the error at the depth limit;
+    read inside an access."""
     cdef void* token = access_enter(life)
     cdef FrameStack* stack = life.frames
     cdef Py_ssize_t count = stack.abandoned if stack != NULL else 0
     cdef Py_ssize_t d
-    outermost[0] = 0
+    held[0] = outermost[0] = 0
     for d in range(1, (load_depth(&stack.depth) if count else 0) + 1):
         if frame_level(stack, d).abandoned and load_ssize(&frame_level(stack, d).exports):
-            outermost[0] = d
-            break
+            held[0] += 1
+            if not outermost[0]:
+                outermost[0] = d
     access_exit(token)
     return count
 
@@ -156,15 +158,19 @@ cdef int _raise_mark_error(SlicingArena arena, int err, str doing) except -1:
         raise ValueError(
             f"cannot {doing}: a frame entered after it is still open (frames must be left in the "
             "reverse order they were entered, which interleaved tasks on one thread break)")
-    cdef Py_ssize_t abandoned, outermost
+    cdef Py_ssize_t abandoned, held, outermost
     if err == ARENA_ELIMIT:
-        abandoned = frames_abandoned(&arena._core.life, &outermost)
-        held = (f"; {abandoned} of them are frames whose exit was refused, kept until the buffer "
-                f"exports of their segments are released (the outermost held at depth {outermost}): "
-                "release those memoryviews, NumPy arrays ..., then leave or rewind below them"
-                ) if abandoned else ""
+        abandoned = frames_abandoned(&arena._core.life, &held, &outermost)
+        why = ""
+        if held:
+            why = (f"; {held} of them are frames whose exit was refused, kept until the buffer exports "
+                   f"of their segments are released (the outermost held at depth {outermost}): "
+                   "release those memoryviews, NumPy arrays ..., then leave or rewind below them")
+        if abandoned > held:
+            why += (f"; {abandoned - held} {'more' if held else 'of them'} are frames whose exit was "
+                    "refused (left out of order, or held before), kept until the frames above them go")
         raise MemoryError(f"cannot {doing}: {FRAME_MAX_DEPTH} marks are open, the most a "
-                          f"SlicingArena keeps{held}")
+                          f"SlicingArena keeps{why}")
     if err == ARENA_EEXPORTED:
         raise BufferError(
             f"cannot {doing}: a buffer export (memoryview, NumPy array ...) of a segment it would "

@@ -772,7 +772,8 @@ cdef class NumpyScope:
     cdef uint64_t _entry        # its entry now (0: none), while entered or ended out of order
     cdef uint64_t _entries      # its entries so far: each link names the one it was made for
     cdef void* _home            # the context it was entered in, kept alive by _token (identity only)
-    cdef bint _entered
+    cdef bint _entered          # from its entry until its exit is done
+    cdef bint _exiting          # an exit is under way (the thread that claimed it ends it)
     cdef bint _left             # ended out of order: its handler goes with the scopes entered after it
 
     def __init__(self, *args, **kwargs):
@@ -811,14 +812,23 @@ cdef class NumpyScope:
         return self._arena
 
     def __exit__(self, exc_type, exc, tb):
-        cdef bint entered
+        cdef bint claimed
         cdef uint64_t entry
+        # Claimed for the whole exit: with the GIL off, another thread's entry meanwhile (refused
+        # while _entered holds) replaced the fields the exit was reading.
         with cython.critical_section(self):
-            entered = self._entered
+            claimed = self._entered and not self._exiting
             entry = self._entry
-            self._entered = False
-        if entered:
+            if claimed:
+                self._exiting = True
+        if not claimed:
+            return False  # not entered, or another thread is ending it: as a second exit
+        try:
             _scope_exit(self, entry)
+        finally:
+            with cython.critical_section(self):
+                self._entered = False
+                self._exiting = False
         return False
 
     def __repr__(self):
@@ -953,6 +963,8 @@ cdef inline _ScopeLink _innermost_link():
         return None
     result = <object>value
     Py_DECREF(result)  # PyContextVar_Get() gave a new reference
+    if type(result) is not _ScopeLink:
+        return None  # (a value set there by other code than arenalib's: no chain to walk)
     return <_ScopeLink>result
 
 

@@ -64,14 +64,12 @@ def frame_header(size: int) -> bytes:
     return FRAME_HEADER.pack(size)
 
 
-def _check_reader_arguments(on_frame: object, arena: object, max_frame_size: int) -> None:
-    """What a reader's constructor can judge at once (a connection finds out about its arena)."""
+def _check_reader_arguments(on_frame: object, max_frame_size: int) -> None:
+    """What a reader's constructor can judge at once (its arena, anything with allocate(), is
+    found out by its first frame)."""
     takes_calls = callable(on_frame)  # (a name: no narrowing of ``object`` for the type checker)
     if not takes_calls:
         raise TypeError(f"on_frame must be callable, not {type(on_frame).__name__}")
-    if arena is not None and not isinstance(arena, ArenaBase):
-        raise TypeError(f"arena must be an arena (Arena, ConfinedArena, SlicingArena) or None, "
-                        f"not {type(arena).__name__}")
     if operator.index(max_frame_size) < 0:
         raise ValueError(f"max_frame_size must be >= 0, not {max_frame_size}")
 
@@ -227,7 +225,7 @@ class FrameReader(asyncio.BufferedProtocol):
     def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
                  max_frame_size: int = 1 << 30, staging_size: int = 65536,
                  on_connection_lost: Callable[[BaseException | None], object] | None = None) -> None:
-        _check_reader_arguments(on_frame, arena, max_frame_size)
+        _check_reader_arguments(on_frame, max_frame_size)
         takes_calls = on_connection_lost is None or callable(on_connection_lost)
         if not takes_calls:
             raise TypeError(f"on_connection_lost must be callable or None, not "
@@ -449,7 +447,7 @@ class RingFrameReader:
 
     def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
                  max_frame_size: int = 1 << 30) -> None:
-        _check_reader_arguments(on_frame, arena, max_frame_size)
+        _check_reader_arguments(on_frame, max_frame_size)
         self._on_frame = on_frame
         self._arena: ArenaBase | None = arena
         self._max_frame_size = max_frame_size

@@ -121,7 +121,8 @@ def test_the_depth_limit_reached_by_frames_kept_for_exports_names_them(arena):
                                           r"outermost held at depth 1\b"):
         arena.frame().__enter__()
     views[1].release()  # the outermost frame is no longer held, but frames above it are
-    with pytest.raises(MemoryError, match=r"16384 of them .* outermost held at depth 2\b"):
+    with pytest.raises(MemoryError, match=r"16383 of them .* outermost held at depth 2\b.*; 1 more are "
+                                          r"frames whose exit was refused .* until the frames above them go"):
         arena.mark()
     views[-1].release()  # the innermost frame goes with the next push
     with arena.frame():
@@ -131,6 +132,26 @@ def test_the_depth_limit_reached_by_frames_kept_for_exports_names_them(arena):
         assert arena.stats()["marks"] == 1
     assert arena.stats()["live_segments"] == 1 and arena.stats()["marks"] == 0
     assert bytes(views[0]) == bytes(8)
+
+
+def test_the_depth_limit_reached_by_frames_left_out_of_order_says_so(arena):
+    # Frames left before a frame entered after them are kept too: the error named exports that
+    # did not exist ("held at depth 0").
+    inner_frames = []
+    for _ in range(8192):
+        outer, inner = arena.frame(), arena.frame()
+        outer.__enter__()
+        inner.__enter__()
+        with pytest.raises(ValueError, match="still open"):
+            outer.__exit__(None, None, None)
+        inner_frames.append(inner)
+    with pytest.raises(MemoryError) as caught:
+        arena.frame().__enter__()
+    assert "8192 of them are frames whose exit was refused (left out of order" in str(caught.value)
+    assert "export" not in str(caught.value)
+    for inner in reversed(inner_frames):  # each exit lets the one abandoned under it go
+        inner.__exit__(None, None, None)
+    assert arena.stats()["marks"] == 0
 
 
 def test_a_rewind_to_an_earlier_mark_uses_up_later_marks(arena):

@@ -792,6 +792,66 @@ def test_one_scope_entered_and_exited_by_threads_at_once(arena):
     assert get_handler_name() == "default_allocator" and arrays(arena) == 0
 
 
+SCOPE_IN_TURNS = """
+import sys, threading
+from numpy._core.multiarray import get_handler_name
+import arenalib
+arena = arenalib.Arena()
+scope = arena.numpy()
+rounds = int(sys.argv[1])
+barrier = threading.Barrier(2)
+wrong = []
+
+def turns(k):
+    barrier.wait()
+    for r in range(rounds):
+        try:
+            with scope:
+                pass
+        except RuntimeError as exc:
+            if "entered already" not in str(exc):
+                wrong.append((k, r, str(exc)[:80]))
+        except Exception as exc:
+            wrong.append((k, r, repr(exc)[:80]))
+    if get_handler_name() != "default_allocator":
+        wrong.append((k, "handler", get_handler_name()))
+
+threads = [threading.Thread(target=turns, args=(k,)) for k in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+with scope:
+    inside = get_handler_name()
+print(len(wrong), wrong[:3], repr(scope), inside)
+"""
+
+
+def test_one_scope_used_by_threads_in_turn_is_refused_only_while_another_is_in_it():
+    """Each thread enters and ends the shared scope in its own context: an entry while another
+    thread is in the block (or ending it) is refused with "entered already", nothing else.  With the
+    GIL off, an entry during another thread's exit replaced the fields that exit was reading: false
+    "another context" errors, a Token error, the arena's handler left current in a thread for good
+    and the scope refused for good (5 runs of 5 of this script)."""
+    out = assert_ok(run_python(SCOPE_IN_TURNS, "20000" if FREE_THREADED else "3000", timeout=240))
+    assert out.startswith("0 [] ") and "not entered" in out and out.rstrip().endswith(HANDLER_NAME), out
+
+
+def test_a_foreign_value_in_the_scope_chains_variable_is_no_chain(arena):
+    """The chain's ContextVar is reachable by walking a context: a value set there by other code was
+    read as a link (a crash at the scope's end)."""
+    scope = arena.numpy()
+
+    def tampered():
+        scope.__enter__()
+        var = next(v for v in contextvars.copy_context() if v.name == "arenalib_numpy_scopes")
+        var.set(12345)
+        scope.__exit__(None, None, None)  # not found in the chain: ended out of order
+
+    contextvars.copy_context().run(tampered)  # (whose handler stays the arena's: left there)
+    assert "ended out of order" in repr(scope) and get_handler_name() == "default_allocator"
+
+
 def test_threads_allocate_free_and_race_a_deferred_close():
     closing = closing_arenas()
     # Each round: threads make and drop arrays in the arena's context while the main thread closes
