@@ -295,7 +295,8 @@ cdef class BufferPool(SegmentOwner):
         if seg._arena is not self:
             raise ValueError("the segment does not belong to this BufferPool")
         if seg._root is not None:
-            raise ValueError("a slice cannot be released; release the segment acquire() returned")
+            raise ValueError("a slice (or readonly() view) cannot be released; release the segment "
+                             "acquire() returned")
         return 0
 
     cdef int _release(self, Segment seg) except -1:

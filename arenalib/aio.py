@@ -440,10 +440,10 @@ class RingFrameReader:
     frame cut short there sets ``error`` to a FrameError, and is freed); a length above
     ``max_frame_size`` sets ``error`` to a FrameError and drops the rest of the stream; a receive
     error other than ENOBUFS (which only asks for a re-arm) sets ``error`` to the OSError.  An
-    exception from ``on_frame`` leaves ``feed()`` and is ``error`` too: the stream is dropped (the
-    bytes after that frame went back with the buffer).  ``close()`` gives up a stream the server
-    ends itself (an idle timeout, a shutdown): the frame cut short is freed, as it is when the reader
-    is collected."""
+    exception from ``on_frame``, or a MemoryError of a frame the arena cannot hold, leaves ``feed()``
+    and is ``error`` too: the stream is dropped (the bytes after it went back with the buffer).
+    ``close()`` gives up a stream the server ends itself (an idle timeout, a shutdown): the frame
+    cut short is freed, as it is when the reader is collected."""
 
     def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
                  max_frame_size: int = 1 << 30) -> None:
@@ -490,6 +490,13 @@ class RingFrameReader:
         try:
             if self.error is None and not self.closed:
                 self._take(seg)
+        except BaseException as exc:
+            # Whatever stopped the copy (on_frame's exception, a MemoryError of a frame the arena
+            # cannot hold): the rest of the buffer goes back unread, so what follows could only be
+            # read from the middle of a frame, as if it were a length prefix.  The stream ends here.
+            if self.error is None:
+                self._drop(exc)
+            raise
         finally:
             seg.free()  # the buffer goes back to the ring (a frame holds a copy)
         return bool(received.more)
@@ -525,13 +532,7 @@ class RingFrameReader:
             if self._filled == len(frame):
                 self._frame = None
                 self.frames += 1
-                try:
-                    self._on_frame(frame)
-                except BaseException as exc:
-                    # The rest of this buffer goes back unread: what follows could only be read
-                    # from the middle of a frame, so the stream ends here.
-                    self._drop(exc)
-                    raise
+                self._on_frame(frame)  # (an exception ends the stream: see feed())
 
     def _drop(self, error: BaseException) -> None:
         self.error = error

@@ -18,9 +18,13 @@ The pattern:
   ``on_frame``.
 * A receive that ends (``more`` False) is re-armed, unless the stream ended or failed: -ENOBUFS (every
   buffer out at once) and the kernel ending a receive are part of the protocol, not errors.
-* Each armed receive holds one of the ring's ``cq_entries`` request slots until it ends (the wake
-  pipe's read holds one more), so the ring is sized for ``--max-connections`` and a connection past
-  them is closed at once (more would make ``recv_multishot()`` raise OSError(EBUSY)).
+* Replies go out through the ring too (``ring.send``, one in flight per connection, the next ones
+  gathered meanwhile), never by a blocking ``sendall()`` in the loop: a client that reads none of
+  its replies stalls only itself, and past MAX_UNSENT bytes of them its connection is ended.
+* Each armed receive and each send holds one of the ring's ``cq_entries`` request slots until it
+  ends (the wake pipe's read holds one more), so the ring is sized for ``--max-connections`` and a
+  connection past them is closed at once (more would make ``recv_multishot()`` raise
+  OSError(EBUSY)).
 * New connections come from a thread blocked in ``accept()``, which hands them over through a queue
   and wakes the ring through a pipe the ring reads (one ring, one owner thread: the acceptor never
   touches the ring).
@@ -30,8 +34,8 @@ The safety rules:
 * Release each received Segment (``free()``) when done with it: until then its buffer is out of the
   ring, and with every buffer out the receives end with -ENOBUFS.  A released Segment is dead for
   good (ArenaClosedError), even once the kernel fills its buffer again for another connection.
-* A reply that fails (the client reset the connection) leaves ``feed()`` as the OSError and ends
-  that connection's stream (``reader.error``), not the server.
+* A reply that fails (the client reset the connection) ends that connection's stream, not the
+  server: its socket is shut down, and its receive ends.
 * The pool cannot close or reset while provided: ``ring.close()`` (or ``withdraw()``) first.
 """
 
@@ -53,20 +57,69 @@ from arenalib.aio import RingFrameReader
 REPLY = struct.Struct("!Q32s")   # a frame's length and its sha256
 GROUP = 0
 WAKE = object()                  # the user_data of the wake pipe's read
+MAX_UNSENT = 1 << 20             # replies a client has not taken yet, before it is cut off
+
+
+class Sent:
+    """The user_data of a connection's send: its completion names the connection."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
 
 
 class Connection:
-    def __init__(self, sock: socket.socket, max_frame_size: int) -> None:
+    def __init__(self, sock: socket.socket, max_frame_size: int, ring: Ring) -> None:
         self.sock = sock
+        self.ring = ring
         self.nbytes = 0
         self.reader = RingFrameReader(self.on_frame, max_frame_size=max_frame_size)
+        self.unsent = bytearray()    # replies not handed to a send yet
+        self.sending = b""           # the bytes of the send in flight (the ring pins them)
+        self.sent = Sent(self)
+        self.received_all = False    # its receive ended: the socket closes once the replies are out
+        self.closed = False
 
     def on_frame(self, seg: Segment) -> None:
         digest = hashlib.sha256(seg).digest()
         size = len(seg)
         seg.free()
         self.nbytes += size
-        self.sock.sendall(REPLY.pack(size, digest))
+        self.unsent += REPLY.pack(size, digest)
+        if len(self.unsent) > MAX_UNSENT:
+            raise ConnectionError(f"the client took none of its last {len(self.unsent)} bytes of replies")
+        self.send_next()
+
+    def send_next(self) -> None:
+        """Hand the replies gathered to one send, unless one is in flight; close the socket once
+        the receive has ended and every reply is out."""
+        if self.sending or self.closed:
+            return
+        if self.unsent:
+            self.sending = bytes(self.unsent)
+            self.unsent.clear()
+            self.ring.send(self.sock, self.sending, user_data=self.sent)
+        elif self.received_all:
+            self.closed = True
+            self.sock.close()
+
+    def on_sent(self, result: int) -> None:
+        if result < 0:  # the client went away: its replies go, and its stream ends
+            self.sending = b""
+            self.unsent.clear()
+            self.stop_receiving()
+        else:
+            self.sending = self.sending[result:]  # a part sent: the rest first
+        if self.sending:
+            self.ring.send(self.sock, self.sending, user_data=self.sent)
+        else:
+            self.send_next()
+
+    def stop_receiving(self) -> None:
+        """End the stream: the receive ends (EOF), the replies already gathered still go out."""
+        try:
+            self.sock.shutdown(socket.SHUT_RD)
+        except OSError:  # reset by the client already: the receive ends anyway
+            pass
 
 
 def accept_forever(listener: socket.socket, handed: queue.Queue, wake_w: int) -> None:
@@ -87,45 +140,53 @@ def serve(host: str, port: int, connections: int, buffers: int, buffer_size: int
     wake_buf = bytearray(64)
     served = frames = nbytes = refused = 0
     open_connections = 0
+    closing: set[Connection] = set()  # their receive ended, replies still going out
     bound = listener.getsockname()
     print(f"listening on {bound[0]}:{bound[1]} (io_uring, {buffers} buffers of {buffer_size} bytes)",
           flush=True)
     threading.Thread(target=accept_forever, args=(listener, handed, wake_w), daemon=True).start()
     pool = BufferPool(buffer_size, buffers)
     try:
-        # A completion queue of 2 * max_connections: a receive per connection and the wake read.
-        with Ring(max(1, max_connections)) as ring:
+        # A completion queue of 2 * (max_connections + 1): a receive and a send per connection, and
+        # the wake read.
+        with Ring(max(1, max_connections) + 1) as ring:
             ring.provide(pool, GROUP)
             ring.read(wake_r, wake_buf, user_data=WAKE)
-            while not (connections and served >= connections):
+            while not (connections and served >= connections and not closing):
                 for conn, res in ring.wait(1):
                     if conn is WAKE:
                         while not handed.empty():
                             sock = handed.get()
-                            if open_connections >= max_connections:  # no request slot left for it
+                            if open_connections + len(closing) >= max_connections:  # no slots left
                                 sock.close()
                                 refused += 1
                                 continue
-                            ring.recv_multishot(sock, GROUP, user_data=Connection(sock, max_frame_size))
+                            conn = Connection(sock, max_frame_size, ring)
+                            ring.recv_multishot(sock, GROUP, user_data=conn)
                             open_connections += 1
                         ring.read(wake_r, wake_buf, user_data=WAKE)
+                        continue
+                    if type(conn) is Sent:
+                        conn.conn.on_sent(res)
+                        if conn.conn.closed:
+                            closing.discard(conn.conn)
                         continue
                     reader = conn.reader
                     try:
                         more = reader.feed(res)
-                    except OSError:  # a reply failed (the client went away): reader.error has it
+                    except ConnectionError:  # it takes no replies: reader.error has it
                         more = res.more
                     if more:
                         if reader.error is not None:  # stop its stream: the receive ends with EOF
-                            try:
-                                conn.sock.shutdown(socket.SHUT_RDWR)
-                            except OSError:  # reset by the client already: the receive ends anyway
-                                pass
+                            conn.stop_receiving()
                         continue
                     if not reader.eof and reader.error is None:
                         ring.recv_multishot(conn.sock, GROUP, user_data=conn)  # ENOBUFS, or ended
                         continue
-                    conn.sock.close()
+                    conn.received_all = True
+                    conn.send_next()  # closes the socket now, or once the last reply is out
+                    if not conn.closed:
+                        closing.add(conn)
                     open_connections -= 1
                     served += 1
                     frames += reader.frames

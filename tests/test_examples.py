@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -230,6 +232,35 @@ def test_ring_server_serves_many_connections_from_one_pool():
         assert c.returncode == 0, stdout + stderr
         assert stdout.startswith("6 frames, 140206 bytes: every reply matched")
     assert out.splitlines()[-1] == "served 30 connection(s), 180 frames, 4206180 bytes"
+
+
+def test_ring_server_serves_others_while_a_client_reads_none_of_its_replies():
+    """A client that sends empty frames as fast as it can and never reads the replies: the server
+    answered with a blocking sendall() in its one loop, so once that client's socket filled, no
+    other connection was served.  Replies go through the ring now; that client is cut off past
+    MAX_UNSENT bytes of replies not taken."""
+    server, port, _ = start_ring_server("--connections", "2")
+    header = struct.Struct("!Q")
+    greedy = socket.create_connection(("127.0.0.1", port))
+    try:
+        greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        greedy.setblocking(False)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                greedy.send(header.pack(0) * 1000)
+            except BlockingIOError:
+                time.sleep(0.01)
+            except OSError:  # cut off by the server
+                break
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "10,5000",
+                            "--count", "4", "--no-uvloop", timeout=30)
+    finally:
+        greedy.close()
+        out, _ = finish(server)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("4 frames, 10020 bytes: every reply matched")
+    assert "ConnectionError: the client took none of its last" in out
 
 
 def test_ring_server_drops_a_connection_whose_frame_is_too_large():

@@ -250,6 +250,8 @@ def test_release_errors_change_nothing(pool):
             pool.release(plain)
         with pytest.raises(ValueError, match="slice"):
             pool.release(seg.slice(0, 10))
+        with pytest.raises(ValueError, match=r"slice \(or readonly\(\) view\)"):
+            pool.release(seg.readonly())
         with pytest.raises(UnsupportedOperation):
             seg.slice(0, 10).free()
         unchanged()

@@ -1539,3 +1539,36 @@ def test_ring_frame_reader_drops_the_stream_when_on_frame_raises():
         assert reader.feed(Chunk(stream[20:])) is True
         assert frames == [b"abc"] and isinstance(reader.error, KeyError)
         assert arena.stats()["live_segments"] == 0
+
+
+def test_ring_frame_reader_drops_the_stream_when_a_frame_cannot_be_allocated():
+    """A frame its arena cannot hold: the MemoryError left feed() with the reader looking healthy,
+    and the next buffer's bytes (the middle of that frame) were read as length prefixes: a body
+    holding what looks like frames came out as thousands of frames, the real next frame lost."""
+    from arenalib.aio import RingFrameReader, frame_header
+
+    frames = []
+
+    def on_frame(seg):
+        frames.append(bytes(seg))
+        seg.free()
+
+    class Chunk:  # what wait() gives, over an arena segment
+        more = True
+
+        def __init__(self, data):
+            self.segment = source.allocate(len(data))
+            self.segment[:] = data
+            self.result = len(data)
+
+    body = (frame_header(5) + b"SMUGL") * 2000  # 26,000 bytes that look like frames
+    stream = frame_header(len(body)) + body + frame_header(5) + b"hello"
+    with arenalib.Arena() as source, arenalib.Arena(max_bytes=1 << 14) as small:
+        reader = RingFrameReader(on_frame, arena=small)
+        with pytest.raises(MemoryError):
+            reader.feed(Chunk(stream[:4096]))
+        assert isinstance(reader.error, MemoryError)
+        for start in range(4096, len(stream), 4096):
+            assert reader.feed(Chunk(stream[start:start + 4096])) is True  # given back, unread
+        assert frames == [] and small.stats()["live_segments"] == 0
+        assert source.stats()["live_segments"] == 0
