@@ -1508,6 +1508,18 @@ def test_a_socket_error_ends_every_rearmed_receive_at_once():
             assert r.result == -errno.ENOTCONN and not r.more and r.segment is None
 
 
+class Chunk:
+    """What Ring.wait() gives a RingFrameReader for a multishot receive: ``data`` in a segment of
+    ``arena``."""
+
+    more = True
+
+    def __init__(self, arena, data):
+        self.segment = arena.allocate(len(data))
+        self.segment[:] = data
+        self.result = len(data)
+
+
 def test_ring_frame_reader_drops_the_stream_when_on_frame_raises():
     """on_frame raising in the middle of a buffer: the buffer went back with the next frame's first
     bytes unread, so the reader must not go on (it read the rest of that frame as a length prefix:
@@ -1522,21 +1534,13 @@ def test_ring_frame_reader_drops_the_stream_when_on_frame_raises():
         if len(frames) == 1:
             raise KeyError("the consumer failed")
 
-    class Chunk:  # what wait() gives, over an arena segment
-        more = True
-
-        def __init__(self, data):
-            self.segment = arena.allocate(len(data))
-            self.segment[:] = data
-            self.result = len(data)
-
     stream = frame_header(3) + b"abc" + frame_header(5) + b"hello" + frame_header(2) + b"xy"
     with arenalib.Arena() as arena:
         reader = RingFrameReader(on_frame, arena=arena)
         with pytest.raises(KeyError):
-            reader.feed(Chunk(stream[:20]))
+            reader.feed(Chunk(arena, stream[:20]))
         assert isinstance(reader.error, KeyError)
-        assert reader.feed(Chunk(stream[20:])) is True
+        assert reader.feed(Chunk(arena, stream[20:])) is True
         assert frames == [b"abc"] and isinstance(reader.error, KeyError)
         assert arena.stats()["live_segments"] == 0
 
@@ -1553,22 +1557,14 @@ def test_ring_frame_reader_drops_the_stream_when_a_frame_cannot_be_allocated():
         frames.append(bytes(seg))
         seg.free()
 
-    class Chunk:  # what wait() gives, over an arena segment
-        more = True
-
-        def __init__(self, data):
-            self.segment = source.allocate(len(data))
-            self.segment[:] = data
-            self.result = len(data)
-
     body = (frame_header(5) + b"SMUGL") * 2000  # 26,000 bytes that look like frames
     stream = frame_header(len(body)) + body + frame_header(5) + b"hello"
     with arenalib.Arena() as source, arenalib.Arena(max_bytes=1 << 14) as small:
         reader = RingFrameReader(on_frame, arena=small)
         with pytest.raises(MemoryError):
-            reader.feed(Chunk(stream[:4096]))
+            reader.feed(Chunk(source, stream[:4096]))
         assert isinstance(reader.error, MemoryError)
         for start in range(4096, len(stream), 4096):
-            assert reader.feed(Chunk(stream[start:start + 4096])) is True  # given back, unread
+            assert reader.feed(Chunk(source, stream[start:start + 4096])) is True  # given back, unread
         assert frames == [] and small.stats()["live_segments"] == 0
         assert source.stats()["live_segments"] == 0
