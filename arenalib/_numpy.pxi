@@ -794,8 +794,8 @@ cdef class NumpyScope:
         # With the GIL off, two threads may enter or exit one scope object at once: its fields change
         # under a critical section, where nothing runs Python code (the values replaced are None).
         with cython.critical_section(self):
-            refused = self._entered or self._left
-            left = self._left
+            refused = self._entered or self._exiting or self._left
+            left = self._left and not (self._entered or self._exiting)
             if not refused:
                 self._entered = True
                 self._previous = previous
@@ -804,23 +804,31 @@ cdef class NumpyScope:
                 self._home = current_context()
         if refused:
             _leave_scope(token, previous, False, None)
-            if left:
-                raise RuntimeError("this numpy() scope ended before a scope entered after it; call "
-                                   "arena.numpy() again for another")
-            raise RuntimeError("this numpy() scope is entered already; call arena.numpy() again for "
-                               "another")
+            if not left:
+                raise RuntimeError("this numpy() scope is entered already; call arena.numpy() again "
+                                   "for another")
+            raise RuntimeError("this numpy() scope ended before a scope entered after it (or was "
+                               "ended from another context); call arena.numpy() again for another")
         return self._arena
 
     def __exit__(self, exc_type, exc, tb):
-        cdef bint claimed
+        cdef bint claimed, foreign
         cdef uint64_t entry
         # Claimed for the whole exit: with the GIL off, another thread's entry meanwhile (refused
-        # while _entered holds) replaced the fields the exit was reading.
+        # while _entered holds) replaced the fields the exit was reading.  An exit in another context
+        # than the entry's claims nothing: the scope stays entered, for its home's own exit (a block
+        # still running there), and is marked ended for the scopes around it there (a generator
+        # suspended in it, closed elsewhere: its home never ends it).
         with cython.critical_section(self):
             claimed = self._entered and not self._exiting
+            foreign = claimed and self._home != current_context()
             entry = self._entry
-            if claimed:
+            if foreign:
+                self._left = True
+            elif claimed:
                 self._exiting = True
+        if foreign:
+            raise RuntimeError(_OTHER_CONTEXT)
         if not claimed:
             return False  # not entered, or another thread is ending it: as a second exit
         try:
@@ -839,13 +847,16 @@ cdef class NumpyScope:
         raise TypeError("a NumpyScope cannot be pickled")
 
 
-cdef inline bint _passed_over(_ScopeLink link, void* here) noexcept:
+cdef inline bint _passed_over(_ScopeLink link, void* here, bint above) noexcept:
     """Whether a walk of this context's chain passes over ``link``: its entry is still current, it
-    began in this context (``here``), and it ended out of order.  A scope of another context (the
-    chain was copied from it) stops the walk, and is never changed from here."""
+    began in this context (``here``), and it ended out of order; ``above`` the scope ending (the
+    walk to it), ended from another context too, while its block may still be running here (the
+    walk under it leaves such a scope to its own end).  A scope of another context (the chain was
+    copied from it) stops the walk, and is never changed from here."""
     cdef NumpyScope scope = link.scope
     with cython.critical_section(scope):
-        return scope._entry == link.entry and scope._home == here and scope._left
+        return (scope._entry == link.entry and scope._home == here and scope._left
+                and (above or not scope._entered))
 
 
 cdef int _scope_exit(NumpyScope scope, uint64_t entry) except -1:
@@ -857,18 +868,11 @@ cdef int _scope_exit(NumpyScope scope, uint64_t entry) except -1:
     context than it began in (a generator suspended in it, closed on another thread, in a task or
     in a copied context) raises RuntimeError, as ContextVar.reset() of its token says: the context
     it began in keeps its handler until a scope entered there ends."""
-    cdef void* here = current_context()
-    cdef bint home
-    with cython.critical_section(scope):
-        home = scope._home == here
-        if not home:
-            scope._left = True  # (its own end: what its home context reads)
-    if not home:
-        raise RuntimeError(_OTHER_CONTEXT)
+    cdef void* here = current_context()  # (its home: __exit__ refused any other)
     cdef _ScopeLink top = _innermost_link()
     cdef _ScopeLink walk = top
     while walk is not None and not (walk.scope is scope and walk.entry == entry):
-        if not _passed_over(walk, here):
+        if not _passed_over(walk, here, True):
             break  # a scope entered after it is still open: it ends out of order
         walk = walk.outer
     if walk is None or walk.scope is not scope or walk.entry != entry:
@@ -883,7 +887,7 @@ cdef int _scope_exit(NumpyScope scope, uint64_t entry) except -1:
         restore = scope._previous
         token = scope._token
     cdef _ScopeLink below = mine.outer
-    while below is not None and _passed_over(below, here):
+    while below is not None and _passed_over(below, here, False):
         with cython.critical_section(below.scope):
             restore = below.scope._previous
         below = below.outer
@@ -921,6 +925,7 @@ cdef int _drop_scopes(_ScopeLink start, _ScopeLink stop) except -1:
                 scope._entry = 0
                 scope._home = NULL
                 scope._left = False
+                scope._entered = False  # (one ended from another context: its home's end is moot)
         walk = walk.outer
     return 0
 

@@ -837,6 +837,36 @@ def test_one_scope_used_by_threads_in_turn_is_refused_only_while_another_is_in_i
     assert out.startswith("0 [] ") and "not entered" in out and out.rstrip().endswith(HANDLER_NAME), out
 
 
+def test_an_exit_from_another_thread_leaves_the_block_to_its_own_end(arena):
+    """Another thread's exit of a scope whose block is running is refused and leaves the block's
+    own end working: it made that end a silent no-op, the arena's handler current in the block's
+    thread for good, and the scope refused for good."""
+    scope = arena.numpy()
+    inside, refused = threading.Event(), threading.Event()
+    seen = {}
+
+    def block(index):
+        if index == 0:
+            with scope:
+                inside.set()
+                refused.wait()
+                seen["inside"] = get_handler_name()
+            seen["after"] = get_handler_name()
+        else:
+            inside.wait()
+            with pytest.raises(RuntimeError, match="another context"):
+                scope.__exit__(None, None, None)
+            refused.set()
+
+    run_threads(block, 2)
+    assert seen == {"inside": HANDLER_NAME, "after": "default_allocator"}
+    assert "not entered" in repr(scope)
+    with scope:
+        x = np.ones(10)
+    assert arrays(arena) == 1
+    del x
+
+
 def test_a_foreign_value_in_the_scope_chains_variable_is_no_chain(arena):
     """The chain's ContextVar is reachable by walking a context: a value set there by other code was
     read as a link (a crash at the scope's end)."""
