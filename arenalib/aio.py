@@ -443,7 +443,9 @@ class RingFrameReader:
     exception from ``on_frame``, or a MemoryError of a frame the arena cannot hold, leaves ``feed()``
     and is ``error`` too: the stream is dropped (the bytes after it went back with the buffer).
     ``close()`` gives up a stream the server ends itself (an idle timeout, a shutdown): the frame
-    cut short is freed, as it is when the reader is collected."""
+    cut short is freed, as it is when the reader is collected; called from ``on_frame``, it leaves
+    the rest of that completion unread.  ``feed()`` called from inside ``on_frame`` raises
+    RuntimeError and ends the stream (frames would come out of order)."""
 
     def __init__(self, on_frame: Callable[[Segment], object], *, arena: ArenaBase | None = None,
                  max_frame_size: int = 1 << 30) -> None:
@@ -458,6 +460,7 @@ class RingFrameReader:
         self.eof = False
         self.error: BaseException | None = None
         self.closed = False
+        self._feeding = False               # inside feed(): on_frame may not feed again
 
     def close(self) -> None:
         """Give up the stream: the frame cut short is freed, and later completions fed are only
@@ -487,6 +490,13 @@ class RingFrameReader:
             elif result < 0 and result != -errno.ENOBUFS and self.error is None:
                 self._drop(OSError(-result, os.strerror(-result)))
             return bool(received.more)
+        if self._feeding:
+            seg.free()  # (given back: the stream ends here, as for any error while taking one)
+            error = RuntimeError("feed() called again from inside on_frame: feed completions one "
+                                 "at a time, in the order wait() returned them")
+            self._drop(error)
+            raise error
+        self._feeding = True
         try:
             if self.error is None and not self.closed:
                 self._take(seg)
@@ -498,6 +508,7 @@ class RingFrameReader:
                 self._drop(exc)
             raise
         finally:
+            self._feeding = False
             seg.free()  # the buffer goes back to the ring (a frame holds a copy)
         return bool(received.more)
 
@@ -533,6 +544,8 @@ class RingFrameReader:
                 self._frame = None
                 self.frames += 1
                 self._on_frame(frame)  # (an exception ends the stream: see feed())
+                if self.closed or self.error is not None:
+                    return  # on_frame gave the stream up: the rest of the buffer goes back unread
 
     def _drop(self, error: BaseException) -> None:
         self.error = error

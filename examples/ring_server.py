@@ -50,6 +50,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 from arenalib import BufferPool, Ring, Segment
 from arenalib.aio import RingFrameReader
@@ -123,11 +124,22 @@ class Connection:
 
 
 def accept_forever(listener: socket.socket, handed: queue.Queue, wake_w: int) -> None:
+    short = False  # said once per spell of accept() failing for want of file descriptors
     while True:
         try:
             sock, _ = listener.accept()
-        except OSError:  # the listener closed: the server is done
-            return
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # Out of file descriptors (or memory) for now: the connection waits in the backlog
+                # until connections close.  Returning would have left the server deaf for good.
+                if not short:
+                    print(f"accept: {exc.strerror}; retrying until connections close", file=sys.stderr,
+                          flush=True)
+                short = True
+                time.sleep(0.1)
+                continue
+            return  # the listener closed: the server is done
+        short = False
         handed.put(sock)
         os.write(wake_w, b"!")
 
@@ -144,7 +156,6 @@ def serve(host: str, port: int, connections: int, buffers: int, buffer_size: int
     bound = listener.getsockname()
     print(f"listening on {bound[0]}:{bound[1]} (io_uring, {buffers} buffers of {buffer_size} bytes)",
           flush=True)
-    threading.Thread(target=accept_forever, args=(listener, handed, wake_w), daemon=True).start()
     pool = BufferPool(buffer_size, buffers)
     try:
         # A completion queue of 2 * (max_connections + 1): a receive and a send per connection, and
@@ -152,6 +163,9 @@ def serve(host: str, port: int, connections: int, buffers: int, buffer_size: int
         with Ring(max(1, max_connections) + 1) as ring:
             ring.provide(pool, GROUP)
             ring.read(wake_r, wake_buf, user_data=WAKE)
+            # Accepting from now on (before the ring, a burst of connections could take the fds
+            # io_uring_setup needs).
+            threading.Thread(target=accept_forever, args=(listener, handed, wake_w), daemon=True).start()
             while not (connections and served >= connections and not closing):
                 for conn, res in ring.wait(1):
                     if conn is WAKE:
@@ -174,8 +188,8 @@ def serve(host: str, port: int, connections: int, buffers: int, buffer_size: int
                     reader = conn.reader
                     try:
                         more = reader.feed(res)
-                    except ConnectionError:  # it takes no replies: reader.error has it
-                        more = res.more
+                    except Exception:  # its stream ended (no replies taken, a frame too big for
+                        more = res.more  # memory ...): reader.error has it, the server goes on
                     if more:
                         if reader.error is not None:  # stop its stream: the receive ends with EOF
                             conn.stop_receiving()

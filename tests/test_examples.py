@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import socket
 import struct
 import subprocess
@@ -119,11 +120,17 @@ def test_ring_read_falls_back_when_o_direct_is_refused(data_file, where):
 
 # -- the frame server and its client ----------------------------------------------------------------
 
-def start_server(*argv: str, script: str = "frame_server.py") -> tuple[subprocess.Popen, int, str]:
-    """examples/frame_server.py (or ``script``) on a free port: (the process, its port, the loop it
-    says it runs)."""
+def start_server(*argv: str, script: str = "frame_server.py",
+                 fd_limit: int | None = None) -> tuple[subprocess.Popen, int, str]:
+    """examples/frame_server.py (or ``script``) on a free port, with at most ``fd_limit`` file
+    descriptors open when given: (the process, its port, the loop it says it runs)."""
     cmd = [sys.executable, "-X", "faulthandler", str(EXAMPLES / script), "--port", "0", *argv]
-    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def limit_fds():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=limit_fds if fd_limit else None)
     first = server.stdout.readline()
     if not first.startswith("listening on "):
         server.kill()
@@ -190,13 +197,13 @@ def _ring_server_usable() -> str | None:
     return None
 
 
-def start_ring_server(*argv: str) -> tuple[subprocess.Popen, int, str]:
+def start_ring_server(*argv: str, fd_limit: int | None = None) -> tuple[subprocess.Popen, int, str]:
     """examples/ring_server.py, as start_server() starts frame_server.py (skipped where the kernel
     has no provided-buffer rings)."""
     why = _ring_server_usable()
     if why:
         pytest.skip(why)
-    return start_server(*argv, script="ring_server.py")
+    return start_server(*argv, script="ring_server.py", fd_limit=fd_limit)
 
 
 def test_ring_server_answers_every_frame():
@@ -261,6 +268,41 @@ def test_ring_server_serves_others_while_a_client_reads_none_of_its_replies():
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("4 frames, 10020 bytes: every reply matched")
     assert "ConnectionError: the client took none of its last" in out
+
+
+def test_ring_server_accepts_again_once_file_descriptors_are_back():
+    """More connections than the server's file descriptors: accept() failed with EMFILE, and the
+    accepting thread took that for the listener's close and ended (the server deaf for good)."""
+    idle_count = 80
+    server, port, _ = start_ring_server("--connections", str(idle_count + 1), fd_limit=64)
+    try:
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(idle_count)]
+        time.sleep(0.5)  # the server runs out of descriptors, the rest wait in the backlog
+        for sock in idle:
+            sock.close()
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "1,100",
+                            "--count", "4", "--no-uvloop", timeout=60)
+    finally:
+        out, err = finish(server)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "accept: Too many open files; retrying until connections close" in err
+    assert out.splitlines()[-1] == f"served {idle_count + 1} connection(s), 4 frames, 202 bytes"
+
+
+def test_ring_server_goes_on_when_a_frame_cannot_be_allocated():
+    """A length prefix the arena cannot allocate (under --max-frame-size): feed()'s MemoryError
+    left the server's loop, which caught only the errors of replies, and ended the server."""
+    server, port, _ = start_ring_server("--connections", "2", "--max-frame-size", str(1 << 62))
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as greedy:
+            greedy.sendall(struct.pack("!Q", 1 << 48))
+            assert greedy.recv(1) == b""  # its stream ended: the server shut its side
+        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "1,100",
+                            "--count", "4", "--no-uvloop", timeout=60)
+    finally:
+        out, _ = finish(server)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "(MemoryError: cannot allocate 281474976710656 bytes" in out
 
 
 def test_ring_server_drops_a_connection_whose_frame_is_too_large():

@@ -1568,3 +1568,46 @@ def test_ring_frame_reader_drops_the_stream_when_a_frame_cannot_be_allocated():
             assert reader.feed(Chunk(source, stream[start:start + 4096])) is True  # given back, unread
         assert frames == [] and small.stats()["live_segments"] == 0
         assert source.stats()["live_segments"] == 0
+
+
+def test_ring_frame_reader_closed_by_on_frame_reads_no_further():
+    """close() from on_frame (a "quit" frame): the rest of the completion went on being parsed,
+    every later frame delivered and a frame begun after it allocated (up to max_frame_size)."""
+    from arenalib.aio import RingFrameReader, frame_header
+
+    delivered = []
+
+    def on_frame(seg):
+        delivered.append(bytes(seg))
+        seg.free()
+        reader.close()
+
+    stream = b"".join(frame_header(4) + w for w in (b"quit", b"evil")) + frame_header(1 << 20) + b"x"
+    with arenalib.Arena() as source, arenalib.Arena() as arena:
+        reader = RingFrameReader(on_frame, arena=arena)
+        assert reader.feed(Chunk(source, stream)) is True
+        assert reader.feed(Chunk(source, b"more")) is True  # later completions: given back
+        assert delivered == [b"quit"] and arena.stats()["live_bytes"] == 0
+        assert source.stats()["live_segments"] == 0
+
+
+def test_ring_frame_reader_refuses_a_feed_from_inside_on_frame():
+    """feed() from on_frame was accepted, and its frames came out ahead of the rest of the outer
+    completion: out of order, with no error."""
+    from arenalib.aio import RingFrameReader, frame_header
+
+    delivered, pending = [], []
+
+    def on_frame(seg):
+        delivered.append(bytes(seg))
+        seg.free()
+        while pending:
+            reader.feed(pending.pop(0))
+
+    with arenalib.Arena() as source, arenalib.Arena() as arena:
+        reader = RingFrameReader(on_frame, arena=arena)
+        pending.append(Chunk(source, frame_header(4) + b"thr."))
+        with pytest.raises(RuntimeError, match="called again from inside on_frame"):
+            reader.feed(Chunk(source, frame_header(4) + b"one." + frame_header(4) + b"two."))
+        assert delivered == [b"one."] and isinstance(reader.error, RuntimeError)
+        assert source.stats()["live_segments"] == 0 and arena.stats()["live_bytes"] == 0
