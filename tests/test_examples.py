@@ -270,6 +270,12 @@ def test_ring_server_serves_others_while_a_client_reads_none_of_its_replies():
     assert "ConnectionError: the client took none of its last" in out
 
 
+def four_small_frames(port: int) -> subprocess.CompletedProcess:
+    """examples/frame_client.py sending 4 frames of 1 and 100 bytes to the server on ``port``."""
+    return run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "1,100", "--count", "4",
+                      "--no-uvloop", timeout=60)
+
+
 def test_ring_server_accepts_again_once_file_descriptors_are_back():
     """More connections than the server's file descriptors: accept() failed with EMFILE, and the
     accepting thread took that for the listener's close and ended (the server deaf for good)."""
@@ -280,8 +286,7 @@ def test_ring_server_accepts_again_once_file_descriptors_are_back():
         time.sleep(0.5)  # the server runs out of descriptors, the rest wait in the backlog
         for sock in idle:
             sock.close()
-        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "1,100",
-                            "--count", "4", "--no-uvloop", timeout=60)
+        result = four_small_frames(port)
     finally:
         out, err = finish(server)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -297,8 +302,7 @@ def test_ring_server_goes_on_when_a_frame_cannot_be_allocated():
         with socket.create_connection(("127.0.0.1", port)) as greedy:
             greedy.sendall(struct.pack("!Q", 1 << 48))
             assert greedy.recv(1) == b""  # its stream ended: the server shut its side
-        result = run_python(EXAMPLES / "frame_client.py", "--port", str(port), "--sizes", "1,100",
-                            "--count", "4", "--no-uvloop", timeout=60)
+        result = four_small_frames(port)
     finally:
         out, _ = finish(server)
     assert result.returncode == 0, result.stdout + result.stderr
