@@ -655,6 +655,7 @@ cdef class ArenaBase(SegmentOwner):
             numpy_books_free(&self._numpy)  # (its blocks are the arena's, which went with it)
             frames_free(&self._core.life)  # kept by a close (see frames_close)
             return
+        self._drop_weak_references()  # (before the first object made here: a GC may start)
         message = f"unclosed {self!r}"
         if self._created_at is not None:
             message += f", created at:\n{self._created_at}"

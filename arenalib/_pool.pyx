@@ -223,6 +223,7 @@ cdef class BufferPool(SegmentOwner):
         if not self._open:
             return
         # As an unclosed file does: give the memory back and say so with a ResourceWarning.
+        self._drop_weak_references()  # (before the first object made here: a GC may start)
         message = f"unclosed {self!r}"
         self._close_now()
         if warnings is not None:  # None while the interpreter is tearing modules down

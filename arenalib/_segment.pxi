@@ -39,6 +39,7 @@ cdef extern from "src/segment.h":
     Py_ssize_t shard_sum "arenalib_shard_sum"(Shards* shards) noexcept nogil
     void arenalib_segment_dealloc_init(type t, Py_ssize_t life_offset, Py_ssize_t owner_offset) noexcept
     void segment_set_owner "arenalib_segment_set_owner"(object seg, object owner) noexcept
+    void clear_weakrefs_in_dealloc "arenalib_clear_weakrefs_in_dealloc"(object o) noexcept
 
 cdef Py_ssize_t _ITEMSIZE_ONE = 1
 cdef char* _FORMAT_BYTE = b"B"
@@ -75,6 +76,13 @@ cdef class SegmentOwner:
 
     cdef Segment _resize_segment(self, Segment seg, Py_ssize_t size, bint zero):
         raise UnsupportedOperation(f"segments of {type(self).__name__} have a fixed size")
+
+    cdef void _drop_weak_references(self) noexcept:
+        """For a __dealloc__ about to run Python code (the ResourceWarning of an unclosed owner,
+        and any collection or finalizer the warning starts): clear the weak references first, as
+        Cython does only after __dealloc__.  Else that code could take the dying object back
+        through one, and use it after it is freed (then hand its memory to the next arena)."""
+        clear_weakrefs_in_dealloc(self)
 
 
 @cython.final

@@ -53,6 +53,17 @@ cdef int _acquire_bytes(object value, Py_buffer* view, str what) except -1:
     return 0
 
 
+cdef int _check_still_alive(Py_buffer* view) except -1:
+    """After the last step that may run Python code, for a buffer acquired before it: raise
+    ArenaClosedError when it is a Segment's that died meanwhile.  Its export keeps the memory,
+    but not the segment alive: a deferred close or free (in a __buffer__ acquired later, in a
+    finalizer the result's allocation ran) kills it at once and frees the memory at the release."""
+    cdef PyObject* exporter = <PyObject*>view.obj  # (NULL for an exporter that names none)
+    if exporter != NULL and type(<object>exporter) is Segment:
+        (<Segment>exporter)._check()
+    return 0
+
+
 # -- arena.allocate_from, arena.allocate_string ------------------------------------------------------
 
 cdef Segment _allocate_from(ArenaBase arena, object data, object align):
@@ -67,8 +78,10 @@ cdef Segment _allocate_from(ArenaBase arena, object data, object align):
     PyObject_GetBuffer(data, &source, PyBUF_FULL_RO)
     try:
         # The segment (and any GC its objects start) before the copy; the source's buffer is held
-        # all along, so a finalizer can neither free it nor, when it is a Segment, kill it.
+        # all along, so a finalizer cannot free it (and when it is a Segment that it killed, the
+        # check after says so).
         seg = arena._allocate(source.len, False, alignment)
+        _check_still_alive(&source)
         seg._pin(&token)
         if PyBuffer_IsContiguous(&source, b"C"):
             memcpy(seg._ptr, source.buf, <size_t>source.len)
@@ -195,6 +208,7 @@ def copy(src, src_offset, dst, dst_offset, nbytes, /):
                                  f"{_shown(dst_offset, target_at)}+{_shown(nbytes, length)}] of a "
                                  f"{target.len}-byte dst")
             # Both buffers are held: nothing can free either until they are released.
+            _check_still_alive(&source)  # (dst's __buffer__ ran after src's was taken)
             memmove(<char*>target.buf + target_at, <const char*>source.buf + source_at,
                     <size_t>length)
         finally:
@@ -296,15 +310,18 @@ cdef str _segment_hex(Segment seg, object sep, object bytes_per_sep):
     cdef const unsigned char* data
     cdef Py_ssize_t i
     cdef void* token
-    if sep is not None:
-        # The separated forms through memoryview.hex(), which judges sep and bytes_per_sep as
-        # bytes.hex() does; the memoryview holds an export, so no free can run under it.
-        with memoryview(seg) as view:
-            return view.hex(sep, bytes_per_sep)
     if type(bytes_per_sep) is not int:
-        bytes_per_sep = PyNumber_Index(bytes_per_sep)  # (a conversion: before the pin below)
+        # A conversion (any __index__), before the export or the pin below: code that frees or
+        # closes there finds the segment not yet touched.
+        bytes_per_sep = PyNumber_Index(bytes_per_sep)
     if not -2147483648 <= bytes_per_sep <= 2147483647:  # judged without a sep too, as bytes.hex() does
         raise OverflowError("Python int too large to convert to C int")  # (its words)
+    if sep is not None:
+        # The separated forms through memoryview.hex(), which judges sep (a str or bytes: its
+        # characters are read, no code of it runs) as bytes.hex() does; the memoryview holds an
+        # export, so no free can run under it.
+        with memoryview(seg) as view:
+            return view.hex(sep, bytes_per_sep)
     if seg._size > PY_SSIZE_T_MAX // 2:
         raise MemoryError(f"the hex of {seg._size} bytes is longer than any str")
     text = PyUnicode_New(2 * seg._size, 127)

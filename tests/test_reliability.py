@@ -653,3 +653,63 @@ def test_interpreter_shutdown_after_sys_exit_in_a_with_block():
     for bad in ("Fatal Python error", "Segmentation", "Exception ignored"):
         assert bad not in result.stderr, result.stderr
 
+
+
+# An owner collected unclosed warns (ResourceWarning) from its deallocation.  Python code runs there
+# (a warnings.showwarning hook; a collection the warning's objects start, and the finalizers it
+# runs, under default filters): none of it may take the dying object back through a weak
+# reference.  Before the fix it could: a SystemError from CPython's clearing of the weak references,
+# then the object freed under that reference, the next two arenas one object, and a stale segment
+# writing into another arena's live one (a BufferPool: SIGSEGV).
+RESURRECTION = """
+import gc, sys, warnings, weakref
+import arenalib
+owner_name, route = sys.argv[1], sys.argv[2]
+make = {"BufferPool": lambda: arenalib.BufferPool(4096, 4)}.get(owner_name) or getattr(arenalib, owner_name)
+taken, warned, ref = [], [], None
+
+def take_back():
+    obj = ref() if ref is not None else None
+    if obj is not None:
+        taken.append(obj)
+
+class Finalizer:
+    def __init__(self):
+        self.cycle = self
+    def __del__(self):
+        take_back()
+
+if route == "hook":
+    warnings.simplefilter("always")
+    def hook(message, category, *rest):
+        warned.append(category)
+        take_back()
+    warnings.showwarning = hook
+owner = make()
+if owner_name != "BufferPool":
+    owner.allocate(100).fill(1)
+ref = weakref.ref(owner)
+if route == "finalizer":
+    gc.collect(); gc.disable(); Finalizer(); gc.set_threshold(1); gc.enable()
+del owner  # unclosed: closed and warned about by its deallocation
+gc.set_threshold(700, 10, 10)
+assert taken == [], f"taken back: {taken!r}"
+assert ref() is None
+assert route != "hook" or warned == [ResourceWarning], warned
+first, second = make(), make()
+assert first is not second
+if owner_name != "BufferPool":
+    seg = first.allocate(64); seg.fill(0xAA)
+    second.close()
+    assert seg.alive and seg.tobytes() == b"\\xaa" * 64
+first.close(); second.close()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("route", ["hook", "finalizer"])
+@pytest.mark.parametrize("owner", [kind.__name__ for kind in KINDS] + ["BufferPool"])
+def test_an_unclosed_owner_cannot_be_taken_back_while_it_warns(owner, route):
+    result = run_python(RESURRECTION, owner, route)
+    assert assert_ok(result).strip() == "ok"
+    assert "SystemError" not in result.stderr, result.stderr

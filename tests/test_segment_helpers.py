@@ -626,6 +626,77 @@ def test_an_index_killing_the_segment_mid_copy_raises(kind, way):
         arena.close()
 
 
+def _deferred_kills(arena, seg):
+    ways = [lambda: arena.close(deferred=True)]
+    if type(arena) is not arenalib.SlicingArena:
+        ways.append(lambda: seg.free(deferred=True))
+    return ways
+
+
+@pytest.mark.parametrize("way", [0, 1])
+def test_an_index_killing_the_segment_deferred_mid_hex_raises(kind, way):
+    """hex(sep, bytes_per_sep) converts bytes_per_sep before it takes its export: a deferred
+    close or free (which an export does not refuse) in its __index__ leaves a dead segment."""
+    arena = kind()
+    seg = filled(arena, b"\x41" * 8)
+    ways = _deferred_kills(arena, seg)
+    if way >= len(ways):
+        arena.close()
+        pytest.skip("SlicingArena segments are not freed one by one")
+    with pytest.raises(ArenaClosedError):
+        seg.hex(":", Killing(1, ways[way]))
+    assert not seg.alive and seg.exports == 0
+    arena.close()
+
+
+def test_allocate_from_a_segment_killed_while_the_copy_is_allocated_raises(kind):
+    """allocate_from(seg) holds seg's export while it allocates the copy, which runs Python code
+    (here: set_debug(True) formats the stack, under a trace function).  A deferred close of seg's
+    arena there leaves the memory held but the segment dead: no copy of it comes back."""
+    source_arena = kind()
+    source = filled(source_arena, b"\x5a" * 16)
+    fired = []
+
+    def tracer(frame, event, arg):
+        if not fired and frame.f_code.co_filename.endswith("traceback.py"):
+            fired.append(True)
+            source_arena.close(deferred=True)
+
+    arenalib.set_debug(True)
+    try:
+        with arenalib.Arena() as target:
+            sys.settrace(tracer)
+            try:
+                with pytest.raises(ArenaClosedError):
+                    target.allocate_from(source)
+            finally:
+                sys.settrace(None)
+            assert target.stats()["live_segments"] == 1  # the copy's segment, never filled
+    finally:
+        arenalib.set_debug(False)
+    assert fired and not source.alive and source.exports == 0
+    assert source_arena.stats()["closed"]
+
+
+def test_a_buffer_closing_the_source_deferred_mid_copy_raises(arena):
+    """A __buffer__ (3.12+) of dst runs after src's export is taken: a deferred close of src's
+    arena there is not refused, and copy() raises instead of copying a dead segment."""
+    seg = filled(arena, b"\x11" * 16)
+    out = bytearray(16)
+
+    class Exporter:
+        def __buffer__(self, flags):
+            arena.close(deferred=True)
+            return memoryview(out)
+
+    if not hasattr(memoryview, "__buffer__"):
+        arena.close()
+        pytest.skip("__buffer__ is 3.12+")
+    with pytest.raises(ArenaClosedError):
+        arenalib.copy(seg, 0, Exporter(), 0, 16)
+    assert out == bytearray(16) and not seg.alive
+
+
 def test_a_buffer_killing_its_own_segment_is_refused(arena):
     """A __buffer__ (3.12+) of the second buffer runs after the first is acquired: a kill of the
     first's arena is refused (BufferError in the callback), the copy goes ahead on live memory.
