@@ -80,7 +80,6 @@ cdef class SegmentOwner:
     cdef int _check_freeable(self) except -1
     cdef void _exports_released(self) noexcept
     cdef Segment _resize_segment(self, Segment seg, Py_ssize_t size, bint zero)
-    cdef void _drop_weak_references(self) noexcept
 
 
 cdef class Segment:

@@ -55,6 +55,9 @@ cdef extern from "src/tracemalloc.h":
     void trace_track "arenalib_trace_track"(unsigned int domain, size_t ptr, size_t size) noexcept nogil
     void trace_untrack "arenalib_trace_untrack"(unsigned int domain, size_t ptr) noexcept nogil
 
+cdef extern from "src/dealloc.h":
+    void clear_weakrefs_in_dealloc "arenalib_clear_weakrefs_in_dealloc"(object owner) noexcept
+
 
 include "_error_table.pxi"
 include "_convert.pxi"
@@ -69,6 +72,10 @@ include "_segment_helpers.pxi"
 
 # Debug mode: arenas record where they were created, for the ResourceWarning of an unclosed arena.
 cdef bint _debug = False
+# Debug mode was on at some time: blocks allocated then may have entries whose exports count (every
+# export of such a block, whatever the mode is now: else an export taken in debug mode and released
+# out of it stayed counted, and one taken out of it and released in it hid a real one).
+cdef bint _debug_entries = False
 
 # tracemalloc domain of the memory that arenalib's Python API hands out ("ARNA"): filter a snapshot
 # with tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN).
@@ -79,8 +86,9 @@ def set_debug(bint enabled):
     """Record where each arena and each of its segments was made, so that an unclosed arena's
     ResourceWarning, and a BufferError of a close, reset or rewind that live exports refuse,
     name them."""
-    global _debug
+    global _debug, _debug_entries
     _debug = enabled
+    _debug_entries = _debug_entries or enabled
 
 
 cdef enum:
@@ -145,7 +153,8 @@ cdef int _note_block_gone(ArenaBase arena, size_t address) except -1:
 
 
 cdef int debug_note_export(Segment root, Py_ssize_t delta) except -1:
-    """Debug mode: an export of ``root`` begins (1) or ends (-1)."""
+    """An export of ``root`` begins (1) or ends (-1): counted in its entry, if it was allocated in
+    debug mode."""
     if not isinstance(root._arena, ArenaBase):
         return 0
     cdef dict blocks = (<ArenaBase>root._arena)._debug_blocks
@@ -280,9 +289,10 @@ cdef class ArenaBase(SegmentOwner):
                 err = ARENA_EORDER  # Frame.allocate() of a frame that is not the innermost
                 break
             err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
-            if err == ARENA_EBUSY and FREE_THREADED:
-                # Another thread is carving from this SlicingArena: with the GIL off, Python
-                # threads meet here; wait for the carve (microseconds) rather than raise.
+            if err == ARENA_EBUSY:
+                # Another thread is carving from this SlicingArena (with the GIL off, Python
+                # threads meet here; with it, a C caller without the GIL, which needs no GIL to
+                # finish): wait for the carve (microseconds) rather than raise.
                 arenalib_yield()
                 continue
             if err or frames_version(life) == version:
@@ -359,7 +369,7 @@ cdef class ArenaBase(SegmentOwner):
         while not err:
             err = arena_resize_checked(&self._core, seg._ptr, old_size, <size_t>size,
                                        <size_t>1 << seg._lg_align, zero, seg._frame_stamp, &ptr)
-            if err == ARENA_EBUSY and FREE_THREADED:
+            if err == ARENA_EBUSY:
                 arenalib_yield()  # another thread is carving from this SlicingArena (see _allocate)
                 err = ARENA_OK
                 continue
@@ -655,7 +665,7 @@ cdef class ArenaBase(SegmentOwner):
             numpy_books_free(&self._numpy)  # (its blocks are the arena's, which went with it)
             frames_free(&self._core.life)  # kept by a close (see frames_close)
             return
-        self._drop_weak_references()  # (before the first object made here: a GC may start)
+        clear_weakrefs_in_dealloc(self)  # (before any object is made here: a GC may start)
         message = f"unclosed {self!r}"
         if self._created_at is not None:
             message += f", created at:\n{self._created_at}"

@@ -7,7 +7,7 @@ from libc.stdint cimport uint64_t
 cdef extern from *:
     """
     #define ARENALIB_TABLE_FINGERPRINT 0x3c4a5ffbc1a06527ULL
-    #define ARENALIB_ABI_FINGERPRINT 0x83afc5ff8fd9df6fULL
+    #define ARENALIB_ABI_FINGERPRINT 0xe1bcdbf48cf34a1bULL
     """
     uint64_t TABLE_FINGERPRINT "ARENALIB_TABLE_FINGERPRINT"
     uint64_t ABI_FINGERPRINT "ARENALIB_ABI_FINGERPRINT"

@@ -187,7 +187,7 @@ cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
         access_exit(token)
         return ARENA_OK  # the common case: the arena is biased to this thread (no lock)
     cdef int err = arena_mark_checked(&arena._core, frame, out)
-    while err == ARENA_EBUSY and FREE_THREADED:
+    while err == ARENA_EBUSY:
         # Another thread is carving: microseconds (as _allocate waits), out of the access so that
         # a close waiting for it goes first (it is then seen closed).
         access_exit(token)
@@ -203,7 +203,7 @@ cdef int _rewind_checked(SlicingArena arena, const ArenaMark* mark, bint exit_fr
     if frames_rewind_fast(&arena._core, mark, exit_frame, thread_ident()) == ARENA_OK:
         return ARENA_OK
     cdef int err = arena_rewind_checked(&arena._core, mark, exit_frame)
-    while err == ARENA_EBUSY and FREE_THREADED:
+    while err == ARENA_EBUSY:  # (as _mark_checked: else a frame's exit could fail, and it stay open)
         arenalib_yield()
         err = arena_rewind_checked(&arena._core, mark, exit_frame)
     return err

@@ -35,6 +35,9 @@ from arenalib._arena cimport (
     parse_flag, parse_size,
 )
 
+cdef extern from "src/dealloc.h":
+    void clear_weakrefs_in_dealloc "arenalib_clear_weakrefs_in_dealloc"(object owner) noexcept
+
 import warnings
 
 from arenalib._errors import ArenaClosedError, ArenaError, PoolExhaustedError, UnsupportedOperation
@@ -223,7 +226,7 @@ cdef class BufferPool(SegmentOwner):
         if not self._open:
             return
         # As an unclosed file does: give the memory back and say so with a ResourceWarning.
-        self._drop_weak_references()  # (before the first object made here: a GC may start)
+        clear_weakrefs_in_dealloc(self)  # (before any object is made here: a GC may start)
         message = f"unclosed {self!r}"
         self._close_now()
         if warnings is not None:  # None while the interpreter is tearing modules down

@@ -39,7 +39,6 @@ cdef extern from "src/segment.h":
     Py_ssize_t shard_sum "arenalib_shard_sum"(Shards* shards) noexcept nogil
     void arenalib_segment_dealloc_init(type t, Py_ssize_t life_offset, Py_ssize_t owner_offset) noexcept
     void segment_set_owner "arenalib_segment_set_owner"(object seg, object owner) noexcept
-    void clear_weakrefs_in_dealloc "arenalib_clear_weakrefs_in_dealloc"(object o) noexcept
 
 cdef Py_ssize_t _ITEMSIZE_ONE = 1
 cdef char* _FORMAT_BYTE = b"B"
@@ -76,13 +75,6 @@ cdef class SegmentOwner:
 
     cdef Segment _resize_segment(self, Segment seg, Py_ssize_t size, bint zero):
         raise UnsupportedOperation(f"segments of {type(self).__name__} have a fixed size")
-
-    cdef void _drop_weak_references(self) noexcept:
-        """For a __dealloc__ about to run Python code (the ResourceWarning of an unclosed owner,
-        and any collection or finalizer the warning starts): clear the weak references first, as
-        Cython does only after __dealloc__.  Else that code could take the dying object back
-        through one, and use it after it is freed (then hand its memory to the next arena)."""
-        clear_weakrefs_in_dealloc(self)
 
 
 @cython.final
@@ -193,14 +185,14 @@ cdef class Segment:
         _count_export(self._owner_segment(), self._life, 1)
         shard_add(LIVE_EXPORTS, 1)
         self._unpin(token)
-        if _debug:  # after the touch (it makes objects), while the export holds the memory
+        if _debug_entries:  # after the touch (it makes objects), while the export holds the memory
             debug_note_export(self._owner_segment(), 1)
 
     def __releasebuffer__(self, Py_buffer* view):
         cdef Segment owner = self._owner_segment()
         _count_export(owner, self._life, -1)
         shard_add(LIVE_EXPORTS, -1)
-        if _debug:
+        if _debug_entries:
             debug_note_export(owner, -1)
         # The count first, then the flag (free(deferred=True) sets the flag, then reads the count):
         # of a last release and a deferred free at once, one sees the other, and one claims it.

@@ -11,12 +11,16 @@ from libc.string cimport memmove, memset
 
 from arenalib._abi cimport (
     CARVER_RECORDS, RECENT_MAX, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, SlicingState, books_note_peak,
-    arenalib_load_carving, arenalib_load_owner, arenalib_store_owner, arenalib_try_lock, arenalib_unlock,
+    arenalib_load_carving, arenalib_load_owner, arenalib_store_owner, arenalib_unlock,
     load_carve_record, store_carve_record, thread_ident,
 )
 from arenalib._jemalloc cimport je_dallocx
 from arenalib._slicing cimport carve_extent, slicing_carve_current, slicing_settle
 from arenalib._table cimport ARENA_EBUSY, ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SLICING, ARENA_OK
+
+cdef extern from "src/fork.h":
+    # The busy lock: arenalib_unlock() releases it too (it stores 0).
+    bint busy_take "arenalib_generation_try_lock"(int* busy) noexcept nogil
 
 cdef extern from "src/slicing.h":
     void arenalib_release_record(unsigned long* thread) noexcept nogil
@@ -36,8 +40,9 @@ cdef void slicing_init() noexcept nogil:
 
 
 cdef void slicing_after_fork() noexcept nogil:
-    """In a fork's child only this thread is left: no other thread is carving, and the records
-    of the others are free for the child's new threads."""
+    """In a fork's child only this thread is left: no other thread is carving (the busy locks
+    the others held are free to take: src/fork.h), and their records are free for the child's
+    new threads."""
     global _biased_carving
     cdef unsigned long me = thread_ident()
     cdef int i
@@ -182,7 +187,7 @@ cdef int slicing_lock(ArenaCore* core) noexcept nogil:
     cdef SlicingState* slicing = &core.slicing
     cdef unsigned long me = thread_ident()
     cdef unsigned long owner
-    if not arenalib_try_lock(&slicing.busy):
+    if not busy_take(&slicing.busy):
         return ARENA_EBUSY
     owner = arenalib_load_owner(&core.carve_owner)
     if owner == me or load_carve_record(&slicing.carve_record) == NULL:

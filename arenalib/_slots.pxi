@@ -32,6 +32,9 @@ from arenalib._jemalloc cimport (
     MALLOCX_ARENA, MALLOCX_TCACHE, MALLOCX_TCACHE_NONE, je_mallctl, je_mallctlbymib, je_mallctlnametomib,
 )
 
+cdef extern from "src/fork.h":
+    void fork_generation_next "arenalib_generation_next"() noexcept nogil
+
 cdef extern from "src/slots.h":
     int arenalib_ctz(unsigned long long x) noexcept nogil
     void arenalib_sleep_us(long us) noexcept nogil
@@ -251,6 +254,7 @@ cdef void _after_fork_child() noexcept nogil:
     cdef Py_ssize_t i
     cdef ArenaSlot* slot
     cdef ThreadCache* tc
+    fork_generation_next()  # first: the per-arena locks another thread held (src/fork.h)
     _spare_tcache_count = 0
     _spare_tcache_lock = allocate_lock_nogil()
     _all_slots_lock = allocate_lock_nogil()

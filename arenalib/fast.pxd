@@ -110,10 +110,13 @@ cdef inline int _arena_allocate_slow(ArenaCore* core, size_t size, size_t align,
 
 
 cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nogil:
-    """Give back one allocation of Arena or ConfinedArena; ``size`` must be the size allocated."""
+    """Give back one allocation of Arena or ConfinedArena; ``size`` must be the size allocated.
+    A NULL ``ptr`` does nothing (as free(NULL))."""
     cdef InlineState* state
     cdef ThreadCache* tc
     cdef unsigned long me = inline_ident()  # (see arena_allocate)
+    if ptr == NULL:
+        return ARENA_OK
     if size <= CACHE_MAX_SIZE and core.self == core:  # a copy: the slow path says it is closed
         if core.fast_owner == me:
             if cache_push(&core.slot.cache, ptr, size):

@@ -247,6 +247,33 @@ def test_debug_mode_names_the_segments_allocated_after_a_reset(debug_first):
     a.close()
 
 
+def test_debug_mode_switched_while_segments_are_exported_names_only_the_exported_ones():
+    """The exports of a segment allocated in debug mode count whatever the mode is when they begin
+    and end: an export released out of debug mode is not named later (it once stayed counted), and
+    one taken out of it and released in it does not hide a real one."""
+    a = arenalib.Arena()
+    try:
+        arenalib.set_debug(True)
+        released, hidden, exported = a.allocate(111), a.allocate(222), a.allocate(333)
+        view = memoryview(released)
+        arenalib.set_debug(False)
+        view.release()  # out of debug mode
+        early = memoryview(hidden)  # out of debug mode, for the whole test
+        arenalib.set_debug(True)
+        late = memoryview(exported)
+        with pytest.raises(BufferError) as info:
+            a.close()
+    finally:
+        arenalib.set_debug(False)
+    message = str(info.value)
+    assert f"a segment of 111 bytes at {released.address:#x}" not in message
+    assert f"a segment of 222 bytes at {hidden.address:#x} (1 export(s))" in message
+    assert f"a segment of 333 bytes at {exported.address:#x} (1 export(s))" in message
+    early.release()
+    late.release()
+    a.close()
+
+
 def test_without_debug_mode_the_error_says_how_to_name_them():
     a = arenalib.ConfinedArena()
     view = memoryview(a.allocate(5))

@@ -15,6 +15,7 @@
 #include <sched.h>
 
 #include "arenalib/platform.h"  /* ARENALIB_FREE_THREADED */
+#include "fork.h"               /* the exclusive flag: a lock a fork may leave held */
 
 /* Segment._freed of a root segment: a free under way is FREEING until it is done or undone.
    (Also defined, to the same values, by arenalib/_arena.pxd until it includes this header.) */
@@ -80,7 +81,7 @@ static arenalib_access_record *arenalib_record_claim(void) {
 }
 
 static inline int arenalib_access_blocked(int *busy, int *seg_state) {
-    return __atomic_load_n(busy, __ATOMIC_ACQUIRE)
+    return arenalib_generation_locked(busy)
         || (seg_state && __atomic_load_n(seg_state, __ATOMIC_ACQUIRE) == ARENALIB_SEG_FREEING);
 }
 
@@ -175,19 +176,14 @@ static void arenalib_wait_readers(void *life, void *seg, void *my_token) {
 
 /* Exclusive use of ``life`` (a reset or a close) against every reader. */
 static void arenalib_exclusive_begin(void *life, int *busy) {
-    int expected;
-    for (;;) {
-        expected = 0;
-        if (__atomic_compare_exchange_n(busy, &expected, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
-            break;
+    while (!arenalib_generation_try_lock(busy))
         sched_yield();  /* another reset or close of the same owner is at work */
-    }
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     arenalib_wait_readers(life, NULL, NULL);
 }
 
 static inline void arenalib_exclusive_end(int *busy) {
-    __atomic_store_n(busy, 0, __ATOMIC_RELEASE);
+    arenalib_generation_unlock(busy);
 }
 
 /* Start freeing a root segment: 0 when it is freed already (by this call's rival, say). */

@@ -160,15 +160,4 @@ static void arenalib_segment_dealloc_init(PyTypeObject *t, Py_ssize_t life_offse
     t->tp_finalize = arenalib_segment_finalize;  /* called for automatic segments only (above) */
 }
 
-/* SegmentOwner._drop_weak_references(): an owner's weak references cleared from its __dealloc__,
-   before it runs Python code.  Cython runs __dealloc__ with the count raised to 1 (its
-   __Pyx_DeallocKeepAliveBegin), while a weak reference still gives back an object whose count is
-   not 0 and PyObject_ClearWeakRefs() refuses one (SystemError): so 0 for the call, as Cython has it
-   when it clears them itself, after __dealloc__.  The callbacks it runs find the referent gone. */
-static inline void arenalib_clear_weakrefs_in_dealloc(PyObject *o) {
-    Py_SET_REFCNT(o, 0);
-    PyObject_ClearWeakRefs(o);
-    Py_SET_REFCNT(o, 1);
-}
-
 #endif  /* ARENALIB_SEGMENT_H */

@@ -4,10 +4,19 @@ inline fast paths' argument checks and copies of a core (tests/test_capi.py), an
 re-opening an arena object's core from C (tests/test_safety.py)."""
 
 from arenalib.fast cimport (
-    ARENA_ECLOSED, ARENA_EINVAL, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_KIND_SLICING, ARENA_OK,
-    ArenaCore, arena_allocate, arena_close, arena_core, arena_core_init, arena_free, arena_open,
-    arena_raise, arena_reset,
+    ARENA_EBUSY, ARENA_ECLOSED, ARENA_EINVAL, ARENA_KIND_CONFINED, ARENA_KIND_SHARED,
+    ARENA_KIND_SLICING, ARENA_OK, ArenaCore, ArenaMark, arena_allocate, arena_close, arena_core,
+    arena_core_init, arena_free, arena_mark, arena_open, arena_raise, arena_reset, arena_rewind,
 )
+
+cdef extern from *:
+    """
+    static int safety_consumer_stop = 0;
+    #define safety_consumer_stopped() __atomic_load_n(&safety_consumer_stop, __ATOMIC_RELAXED)
+    #define safety_consumer_set_stop(v) __atomic_store_n(&safety_consumer_stop, (v), __ATOMIC_RELAXED)
+    """
+    bint carving_stopped "safety_consumer_stopped"() noexcept nogil
+    void set_carving_stop "safety_consumer_set_stop"(int value) noexcept nogil
 
 from arenalib import ArenaClosedError
 
@@ -108,3 +117,45 @@ def copied_core(int kind):
     except ArenaClosedError:
         codes["close"] = ECLOSED
     return codes
+
+
+def free_null(arena, size_t size):
+    """arena_free(core, NULL, size)'s code after a block of ``size`` was allocated and freed (the
+    free-block cache's path warmed), then the addresses of two blocks of ``size`` allocated (and
+    freed): a NULL taken in by the cache would come back as one of them."""
+    cdef ArenaCore* core = arena_core(arena)
+    cdef void* first = NULL
+    cdef void* second = NULL
+    arena_raise(arena_allocate(core, size, 0, False, &first))
+    arena_raise(arena_free(core, first, size))
+    cdef int err = arena_free(core, NULL, size)
+    arena_raise(arena_allocate(core, size, 0, False, &first))
+    arena_raise(arena_allocate(core, size, 0, False, &second))
+    arena_raise(arena_free(core, second, size))
+    arena_raise(arena_free(core, first, size))
+    return err, <size_t>first, <size_t>second
+
+
+def carve_until_stopped(arena, size_t size, Py_ssize_t limit, bint marks):
+    """Carve ``size`` bytes from a SlicingArena's core without the GIL, until stop_carving() or
+    ``limit`` carves, each under a mark rewound at once if ``marks`` (nothing piles up): what two
+    threads of a C library sharing the arena do (one carving at a time: the other gets
+    ARENA_EBUSY, and tries again).  The number of carves made."""
+    cdef ArenaCore* core = arena_core(arena)
+    cdef ArenaMark mark
+    cdef void* ptr = NULL
+    cdef Py_ssize_t carves = 0
+    with nogil:
+        while carves < limit and not carving_stopped():
+            if marks and arena_mark(core, &mark) != ARENA_OK:
+                continue
+            if arena_allocate(core, size, 0, False, &ptr) == ARENA_OK:
+                carves += 1
+            while marks and arena_rewind(core, &mark) == ARENA_EBUSY:
+                pass
+    return carves
+
+
+def stop_carving(bint stop=True):
+    """Stop (or, with False, allow again) every carve_until_stopped()."""
+    set_carving_stop(stop)
