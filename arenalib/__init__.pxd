@@ -14,9 +14,9 @@
 # The nogil functions never raise: they return ARENA_OK or an error code.  arena_free() takes the
 # size given to arena_allocate(), and a NULL pointer does nothing (as free(NULL)).  What it is
 # given is not checked, as free() and jemalloc's sdallocx() do not check it: a pointer freed twice,
-# not of that core, or with another size corrupts memory.  A module built against this API keeps working with later
-# arenalib versions until the table changes; one built against another table gets ImportError from
-# its first call, never a wrong call.  Each call costs a call through a pointer: for the inline fast
+# not of that core, or with another size corrupts memory.  A module built against this API keeps
+# working with later arenalib versions until the table changes; one built against another table
+# gets ImportError from its first call, never a wrong call.  Each call costs a call through a pointer: for the inline fast
 # paths instead (an allocate/free pair of ~2 ns, rebuilt against every arenalib version), cimport the
 # same names from arenalib.fast.  One source builds either way: arenalib/_examples/cython/.
 #
