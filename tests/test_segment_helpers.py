@@ -599,11 +599,16 @@ class Killing:
         return self.value
 
 
-def _kills(arena, seg):
-    ways = [arena.reset, arena.close]
-    if type(arena) is not arenalib.SlicingArena:
-        ways.append(seg.free)
-    return ways
+def _kill(arena, seg, way, deferred=False):
+    """Way number ``way`` of killing ``seg``: a reset or close of its arena, or its free (with
+    ``deferred``: a deferred close or free, which no export refuses).  Skips the test (the arena
+    closed) where the kind has no such way."""
+    ways = ([lambda: arena.close(deferred=True), lambda: seg.free(deferred=True)] if deferred
+            else [arena.reset, arena.close, seg.free])
+    if way == len(ways) - 1 and type(arena) is arenalib.SlicingArena:
+        arena.close()
+        pytest.skip("SlicingArena segments are not freed one by one")
+    return ways[way]
 
 
 @pytest.mark.parametrize("way", [0, 1, 2])
@@ -611,11 +616,7 @@ def test_an_index_killing_the_segment_mid_copy_raises(kind, way):
     for direction in ("into", "from"):
         arena = kind()
         seg = filled(arena, b"\x11" * 64)
-        ways = _kills(arena, seg)
-        if way >= len(ways):
-            arena.close()
-            pytest.skip("SlicingArena segments are not freed one by one")
-        kill = ways[way]
+        kill = _kill(arena, seg, way)
         out = bytearray(8)
         with pytest.raises(ArenaClosedError):
             if direction == "into":
@@ -626,25 +627,15 @@ def test_an_index_killing_the_segment_mid_copy_raises(kind, way):
         arena.close()
 
 
-def _deferred_kills(arena, seg):
-    ways = [lambda: arena.close(deferred=True)]
-    if type(arena) is not arenalib.SlicingArena:
-        ways.append(lambda: seg.free(deferred=True))
-    return ways
-
-
 @pytest.mark.parametrize("way", [0, 1])
 def test_an_index_killing_the_segment_deferred_mid_hex_raises(kind, way):
     """hex(sep, bytes_per_sep) converts bytes_per_sep before it takes its export: a deferred
     close or free (which an export does not refuse) in its __index__ leaves a dead segment."""
     arena = kind()
     seg = filled(arena, b"\x41" * 8)
-    ways = _deferred_kills(arena, seg)
-    if way >= len(ways):
-        arena.close()
-        pytest.skip("SlicingArena segments are not freed one by one")
+    kill = _kill(arena, seg, way, deferred=True)
     with pytest.raises(ArenaClosedError):
-        seg.hex(":", Killing(1, ways[way]))
+        seg.hex(":", Killing(1, kill))
     assert not seg.alive and seg.exports == 0
     arena.close()
 
