@@ -289,7 +289,7 @@ cdef class ArenaBase(SegmentOwner):
                 err = ARENA_EORDER  # Frame.allocate() of a frame that is not the innermost
                 break
             err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
-            if err == ARENA_EBUSY:
+            if err == ARENA_EBUSY and not slicing_busy_for_good(&self._core):
                 # Another thread is carving from this SlicingArena (with the GIL off, Python
                 # threads meet here; with it, a C caller without the GIL, which needs no GIL to
                 # finish): wait for the carve (microseconds) rather than raise.
@@ -369,7 +369,7 @@ cdef class ArenaBase(SegmentOwner):
         while not err:
             err = arena_resize_checked(&self._core, seg._ptr, old_size, <size_t>size,
                                        <size_t>1 << seg._lg_align, zero, seg._frame_stamp, &ptr)
-            if err == ARENA_EBUSY:
+            if err == ARENA_EBUSY and not slicing_busy_for_good(&self._core):
                 arenalib_yield()  # another thread is carving from this SlicingArena (see _allocate)
                 err = ARENA_OK
                 continue

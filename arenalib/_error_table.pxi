@@ -18,7 +18,9 @@ cdef tuple _ERROR_TABLE = (
     (WrongThreadError, "a confined arena was used from another thread"),     # ARENA_EWRONGTHREAD
     (ValueError, "align must be a power of two from 1 to 1 GiB"),            # ARENA_EINVAL
     (BufferError, "buffer exports of the arena's segments are alive"),       # ARENA_EEXPORTED
-    (ArenaError, "the SlicingArena is in use by another thread"),            # ARENA_EBUSY
+    # (or was when the process forked, its state maybe half updated: busy for good in the child)
+    (ArenaError,                                                             # ARENA_EBUSY
+     "the SlicingArena is in use by another thread, or was when this process forked"),
     (UnsupportedOperation,                                                   # ARENA_EUNSUPPORTED
      "not supported by this kind of arena (SlicingArena segments cannot be freed one by one; "
      "marks are SlicingArena's)"),

@@ -2,7 +2,7 @@
 # lock, the Python Mark and Frame, and each thread's own frame arena (arenalib.frame()).  The rule
 # itself (what a mark records, what a rewind kills, a segment's O(1) test) is arenalib/_frames.pxd.
 
-from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
+from libc.stdlib cimport calloc, free
 from cpython.pystate cimport PyThreadState, PyThreadState_Get
 
 from arenalib._abi cimport (
@@ -25,10 +25,12 @@ cdef extern from "arenalib/platform.h":
 
 cdef FrameStack* _stack_of(ArenaCore* core) noexcept nogil:
     """The core's stack of marks, made on its first mark (NULL without memory).  The caller holds
-    the busy lock; a stack, once published, stays until close."""
+    the busy lock; a stack, once published, stays until close.  (libc's calloc() here and for the
+    blocks: tracemalloc's hook of PyMem_RawCalloc() takes the GIL, which a Python thread waiting
+    for the busy lock may hold.)"""
     cdef FrameStack* stack = core.life.frames
     if stack == NULL:
-        stack = <FrameStack*>PyMem_RawCalloc(1, sizeof(FrameStack))
+        stack = <FrameStack*>calloc(1, sizeof(FrameStack))
         if stack != NULL:
             store_frames(&core.life.frames, stack)
     return stack
@@ -37,7 +39,7 @@ cdef FrameStack* _stack_of(ArenaCore* core) noexcept nogil:
 cdef bint _grow_stack(FrameStack* stack) noexcept nogil:
     """Make the block of the next level (never moved: segments read levels without a lock)."""
     cdef Py_ssize_t block = stack.levels // FRAME_BLOCK_LEVELS
-    cdef FrameLevel* levels = <FrameLevel*>PyMem_RawCalloc(FRAME_BLOCK_LEVELS, sizeof(FrameLevel))
+    cdef FrameLevel* levels = <FrameLevel*>calloc(FRAME_BLOCK_LEVELS, sizeof(FrameLevel))
     if levels == NULL:
         return False
     store_frames_block(&stack.blocks[block], levels)
@@ -79,8 +81,8 @@ cdef void frames_free(Lifetime* life) noexcept nogil:
     store_frames(&life.frames, NULL)
     cdef int i
     for i in range(FRAME_BLOCKS):
-        PyMem_RawFree(stack.blocks[i])
-    PyMem_RawFree(stack)
+        free(stack.blocks[i])
+    free(stack)
 
 
 cdef bint frames_open(Lifetime* life) noexcept nogil:
@@ -187,7 +189,7 @@ cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
         access_exit(token)
         return ARENA_OK  # the common case: the arena is biased to this thread (no lock)
     cdef int err = arena_mark_checked(&arena._core, frame, out)
-    while err == ARENA_EBUSY:
+    while err == ARENA_EBUSY and not slicing_busy_for_good(&arena._core):
         # Another thread is carving: microseconds (as _allocate waits), out of the access so that
         # a close waiting for it goes first (it is then seen closed).
         access_exit(token)
@@ -203,7 +205,7 @@ cdef int _rewind_checked(SlicingArena arena, const ArenaMark* mark, bint exit_fr
     if frames_rewind_fast(&arena._core, mark, exit_frame, thread_ident()) == ARENA_OK:
         return ARENA_OK
     cdef int err = arena_rewind_checked(&arena._core, mark, exit_frame)
-    while err == ARENA_EBUSY:  # (as _mark_checked: else a frame's exit could fail, and it stay open)
+    while err == ARENA_EBUSY and not slicing_busy_for_good(&arena._core):  # (as _mark_checked)
         arenalib_yield()
         err = arena_rewind_checked(&arena._core, mark, exit_frame)
     return err

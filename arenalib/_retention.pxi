@@ -237,7 +237,7 @@ cdef void _slot_give_back(ArenaSlot* slot, size_t stale, size_t churn) noexcept 
     if not displaced:
         return
     if _free_count == _free_capacity:
-        grown = <ArenaSlot**>PyMem_RawRealloc(
+        grown = <ArenaSlot**>realloc(  # (libc's: see _slots.pxi)
             _free_slots, <size_t>(_free_capacity * 2 + 16) * sizeof(ArenaSlot*))
         if grown == NULL:
             slot_wipe(slot, WIPE_NO_MEMORY)

@@ -7,7 +7,7 @@
 # free-threaded build a thread's segments hold its anchor of the arena, not the arena (below).
 
 cimport cython
-from cpython.mem cimport PyMem_RawCalloc
+from libc.stdlib cimport calloc
 from cpython.object cimport PyObject
 from cpython.pystate cimport PyThreadState_GetDict
 from cpython.ref cimport Py_INCREF, Py_XDECREF
@@ -76,7 +76,7 @@ cdef ThreadCache* _thread_cache(ArenaCore* core) noexcept nogil:
         tc = unowned  # left by a thread that ended: warm, its books still count
         store_thread(&tc.thread, me)
     if tc == NULL:
-        tc = <ThreadCache*>PyMem_RawCalloc(1, sizeof(ThreadCache))
+        tc = <ThreadCache*>calloc(1, sizeof(ThreadCache))  # (libc's: see _slots.pxi)
         if tc != NULL:
             tcache_take(&tc.tcache_index)  # NO_TCACHE when none can be had: slower, still right
             tc.thread = me

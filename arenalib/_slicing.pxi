@@ -6,7 +6,7 @@
 # are folded in lazily (slicing_settle): the carve counts live bytes only.
 
 cimport cython
-from cpython.mem cimport PyMem_RawFree, PyMem_RawRealloc
+from libc.stdlib cimport free, realloc
 from libc.string cimport memmove, memset
 
 from arenalib._abi cimport (
@@ -19,8 +19,10 @@ from arenalib._slicing cimport carve_extent, slicing_carve_current, slicing_sett
 from arenalib._table cimport ARENA_EBUSY, ARENA_ELIMIT, ARENA_ENOMEM, ARENA_KIND_SLICING, ARENA_OK
 
 cdef extern from "src/fork.h":
-    # The busy lock: arenalib_unlock() releases it too (it stores 0).
-    bint busy_take "arenalib_generation_try_lock"(int* busy) noexcept nogil
+    # The busy lock (arenalib_unlock() releases it too: it stores 0), never taken over in a fork's
+    # child; a stale one is the parent's (see there).
+    bint busy_take "arenalib_generation_try_lock_here"(int* busy) noexcept nogil
+    bint busy_stale "arenalib_generation_stale"(int* busy) noexcept nogil
 
 cdef extern from "src/slicing.h":
     void arenalib_release_record(unsigned long* thread) noexcept nogil
@@ -40,9 +42,9 @@ cdef void slicing_init() noexcept nogil:
 
 
 cdef void slicing_after_fork() noexcept nogil:
-    """In a fork's child only this thread is left: no other thread is carving (the busy locks
-    the others held are free to take: src/fork.h), and their records are free for the child's
-    new threads."""
+    """In a fork's child only this thread is left: no other thread is carving (an arena whose
+    busy lock one of them held stays busy: src/fork.h), and their records are free for the
+    child's new threads."""
     global _biased_carving
     cdef unsigned long me = thread_ident()
     cdef int i
@@ -56,7 +58,9 @@ cdef void slicing_after_fork() noexcept nogil:
 # -- chunks ----------------------------------------------------------------------------------------
 
 cdef bint _grow(void** array, size_t nbytes) noexcept nogil:
-    cdef void* grown = PyMem_RawRealloc(array[0], nbytes)
+    # libc's, not PyMem_RawRealloc(): under the busy lock, and tracemalloc's hook of the raw
+    # allocator takes the GIL, which a Python thread waiting for the lock may hold (a deadlock).
+    cdef void* grown = realloc(array[0], nbytes)
     if grown == NULL:
         return False
     array[0] = grown
@@ -209,6 +213,12 @@ cdef int slicing_lock(ArenaCore* core) noexcept nogil:
     return ARENA_OK
 
 
+cdef bint slicing_busy_for_good(ArenaCore* core) noexcept nogil:
+    """Whether the arena's ARENA_EBUSY will not end: its busy lock was held by a thread of the
+    parent when this process forked (src/fork.h), so a caller that waits out a busy lock raises."""
+    return core.kind == ARENA_KIND_SLICING and busy_stale(&core.slicing.busy)
+
+
 cdef void slicing_unlock(ArenaCore* core) noexcept nogil:
     """Release the busy lock and leave the arena biased to the calling thread (when it can be)."""
     cdef unsigned long me = thread_ident()
@@ -336,17 +346,22 @@ cdef void slicing_close(ArenaCore* core, size_t* stale, size_t* churn, bint hold
     """What a closing SlicingArena leaves to its slot: ``stale`` bytes still allocated, ``churn``
     bytes allocated in all.  ``holding``: exports are alive, every chunk stays."""
     cdef SlicingState* slicing = &core.slicing
+    # Busy for good (a fork's child: src/fork.h): the chunk list may be half moved, and a chunk
+    # named twice would be freed twice; the slot's reset frees them all at once, and the lists
+    # (maybe being grown at the fork) are left.
+    cdef bint torn = busy_stale(&slicing.busy)
     _drop_bias(core)
     frames_close(&core.life, holding)
     slicing_settle(core)
     churn[0] = slicing.chunk_bytes
-    if slicing.nchunks <= RECENT_MAX and not holding:
+    if slicing.nchunks <= RECENT_MAX and not holding and not torn:
         # A few chunks go straight back to jemalloc, warm for the next arena's chunks.
         slicing_free_chunks(core, 0)
     # Otherwise the chunks (holding every segment) are the slot's stale garbage now.
     stale[0] = slicing.chunk_bytes
-    PyMem_RawFree(slicing.chunks)
-    PyMem_RawFree(slicing.chunk_sizes)
+    if not torn:
+        free(slicing.chunks)
+        free(slicing.chunk_sizes)
     slicing.chunks = NULL
     slicing.chunk_sizes = NULL
     slicing.nchunks = 0

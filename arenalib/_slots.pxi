@@ -17,7 +17,10 @@
 # run Python code).  The spare tcaches of shared arenas are taken from nogil code too, so they have
 # a lock of their own.
 
-from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawRealloc
+# libc's allocator for the slots' own books, not PyMem_Raw*(): a thread without the GIL calls it
+# holding a slot's threads_lock (a C library's first allocation on a thread), and tracemalloc's
+# hook of the raw allocator takes the GIL, which a thread waiting for that lock may hold.
+from libc.stdlib cimport calloc, free, realloc
 from cpython.pythread cimport (
     PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock,
     PyThread_type_lock, WAIT_LOCK,
@@ -189,7 +192,7 @@ cdef ArenaSlot* _slot_take(int* err) noexcept:
         return NULL
     if tcache_take(&tcache_index) != 0:
         tcache_index = NO_TCACHE
-    cdef ArenaSlot* slot = <ArenaSlot*>PyMem_RawCalloc(1, sizeof(ArenaSlot))
+    cdef ArenaSlot* slot = <ArenaSlot*>calloc(1, sizeof(ArenaSlot))
     if slot != NULL:
         slot.threads_lock = PyThread_allocate_lock()
     # Remembered last: the fork handler walks every remembered slot and its lock.
@@ -198,7 +201,7 @@ cdef ArenaSlot* _slot_take(int* err) noexcept:
         # stale reference could alias.
         if slot != NULL and slot.threads_lock != NULL:
             PyThread_free_lock(<PyThread_type_lock>slot.threads_lock)
-        PyMem_RawFree(slot)
+        free(slot)
         err[0] = -2
         return NULL
     slot.arena_index = arena_index
@@ -225,7 +228,7 @@ cdef PyThread_type_lock _all_slots_lock = NULL
 cdef bint _remember_slot(ArenaSlot* slot) noexcept nogil:
     global _all_slots, _all_slots_count
     PyThread_acquire_lock(_all_slots_lock, WAIT_LOCK)
-    cdef ArenaSlot** grown = <ArenaSlot**>PyMem_RawRealloc(
+    cdef ArenaSlot** grown = <ArenaSlot**>realloc(
         _all_slots, <size_t>(_all_slots_count + 1) * sizeof(ArenaSlot*))
     if grown != NULL:
         _all_slots = grown
@@ -323,7 +326,7 @@ cdef size_t slot_flush_threads(ArenaSlot* slot, FlushMode mode) noexcept nogil:
         if mode == FLUSH_AND_GIVE_BACK:
             dropped += cache_held_bytes(&tc.cache)
             tcache_give_back(tc.tcache_index)
-            PyMem_RawFree(tc)
+            free(tc)
         tc = next_tc
     if mode == FLUSH_AND_GIVE_BACK:
         slot.threads = NULL
@@ -354,7 +357,7 @@ cdef void tcache_give_back(unsigned tcache_index) noexcept nogil:
         return
     PyThread_acquire_lock(_spare_tcache_lock, WAIT_LOCK)
     if _spare_tcache_count == _spare_tcache_capacity:
-        grown = <unsigned*>PyMem_RawRealloc(
+        grown = <unsigned*>realloc(
             _spare_tcaches, <size_t>(_spare_tcache_capacity * 2 + 16) * sizeof(unsigned))
         if grown == NULL:
             PyThread_release_lock(_spare_tcache_lock)
