@@ -605,3 +605,33 @@ def test_c_threads_carving_under_tracemalloc_never_wait_for_the_gil_under_the_bu
     stop).  The books are libc's allocations."""
     module = cython_consumers["safety_consumer"].__file__
     assert assert_ok(run_python(C_CARVES_UNDER_TRACEMALLOC, module, timeout=120)).strip() == "ok"
+
+
+FIRST_ALLOCATIONS_UNDER_TRACEMALLOC = """
+import importlib.util, sys, threading, tracemalloc
+spec = importlib.util.spec_from_file_location(sys.argv[2], sys.argv[1])
+consumer = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(consumer)
+import arenalib
+tracemalloc.start()
+for _ in range(60):
+    arena = arenalib.Arena()
+    threads = [threading.Thread(target=consumer.fill_free_loop, args=(arena, 1, 64)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for _ in range(300):
+        arena.stats()
+    for thread in threads:
+        thread.join()
+    arena.close()
+print("ok")
+"""
+
+
+def test_first_allocations_of_c_threads_under_tracemalloc_never_wait_for_the_gil(consumer):
+    """A thread's first allocation from a shared Arena makes its cache under the slot's
+    threads_lock, which stats() takes with the GIL held: with tracemalloc on, the raw allocator's
+    hook took the GIL there (a hang, 3 runs of 3)."""
+    name = consumer.__name__
+    assert assert_ok(run_python(FIRST_ALLOCATIONS_UNDER_TRACEMALLOC, consumer.__file__, name,
+                                timeout=120)).strip() == "ok"
