@@ -34,6 +34,9 @@
 # - arena_core() and arena_open()/arena_close() need the GIL (an attached thread state);
 # - a segment's memory you write from nogil code is yours while the segment is alive: arenalib
 #   does not stop another Python thread from freeing it under you.
+# - after os.fork(), which stops only Python's threads: a SlicingArena that one of your threads
+#   was inside (a carve, mark, rewind or reset) at the fork answers ARENA_EBUSY for good in the
+#   child, as its Python methods raise ArenaError (its state may be half updated); close it there.
 # For a scope without any Python object, put an ArenaCore on the stack, prepare it once with
 # arena_core_init(), then use arena_open() / arena_close() (both need the GIL).  An ArenaCore must
 # not be copied or moved while open: every call treats a copy (a core not at the address it was
