@@ -25,5 +25,4 @@ static int arenalib_membarrier(void) { return -1; }
     __atomic_compare_exchange_n((p), &(unsigned long){0}, (me), 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)
 #define arenalib_release_record(p) __atomic_store_n((p), 0UL, __ATOMIC_RELEASE)
 
-
 #endif /* ARENALIB_SRC_SLICING_H */
