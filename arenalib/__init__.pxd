@@ -16,9 +16,10 @@
 # given is not checked, as free() and jemalloc's sdallocx() do not check it: a pointer freed twice,
 # not of that core, or with another size corrupts memory.  A module built against this API keeps
 # working with later arenalib versions until the table changes; one built against another table
-# gets ImportError from its first call, never a wrong call.  Each call costs a call through a pointer: for the inline fast
-# paths instead (an allocate/free pair of ~2 ns, rebuilt against every arenalib version), cimport the
-# same names from arenalib.fast.  One source builds either way: arenalib/_examples/cython/.
+# gets ImportError from its first call, never a wrong call.  Each call costs a call through a
+# pointer: for the inline fast paths instead (an allocate/free pair of ~2 ns, rebuilt against every
+# arenalib version), cimport the same names from arenalib.fast.  One source builds either way:
+# arenalib/_examples/cython/.
 #
 # Threads.  The same contract holds with the GIL and on a free-threaded CPython (3.13t), where nogil
 # code and Python threads truly run at once:
