@@ -216,7 +216,10 @@ cdef class Ring:
     While a request is in flight, each buffer it names is held by a buffer export, so a Segment's
     memory cannot be freed, released, reset or closed with its arena or pool (BufferError), nor a
     bytearray resized; a file or socket given for ``fd`` (an object with fileno()) is held too, so
-    that its collection cannot close the fd under the request.  A raw view of a BufferPool buffer
+    that its collection cannot close the fd under the request, and its number is read after every
+    other argument.  The kernel gets the number when the request is submitted: a file closed before
+    then leaves it to whatever is opened next, as os.read(fd) after a close would; close files after
+    their requests complete.  A raw view of a BufferPool buffer
     (``pool.raw_views()``, or a memoryview or slice of one) pins no buffer and is refused with
     TypeError: pass the acquired Segment.  At
     most ``cq_entries`` requests may be in flight and not yet returned by wait(): one more raises

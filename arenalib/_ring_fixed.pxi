@@ -7,7 +7,6 @@
 
 cdef int _queue_fixed(Ring ring, object fd, object segment, object offset, object user_data,
                       bint reading) except -1:
-    cdef int cfd = _fd(fd)
     cdef uint64_t off = _offset(offset)
     if type(segment) is not Segment:
         raise TypeError(f"a fixed-buffer request takes a Segment of the registered BufferPool, "
@@ -17,8 +16,8 @@ cdef int _queue_fixed(Ring ring, object fd, object segment, object offset, objec
     _request_init(&req)
     _acquire(seg, &req.view, reading)  # pins it; ArenaClosedError for a dead segment
     req.nviews = 1
-    _hold_file(&req, fd)
     req.fixed = True
+    cdef int cfd = _request_fd(&req, fd)
     cdef Py_ssize_t index
     try:
         # After the acquisition, which may have run Python code: the ring and its registration as

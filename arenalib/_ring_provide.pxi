@@ -292,8 +292,8 @@ cdef void _free_unreturned(Ring ring) noexcept:
 
 
 cdef int _queue_recv_multishot(Ring ring, object sock, object group, object user_data) except -1:
-    cdef int cfd = _fd(sock)
     cdef unsigned g = _group(group)
+    cdef int cfd = _fd(sock)  # after the group's conversion (see _fd), before the provision's lookup
     _need_kernel((6, 0), "Ring.recv_multishot() (multishot receive)")
     _check_usable(ring)
     cdef Provision* p = _find_provision(ring, g)

@@ -28,8 +28,23 @@ cdef enum:  # the requests on one buffer (_queue_one)
 
 
 cdef int _fd(object fd) except -1:
-    """A file descriptor from an int or an object with fileno() (a socket, a file)."""
+    """A file descriptor from an int or an object with fileno() (a socket, a file).  Read after
+    every other conversion and acquisition of the request (see _request_fd): code they run could
+    close the file, and the next file opened would get its number."""
     return PyObject_AsFileDescriptor(fd)
+
+
+cdef int _request_fd(Request* req, object fd) except -1:
+    """_fd(fd) for a request whose buffers are acquired, holding ``fd`` (see _hold_file) with them;
+    on error the request's pins are let go.  The last step that can run Python code."""
+    cdef int cfd
+    try:
+        cfd = _fd(fd)
+    except BaseException:
+        _request_release(req)
+        raise
+    _hold_file(req, fd)
+    return cfd
 
 
 cdef uint64_t _offset(object offset) except? 0xFFFFFFFFFFFFFFFE:
@@ -152,7 +167,6 @@ cdef int _queue_nop(Ring ring, object user_data) except -1:
 cdef int _queue_one(Ring ring, int op, object fd, object buf, object where, object user_data) except -1:
     """A request on one buffer: read or write at offset ``where``, recv or send with MSG_* flags
     ``where``.  Conversions and the buffer's export first, then the ring (see _begin)."""
-    cdef int cfd = _fd(fd)
     cdef uint64_t off = 0
     cdef int cflags = 0
     if op == OP_READ or op == OP_WRITE:
@@ -167,8 +181,8 @@ cdef int _queue_one(Ring ring, int op, object fd, object buf, object where, obje
     cdef Request req
     _request_init(&req)
     _acquire(buf, &req.view, op == OP_READ or op == OP_RECV)
-    _hold_file(&req, fd)
     req.nviews = 1
+    cdef int cfd = _request_fd(&req, fd)
     cdef io_uring_sqe* sqe = _begin(ring, &req)
     cdef unsigned length = _length(req.view.len)
     if op == OP_READ:
@@ -186,7 +200,6 @@ cdef int _queue_one(Ring ring, int op, object fd, object buf, object where, obje
 cdef int _queue_vector(Ring ring, object fd, object bufs, object offset, object user_data,
                        bint reading) except -1:
     """readv (``reading``) or writev: every buffer of ``bufs`` pinned by an export of its own."""
-    cdef int cfd = _fd(fd)
     cdef uint64_t off = _offset(offset)
     if PyObject_CheckBuffer(bufs):  # (a bytes-like object is a sequence of ints)
         raise TypeError(f"{'readv' if reading else 'writev'}() takes a sequence of buffers, not one "
@@ -198,7 +211,6 @@ cdef int _queue_vector(Ring ring, object fd, object bufs, object offset, object 
         raise ValueError(f"at most {MAX_IOVECS} buffers per request, not {n}")
     cdef Request req
     _request_init(&req)
-    _hold_file(&req, fd)
     req.views = <Py_buffer*>PyMem_Malloc(max(n, 1) * sizeof(Py_buffer))
     req.iov = <iovec*>PyMem_Malloc(max(n, 1) * sizeof(iovec))
     if req.views == NULL or req.iov == NULL:
@@ -214,6 +226,7 @@ cdef int _queue_vector(Ring ring, object fd, object bufs, object offset, object 
     except BaseException:
         _request_release(&req)
         raise
+    cdef int cfd = _request_fd(&req, fd)
     cdef io_uring_sqe* sqe = _begin(ring, &req)
     if reading:
         io_uring_prep_readv(sqe, cfd, req.iov, <unsigned>n, off)

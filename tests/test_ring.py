@@ -14,6 +14,7 @@ import mmap
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -375,6 +376,92 @@ def test_a_file_object_is_held_until_its_request_completes(ring, tmp_path):
         assert one(ring, 2) == {"read": 4, "write": 4}
         assert other.read() == another.read() == b"OTHER" * 4
     assert into == b"mine" and (tmp_path / "out").read_bytes() == b"data"
+
+
+class _NumberTaker:
+    """Code a request's other arguments run (an __index__, an __iter__, a __buffer__): it closes the
+    request's file and puts another file, or another connection, at the same descriptor number."""
+
+    def __init__(self, victim, replacement_fd):
+        self.victim, self.replacement_fd = victim, replacement_fd
+
+    def take(self):
+        number = self.victim.fileno()
+        self.victim.close()
+        os.dup2(self.replacement_fd, number)  # what the next open() would be given
+        self.taken = number
+
+    def __index__(self):
+        self.take()
+        return 0
+
+    def __iter__(self):
+        self.take()
+        return iter([bytearray(8)])
+
+
+class _NumberTakingBuffer(_NumberTaker):
+    def __buffer__(self, flags):  # (from Python 3.12)
+        self.take()
+        return memoryview(b"not yours")
+
+
+@pytest.mark.parametrize("op", ["read", "write", "readv", "read_fixed", "write_fixed", pytest.param(
+    "write_buffer", marks=pytest.mark.skipif(sys.version_info < (3, 12), reason="__buffer__ is 3.12's"))])
+def test_code_run_by_a_request_s_arguments_cannot_hand_it_another_file(ring, tmp_path, op):
+    """The descriptor was read first, and an __index__ or __iter__ run after it could close the
+    file and open another under the same number: the request read or wrote that other file."""
+    (tmp_path / "mine").write_bytes(b"mine" * 4)
+    (tmp_path / "other").write_bytes(b"OTHER" * 4)
+    mine = open(tmp_path / "mine", "r+b")
+    other = os.open(tmp_path / "other", os.O_RDWR)
+    taker = (_NumberTakingBuffer if op == "write_buffer" else _NumberTaker)(mine, other)
+    with BufferPool(4096, 1) as pool:
+        if op.endswith("_fixed"):
+            ring.register_pool(pool)
+        seg = pool.acquire()
+        calls = {"read": lambda: ring.read(mine, seg, taker),
+                 "write": lambda: ring.write(mine, b"not yours", taker),
+                 "readv": lambda: ring.readv(mine, taker, 0),
+                 "write_buffer": lambda: ring.write(mine, taker, 0),
+                 "read_fixed": lambda: ring.read_fixed(mine, seg, taker),
+                 "write_fixed": lambda: ring.write_fixed(mine, seg, taker)}
+        try:
+            with pytest.raises(ValueError, match="closed file"):
+                calls[op]()
+            assert ring.in_flight == 0 and ring.wait(0) == []
+            assert seg.exports == 0
+            assert (tmp_path / "other").read_bytes() == b"OTHER" * 4
+            assert (tmp_path / "mine").read_bytes() == b"mine" * 4
+        finally:
+            os.close(taker.taken)
+            os.close(other)
+            pool.release(seg)
+            if op.endswith("_fixed"):
+                ring.unregister_pool()
+
+
+@pytest.mark.parametrize("op", ["recv", "send"])  # recv_multishot: test_ring_provided.py
+def test_code_run_by_a_request_s_arguments_cannot_hand_it_another_connection(ring, op):
+    mine, mine_peer = socket.socketpair()
+    other, other_peer = socket.socketpair()
+    taker = _NumberTaker(mine, other.fileno())
+    other_peer.sendall(b"for the other connection only")
+    try:
+        with pytest.raises(ValueError, match="negative"):  # (a closed socket's fileno() is -1)
+            if op == "recv":
+                ring.recv(mine, bytearray(64), flags=taker)
+            else:
+                ring.send(mine, b"not yours", flags=taker)
+        assert ring.in_flight == 0 and ring.wait(0) == []
+        assert other.recv(64) == b"for the other connection only"  # nobody took them
+        other_peer.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            other_peer.recv(64)  # and nothing was sent on it
+    finally:
+        os.close(taker.taken)
+        for s in (mine_peer, other, other_peer):
+            s.close()
 
 
 def test_fixed_requests_take_a_live_segment_of_the_registered_pool(ring):

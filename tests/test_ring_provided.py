@@ -103,6 +103,30 @@ def drain_until(ring, predicate, limit=2000):
 
 # -- the basics -------------------------------------------------------------------------------------
 
+def test_code_run_by_the_group_argument_cannot_hand_a_receive_another_connection():
+    """The socket's descriptor was read before the group's __index__, which could close the socket
+    and put another connection at its number: the receive took that connection's bytes."""
+    with provided() as (ring, pool), tcp_pairs(2) as [(mine, _), (other, other_client)]:
+        other_client.sendall(b"for the other connection only")
+        taken = []
+
+        class Group:
+            def __index__(self):
+                number = mine.fileno()
+                mine.close()
+                taken.append(os.dup2(other.fileno(), number))
+                return GROUP
+
+        try:
+            with pytest.raises(ValueError, match="negative"):  # (a closed socket's fileno() is -1)
+                ring.recv_multishot(mine, Group())
+            assert ring.in_flight == 0 and ring.wait(0) == []
+            assert pool.stats()["lent"] == 8  # no buffer was filled
+            assert other.recv(64) == b"for the other connection only"
+        finally:
+            os.close(taken[0])
+
+
 def test_a_completion_carries_a_live_segment_over_exactly_the_bytes_received():
     with provided() as (ring, pool), tcp_pairs(1) as [(server, client)]:
         assert pool.stats()["lent"] == 8 and pool.available == 0
