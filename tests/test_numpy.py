@@ -79,6 +79,25 @@ def test_arrays_made_in_the_block_come_from_the_arena(arena):
     assert arrays(arena) == 0 and arena.stats()["numpy_bytes"] == 0
 
 
+def test_an_array_past_two_gib_comes_from_the_arena_and_goes_back(arena):
+    """Sizes past 2**31 through the handler's malloc, calloc, realloc and free (NumPy's own test of
+    that size, test_huge_vectordot, needs 18 GB free and is left out of test_numpy_policy.py).  Only
+    the pages written here are touched: a resize zero-fills what it adds, so it adds 1 MiB."""
+    n = (1 << 31) + 4099  # past a C int, not a page multiple
+    with arena.numpy():
+        empty = np.empty(n, dtype=np.uint8)
+        zeros = np.zeros(n, dtype=np.uint8)
+        empty.resize(n + MiB, refcheck=False)
+    assert get_handler_name(empty) == get_handler_name(zeros) == HANDLER_NAME
+    empty[0], empty[-1], zeros[-1] = 1, 2, 3
+    assert zeros[0] == zeros[-2] == 0 and empty[n:].sum() == 2  # (the resize's zeros, and the 2)
+    assert arena.stats()["numpy_arrays"] == 2 and arena.stats()["numpy_bytes"] == 2 * n + MiB
+    empty.resize(8, refcheck=False)  # and back to a small block
+    assert arena.stats()["numpy_bytes"] == n + 8 and empty[0] == 1
+    del empty, zeros
+    assert arrays(arena) == 0 and arena.stats()["numpy_bytes"] == 0
+
+
 def test_the_automatic_arena_has_a_scope_too():
     # auto_arena() is a shared Arena that is never closed: arrays made in its scope live as long as
     # they like, and its books come back when they die.

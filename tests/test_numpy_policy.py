@@ -61,7 +61,11 @@ def test_numpys_mem_policy_tests_pass_with_the_handler_installed(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(SANITIZED, reason="hours on the ASan build")
 def test_numpys_multiarray_tests_pass_over_arena_memory(tmp_path):
-    counts, report, output = run_numpy_tests(tmp_path, "test_multiarray.py", "-x", timeout=3600)
+    # test_huge_vectordot needs 18 GB free (17 GB resident), most of the machine, where CI's other
+    # lanes run at the same time: NumPy checks what is free only when it starts, and other processes
+    # growing after that got this run OOM-killed (2026-12-05).  Arrays past 2 GiB: test_numpy.py.
+    counts, report, output = run_numpy_tests(tmp_path, "test_multiarray.py", "-x",
+                                             "-k", "not test_huge_vectordot", timeout=3600)
     assert counts.get("passed", 0) > 10_000, output[-3000:]
     assert report["handler"] == "arenalib.Arena"
     assert report["stats"]["allocated_total"] > 1 << 30
