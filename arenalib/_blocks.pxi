@@ -11,13 +11,19 @@ from arenalib._jemalloc cimport (
     MALLOCX_LG_ALIGN, MALLOCX_ZERO, je_dallocx, je_mallocx, je_rallocx, je_sallocx, je_xallocx,
 )
 
+cdef extern from "src/machine.h" nogil:
+    bint beyond_machine "arenalib_beyond_machine"(size_t size)
+
 
 # zero=True blocks up to this size are zeroed by memset, not by jemalloc (see DESIGN.md).
 cdef size_t EAGER_ZERO_LIMIT = 4 << 20
 
 
 cdef inline void* jemalloc_allocate(int flags, size_t size, size_t align, bint zero) noexcept nogil:
-    """``size`` bytes from jemalloc with ``flags`` (arena, tcache) at ``align``; NULL: no memory."""
+    """``size`` bytes from jemalloc with ``flags`` (arena, tcache) at ``align``; NULL: no memory,
+    or more than this machine has (jemalloc would hand it out: src/machine.h)."""
+    if beyond_machine(size):
+        return NULL
     cdef bint memset_here = zero and CACHE_MAX_SIZE < size <= EAGER_ZERO_LIMIT
     if zero and not memset_here:
         flags |= MALLOCX_ZERO
@@ -116,6 +122,8 @@ cdef int cached_resize(FreeBlocks* cache, int flags, void* ptr, size_t old, size
     cdef size_t zero_from = old    # where the bytes to zero here begin
     cdef size_t zero_to = new
     cdef bint both_large = old > CACHE_MAX_SIZE and new > CACHE_MAX_SIZE
+    if beyond_machine(new):  # (as jemalloc_allocate)
+        return RESIZE_FAILED
     if both_large:
         # jemalloc's own extents: in place (xallocx) when the pages after it are free or the size
         # shrinks, else jemalloc moves it (rallocx), where a large extent's pages may be remapped.

@@ -19,12 +19,8 @@
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
 from cpython.pyport cimport PY_SSIZE_T_MAX
 
-cdef extern from "sys/sysinfo.h" nogil:
-    struct sysinfo_t "sysinfo":
-        unsigned long totalram
-        unsigned long totalswap
-        unsigned int mem_unit
-    int sysinfo(sysinfo_t* info)
+cdef extern from "src/machine.h" nogil:
+    size_t backable_bytes "arenalib_backable_bytes"()
 
 # Buffer states.  A buffer free since the region was zeroed needs no memset for a zero=True pool.
 cdef enum:
@@ -36,15 +32,6 @@ cdef enum:
 
 # The bookkeeping per buffer: its index on the free stack and its state byte.
 cdef size_t BOOKKEEPING_PER_BUFFER = sizeof(Py_ssize_t) + 1
-
-
-cdef size_t backable_bytes() noexcept nogil:
-    """RAM plus swap of this machine (0 when unknown): more cannot be backed at once."""
-    cdef sysinfo_t info
-    if sysinfo(&info) != 0:
-        return 0
-    cdef size_t unit = info.mem_unit if info.mem_unit else 1
-    return (<size_t>info.totalram + <size_t>info.totalswap) * unit
 
 
 cdef size_t pool_stride(Py_ssize_t size, Py_ssize_t n, size_t align) except 0:

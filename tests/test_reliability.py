@@ -713,3 +713,59 @@ def test_an_unclosed_owner_cannot_be_taken_back_while_it_warns(owner, route):
     result = run_python(RESURRECTION, owner, route)
     assert assert_ok(result).strip() == "ok"
     assert "SystemError" not in result.stderr, result.stderr
+
+
+MORE_THAN_THE_MACHINE = """
+import os
+import numpy as np
+import arenalib
+from arenalib import Arena, BufferPool, ConfinedArena, SlicingArena
+
+swap = [int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("SwapTotal:")][0]
+N = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + swap + (1 << 30)
+asked, handed_out = 0, []
+
+def refuses(what, call):
+    global asked
+    asked += 1
+    try:
+        call()
+    except MemoryError:
+        return
+    handed_out.append(what)
+
+for kind in (Arena, ConfinedArena, SlicingArena):
+    arena = kind()
+    for zero in (True, False):
+        refuses(f"{kind.__name__}.allocate zero={zero}", lambda: arena.allocate(N, zero=zero))
+    seg = arena.allocate(16)
+    seg[:] = b"0123456789abcdef"
+    refuses(f"{kind.__name__} resize", lambda: seg.resize(N))
+    assert len(seg) == 16 and bytes(seg) == b"0123456789abcdef"  # as it was
+    if kind is not SlicingArena:
+        big = arena.allocate(1 << 20)
+        refuses(f"{kind.__name__} resize of a big block", lambda: big.resize(N))
+        assert len(big) == 1 << 20
+    arena.close()
+with arenalib.frame() as f:
+    refuses("frame", lambda: f.allocate(N))
+refuses("arenalib.allocate", lambda: arenalib.allocate(N))
+refuses("BufferPool", lambda: BufferPool(N, 1))
+with Arena() as arena:
+    with arena.numpy():
+        refuses("np.zeros", lambda: np.zeros(N, np.uint8))
+        refuses("np.empty", lambda: np.empty(N, np.uint8))
+        grown = np.ones(4, np.uint8)
+        refuses("ndarray.resize", lambda: grown.resize(N, refcheck=False))
+    assert grown.tolist() == [1, 1, 1, 1] and arena.stats()["numpy_arrays"] == 1
+    del grown
+print(asked, handed_out)
+"""
+
+
+def test_a_block_larger_than_the_machine_raises_memory_error_as_bytearray_does():
+    """jemalloc reserves memory without the kernel's check (MAP_NORESERVE where it overcommits), so a
+    block larger than RAM and swap together was handed out, and its zero-fill (or its first use)
+    had the process killed by the OOM killer, where bytearray(N) and numpy.zeros(N) raise
+    MemoryError.  In a child: were the check gone, this would be the child killed, not pytest."""
+    assert assert_ok(run_python(MORE_THAN_THE_MACHINE)).split() == ["17", "[]"]
