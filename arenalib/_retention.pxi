@@ -13,6 +13,8 @@
 # stays dirty past dirty_decay_ms, in open arenas as in idle slots: see _start_idle_decay().
 # slot_stats()["wipes"] counts each rule that handed warm pages back.
 
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
 from arenalib._abi cimport PURGE_LIMIT, load_ssize
 
 # of the recent big scopes it adapts to.
@@ -23,6 +25,16 @@ cdef size_t _recent_big_scope = 0
 # started with the first arena (see _start_idle_decay).
 cdef bint _idle_decay_wanted = True
 cdef bint _idle_decay_started = False
+# When the thread could not be started (no thread to be had: RLIMIT_NPROC, a cgroup's pids.max, no
+# address space for its stack), the next try: one a second at most, with the next arena.
+cdef uint64_t _idle_decay_retry_ns = 0
+cdef uint64_t IDLE_DECAY_RETRY_NS = 1_000_000_000
+
+
+cdef uint64_t monotonic_ns() noexcept nogil:
+    cdef timespec now
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return <uint64_t>now.tv_sec * 1_000_000_000 + <uint64_t>now.tv_nsec
 # An arena nothing ever allocates from, reset only to wait for the background thread (see
 # _background_thread_barrier()); 0 (an automatic arena, never reset) until made.
 cdef unsigned _barrier_arena = 0
@@ -38,15 +50,24 @@ cdef void _start_idle_decay() noexcept nogil:
     due, and without a timeout once nothing is dirty: an idle program with nothing to hand back
     gets no wake-ups.  jemalloc stops it in a fork's child, where _after_fork_in_child() restarts
     it.  Users who set background_thread in ARENALIB_JE_MALLOC_CONF decide for themselves."""
-    global _idle_decay_started, _barrier_arena
+    global _idle_decay_started, _barrier_arena, _idle_decay_retry_ns
     if _idle_decay_started or not _idle_decay_wanted:
         return
-    _idle_decay_started = True
+    if _idle_decay_retry_ns and monotonic_ns() < _idle_decay_retry_ns:
+        return
     cdef size_t one = 1
     cdef unsigned char on = 1  # a C bool
+    cdef unsigned char off = 0
     je_mallctl(b"max_background_threads", NULL, NULL, &one, sizeof(size_t))
     cdef uint64_t runs = _background_runs()
-    je_mallctl(b"background_thread", NULL, NULL, &on, sizeof(on))
+    if je_mallctl(b"background_thread", NULL, NULL, &on, sizeof(on)) != 0:
+        # jemalloc stays "enabled" with no thread, and takes a later write of true for a no-op:
+        # off first, so that the next try starts one.
+        je_mallctl(b"background_thread", NULL, NULL, &off, sizeof(off))
+        _idle_decay_retry_ns = monotonic_ns() + IDLE_DECAY_RETRY_NS
+        return
+    _idle_decay_started = True
+    _idle_decay_retry_ns = 0
     # Wait for the thread's first pass (a few hundred microseconds, once a process): it allocates
     # its thread-local data then, which glibc allocates for a dlopen'ed library at a thread's first
     # touch and, when malloc fails, ends the process ("cannot allocate memory for thread-local

@@ -120,7 +120,9 @@ cdef int slots_init() except -1:
     if pthread_atfork(NULL, NULL, _after_fork_child) != 0:
         raise ImportError("arenalib: pthread_atfork failed")
     os.register_at_fork(after_in_child=_after_fork_in_child)
-    _idle_decay_wanted = "background_thread" not in os.environ.get("ARENALIB_JE_MALLOC_CONF", "")
+    # The option itself, not max_background_threads (a cap, which chooses nothing).
+    _idle_decay_wanted = not any(option.strip().startswith("background_thread:")
+                                 for option in os.environ.get("ARENALIB_JE_MALLOC_CONF", "").split(","))
     return 0
 
 

@@ -346,3 +346,42 @@ report(child=json.loads(data), status=status, decay=arenalib.pool_stats()["idle_
     kid = figures["child"]
     assert kid["decay"] is True and kid["growth"] >= 100 * MiB, figures
     assert kid["idle"] <= 0.1 * kid["growth"], figures
+
+
+IDLE_DECAY_AFTER_A_FAILED_START = """
+import os, resource, sys, time
+import arenalib
+
+def bg_threads():
+    return sum(open(f"/proc/self/task/{t}/comm").read().strip() == "jemalloc_bg_thd"
+               for t in os.listdir("/proc/self/task"))
+
+vm_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:"))
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, ((vm_kib + 4096) * 1024, hard))  # no room for a thread's stack
+first = arenalib.Arena()
+failed = (arenalib.slot_stats()["idle_decay"], bg_threads())
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+time.sleep(1.1)  # (a try a second at most)
+second = arenalib.Arena()
+print(failed, (arenalib.slot_stats()["idle_decay"], bg_threads()))
+"""
+
+
+@pytest.mark.skipif(SANITIZED, reason="the sanitizers' shadow memory takes the address-space limit")
+def test_idle_decay_starts_with_a_later_arena_when_its_thread_could_not_be_had():
+    """The first arena's start of jemalloc's background thread failed (no address space for its
+    stack, as under a pids or RLIMIT_NPROC limit), was never tried again, and freed memory stayed
+    resident for the rest of the process."""
+    out = assert_ok(run_python(IDLE_DECAY_AFTER_A_FAILED_START))
+    assert out.split() == ["(False,", "0)", "(True,", "1)"], out
+
+
+@pytest.mark.parametrize("conf, started", [("max_background_threads:2", True),
+                                           ("narenas:8,background_thread:false", False)])
+def test_only_the_background_thread_option_itself_keeps_arenalib_from_starting_it(conf, started):
+    """Any ARENALIB_JE_MALLOC_CONF with the text background_thread in it (max_background_threads, a
+    cap) kept the thread from starting."""
+    code = "import arenalib; arenalib.Arena(); print(arenalib.slot_stats()['idle_decay'])"
+    out = assert_ok(run_python(code, env=dict(os.environ, ARENALIB_JE_MALLOC_CONF=conf)))
+    assert out.split() == [str(started)]
