@@ -68,6 +68,10 @@ cdef extern from "<string.h>" nogil:
     void* memmem(const void* haystack, size_t haystack_len, const void* needle, size_t needle_len)
 
 
+cdef extern from "Python.h":
+    Py_ssize_t _index_clipped "PyNumber_AsSsize_t"(object item, PyObject* overflow) except? -1
+
+
 cdef bint _segment_contains(Segment seg, object item) except -1:
     """``item in seg`` as bytearray has it: a byte (an int in range(256)) or a run of bytes (any
     contiguous bytes-like object) found in the segment."""
@@ -75,8 +79,18 @@ cdef bint _segment_contains(Segment seg, object item) except -1:
     cdef Py_buffer needle
     cdef void* token
     cdef bint found
+    cdef bint is_byte = False
     if PyIndex_Check(item):
-        byte = _as_byte(item)
+        # As bytes.__contains__: an item whose __index__ fails (a NumPy array of several elements,
+        # which has one) is looked for as bytes; a huge int is clipped, then out of range.
+        try:
+            byte = _index_clipped(item, NULL)
+            is_byte = True
+        except Exception:
+            pass
+    if is_byte:
+        if byte < 0 or byte > 255:
+            raise ValueError(f"byte must be in range(0, 256), not {item!r}")
         seg._pin(&token)
         found = memchr(seg._ptr, <int>byte, <size_t>seg._size) != NULL
         seg._unpin(token)

@@ -283,6 +283,28 @@ def test_membership_is_bytearrays(haystack, needle):
             assert (memoryview(needle) in seg) is expected
 
 
+class _FailingIndex:
+    def __index__(self):
+        raise RuntimeError("no index")
+
+
+@pytest.mark.parametrize("needle", [
+    np.array([0x62, 0x63], np.uint8), np.array([0x63], np.uint8), np.zeros(0, np.uint8),
+    np.array([0x6263], ">u2"), np.array([0x7a, 0x7a], np.uint8), np.uint8(0x61), np.array(0x64),
+    _FailingIndex(), 2**70, -(2**70)])
+def test_membership_of_what_has_an_index_that_fails_is_bytearrays(arena, needle):
+    """bytes and bytearray look for an item whose __index__ fails (a NumPy array of several
+    elements has one) as bytes; the segment raised that __index__'s TypeError."""
+    seg = filled(arena, b"abcd")
+    try:
+        expected = needle in bytearray(b"abcd")
+    except (TypeError, ValueError) as exc:
+        with pytest.raises(type(exc), match="bytes-like|range"):
+            needle in seg  # noqa: B015
+        return
+    assert (needle in seg) is expected
+
+
 def test_membership_refuses_what_bytearray_refuses(arena):
     seg = filled(arena, b"abc")
     for unlike in ("a", 1.5, None, [97]):
