@@ -21,7 +21,7 @@ from arenalib._abi cimport PURGE_LIMIT, load_ssize
 cdef size_t DEFAULT_RETAIN_LIMIT = 32 << 20
 cdef size_t _retain_limit = DEFAULT_RETAIN_LIMIT
 cdef size_t _recent_big_scope = 0
-# jemalloc's background thread: wanted unless the user's ARENALIB_JE_MALLOC_CONF speaks of it, and
+# jemalloc's background thread: wanted unless the user's ARENALIB_JE_MALLOC_CONF sets it, and
 # started with the first arena (see _start_idle_decay).
 cdef bint _idle_decay_wanted = True
 cdef bint _idle_decay_started = False
@@ -29,20 +29,21 @@ cdef bint _idle_decay_started = False
 # address space for its stack), the next try: one a second at most, with the next arena.
 cdef uint64_t _idle_decay_retry_ns = 0
 cdef uint64_t IDLE_DECAY_RETRY_NS = 1_000_000_000
+# An arena nothing ever allocates from, reset only to wait for the background thread (see
+# _background_thread_barrier()); 0 (an automatic arena, never reset) until made.
+cdef unsigned _barrier_arena = 0
 
 
 cdef uint64_t monotonic_ns() noexcept nogil:
     cdef timespec now
     clock_gettime(CLOCK_MONOTONIC, &now)
     return <uint64_t>now.tv_sec * 1_000_000_000 + <uint64_t>now.tv_nsec
-# An arena nothing ever allocates from, reset only to wait for the background thread (see
-# _background_thread_barrier()); 0 (an automatic arena, never reset) until made.
-cdef unsigned _barrier_arena = 0
 
 
 cdef void _start_idle_decay() noexcept nogil:
-    """Start jemalloc's background thread, once: what an open arena freed and what idle slots keep
-    goes back to the OS after dirty_decay_ms (one second) even while the program makes no call.
+    """Start jemalloc's background thread, once (a start that failed, a later call tries again):
+    what an open arena freed and what idle slots keep goes back to the OS after dirty_decay_ms (one
+    second) even while the program makes no call.
 
     One thread (max_background_threads 1), started with the first arena rather than at import, so
     that importing arenalib starts nothing.  It only decays and purges arenas (under jemalloc's own
