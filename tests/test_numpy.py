@@ -632,7 +632,9 @@ def test_a_c_level_close_gives_the_kept_blocks_back(cython_consumers):
         assert kept_bytes(arena) > 0
         close_core(arena)
         assert arena.closed and kept_bytes(arena) == 0
-    assert settled_rss() - before < 8 * MiB  # 300 scopes leaked ~40 MiB
+    # 300 scopes leaked ~40 MiB.  Under ASan, its quarantine keeps freed Python objects resident too
+    # (+8.3 MiB in one CI run).
+    assert settled_rss() - before < (16 if SANITIZED else 8) * MiB
 
 
 def test_a_limited_arena_keeps_no_block_and_counts_sizes_unrounded():
