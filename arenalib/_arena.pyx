@@ -256,9 +256,13 @@ cdef class ArenaBase(SegmentOwner):
         return _allocate_string(self, s, encoding, nul)
 
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align,
-                           const ArenaMark* frame=NULL):
+                           const ArenaMark* frame=NULL, const char* contents=NULL,
+                           Py_ssize_t copied=-1):
         # Objects first (each may start a GC, whose finalizers may reset or close this arena),
         # then the memory, then the segment bound to it with nothing in between that calls back.
+        # ``copied`` >= 0: the block starts with that many bytes of ``contents`` (memory the caller
+        # holds), the rest zeroed, written before another thread's reset or close can run (the
+        # allocating helpers need no pin of the new segment after, whose check costs as much).
         if self._traced is None and tracemalloc_tracing(TRACE_DOMAIN):
             self._start_tracing()
         # A thread that does not own this object keeps it through an anchor where the kind has
@@ -309,6 +313,11 @@ cdef class ArenaBase(SegmentOwner):
             seg._keeper = <object>anchor if anchor != NULL else self  # a reference, no call back
         seg._ptr = <char*>ptr
         seg._generation = life.generation
+        if copied >= 0:
+            user_bytes_begin()
+            memcpy(ptr, contents, <size_t>copied)
+            memset(<char*>ptr + copied, 0, <size_t>(size - copied))
+            user_bytes_end()
         access_exit(token)
         if anchored and anchor == NULL and not owned:
             shared_make_anchor(self)  # for this thread's next segments

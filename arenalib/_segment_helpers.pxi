@@ -14,7 +14,8 @@
 # Every function keeps THE RULE of _segment.pxi: convert the arguments (any __index__), acquire the
 # other objects' buffers (any __buffer__; a buffer of a Segment is an export of it, which its free,
 # reset or close refuse to break, so it needs no pin of its own), make the result object, and only
-# then pin the segment being touched (its last liveness check), touch, unpin.
+# then pin the segment being touched (its last liveness check), touch, unpin.  The allocating
+# helpers write the new segment's first bytes inside ArenaBase._allocate, as the block is bound to it.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyObject_CheckBuffer
 from cpython.number cimport PyNumber_Index
@@ -77,17 +78,20 @@ cdef Segment _allocate_from(ArenaBase arena, object data, object align):
         raise TypeError(f"allocate_from() needs a bytes-like object, not {type(data).__name__}")
     PyObject_GetBuffer(data, &source, PyBUF_FULL_RO)
     try:
-        # The segment (and any GC its objects start) before the copy; the source's buffer is held
-        # all along, so a finalizer cannot free it (and when it is a Segment that it killed, the
-        # check after says so).
-        seg = arena._allocate(source.len, False, alignment)
-        _check_still_alive(&source)
-        seg._pin(&token)
+        # The source's buffer is held all along, so no finalizer the segment's creation runs can
+        # free it; when it is a Segment such a finalizer killed, the check after says so (and the
+        # new segment, written from memory its export kept, is dropped).
         if PyBuffer_IsContiguous(&source, b"C"):
-            memcpy(seg._ptr, source.buf, <size_t>source.len)
+            # Copied as the block is bound to the segment (see ArenaBase._allocate).
+            seg = arena._allocate(source.len, False, alignment, NULL, <const char*>source.buf,
+                                  source.len)
+            _check_still_alive(&source)
         else:
+            seg = arena._allocate(source.len, False, alignment)
+            _check_still_alive(&source)
+            seg._pin(&token)
             PyBuffer_ToContiguous(seg._ptr, &source, source.len, b"C")
-        seg._unpin(token)
+            seg._unpin(token)
     finally:
         PyBuffer_Release(&source)
     return seg
@@ -100,8 +104,6 @@ cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, obj
     cdef Py_ssize_t length
     cdef Py_ssize_t terminator = terminated  # the NUL's bytes: one code unit of the encoding
     cdef object encoded
-    cdef Segment seg
-    cdef void* token
     if not isinstance(text, str):  # (a subclass's own encode() is not called: its str is encoded)
         raise TypeError(f"allocate_string() needs a str, not {type(text).__name__}")
     if encoding == "utf-8" or encoding == "utf8":
@@ -118,12 +120,8 @@ cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, obj
         length = len(<bytes>encoded)
     if length > PY_SSIZE_T_MAX - terminator:
         raise MemoryError(f"a string of {length} bytes and its NUL is larger than any segment")
-    seg = arena._allocate(length + terminator, False, 1)
-    seg._pin(&token)
-    memcpy(seg._ptr, data, <size_t>length)
-    memset(seg._ptr + length, 0, <size_t>terminator)
-    seg._unpin(token)
-    return seg
+    # Copied, and the NUL written, as the block is bound to the segment (see ArenaBase._allocate).
+    return arena._allocate(length + terminator, False, 1, NULL, data, length)
 
 
 cdef dict _NUL_WIDTHS = {}  # of the standard library's encodings only: no registration changes them
