@@ -198,6 +198,8 @@ def _rss_child(workload: str, handler: str, sweep: list[int]) -> dict:
     import arenalib
 
     np.ones(10).sum()  # NumPy's own first-use state, before the baseline
+    # The workload's input too: alive after the scope, its 4,000 ints are no memory a handler keeps.
+    sizes = [8 << (i % 18) for i in range(4000)]  # 8 B to 1 MiB
     baseline = rss_bytes()
     peak = baseline
     with contextlib.ExitStack() as stack:
@@ -205,7 +207,6 @@ def _rss_child(workload: str, handler: str, sweep: list[int]) -> dict:
             arena = stack.enter_context(arenalib.Arena())
             stack.enter_context(arena.numpy())
         if workload == "mixed":
-            sizes = [8 << (i % 18) for i in range(4000)]  # 8 B to 1 MiB
             kept = [np.ones(n // 8 or 1) for n in sizes]
             peak = max(peak, rss_bytes())
             del kept
