@@ -317,9 +317,10 @@ cdef class _AnchorHolder:
     def __dealloc__(self):
         # The thread's cache table names only anchors this holder keeps.  A thread state is
         # cleared on its own thread, or in a fork child (whose other threads, and their tables,
-        # are gone); cleared from anywhere else (Python code reaching into another thread's
-        # state), the anchors stay: a leak rather than a table naming freed objects.
-        cdef bint mine = self.thread == thread_ident() and self.pid == getpid()
+        # are gone; the thread that forked is there, with its table); cleared from anywhere else
+        # (Python code reaching into another thread's state), the anchors stay: a leak rather
+        # than a table naming freed objects.
+        cdef bint mine = self.thread == thread_ident()
         if not mine and self.pid == getpid():
             return
         cdef Py_ssize_t i

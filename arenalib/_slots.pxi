@@ -56,6 +56,16 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_atfork(void (*prepare)() noexcept nogil, void (*parent)() noexcept nogil,
                        void (*child)() noexcept nogil)
 
+cdef extern from *:
+    """
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    /* Whether the calling thread is the process's initial one (whose end, returning from main,
+       exits the process; any other thread's end leaves the process to the threads left). */
+    static int arenalib_on_initial_thread(void) { return syscall(SYS_gettid) == getpid(); }
+    """
+    bint on_initial_thread "arenalib_on_initial_thread"() noexcept nogil
+
 cdef unsigned NO_TCACHE = <unsigned>-1
 
 # jemalloc 5.3.0 allows ~4094 arenas, but arenas.create reads out of bounds near that limit (seen
@@ -117,7 +127,7 @@ cdef int slots_init() except -1:
     # the threads the child has lost and may close arenas on the way (a lost thread's frame
     # arena), under locks those threads held.  Registered after jemalloc's own handlers (made at
     # its first call, above), so it runs after them.
-    if pthread_atfork(NULL, NULL, _after_fork_child) != 0:
+    if pthread_atfork(_before_fork, NULL, _after_fork_child) != 0:
         raise ImportError("arenalib: pthread_atfork failed")
     os.register_at_fork(after_in_child=_after_fork_in_child)
     # The option itself, not max_background_threads (a cap, which chooses nothing).
@@ -250,6 +260,14 @@ cdef unsigned _fresh_tcache() noexcept nogil:
 cdef object _pid = None  # the process slots_init() ran in (set by it)
 
 
+cdef bint _forked_on_initial_thread = True  # (read in the child: the fork's thread, as the parent saw it)
+
+
+cdef void _before_fork() noexcept nogil:
+    global _forked_on_initial_thread
+    _forked_on_initial_thread = on_initial_thread()
+
+
 cdef void _after_fork_child() noexcept nogil:
     """jemalloc's child forgets the explicit tcaches made before the fork (flushing one would
     corrupt it): give every slot and thread cache a new one, never touch the old ones again, and
@@ -282,10 +300,17 @@ def _after_fork_in_child():
     """What a fork's child needs of Python once CPython's after-fork work is done: jemalloc's
     background thread again (it stopped in the child).  A no-op in a process that did not fork
     since the last call (the function is reachable from Python)."""
-    global _pid, _idle_decay_started
+    global _pid, _idle_decay_started, _idle_decay_wanted
     if os.getpid() == _pid:
         return
     _pid = os.getpid()
+    if not _forked_on_initial_thread:
+        # The child's one thread is a thread's, whose end (pthread_exit) leaves the process to the
+        # threads left: a background thread would keep it alive for good.  None in this child
+        # (its idle memory goes back at its arenas' next uses, a trim() or its exit).
+        _idle_decay_wanted = False
+        _idle_decay_started = False
+        return
     if _idle_decay_started:
         _idle_decay_started = False
         _start_idle_decay()

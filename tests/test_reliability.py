@@ -221,6 +221,60 @@ def test_fork_from_a_thread_leaves_confined_arenas_to_their_owner():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_by_a_thread_ends_with_that_thread_and_its_segments_keep_their_arena():
+    """A child forked by a thread other than the main one: when that thread (the child's only one)
+    returns, the child ends.  It never did once it had used an arena: jemalloc's background thread,
+    restarted by the fork handler, kept it alive.  And the thread's anchors, dropped as its state
+    is cleared, stayed in its cache table, so an allocation after (a ContextVar value's finalizer)
+    took a freed anchor as its segments' keeper (3.13t: another object's memory, whose refcount
+    the segments then took down)."""
+    out = assert_ok(run_python("""
+        import contextvars, os, sys, threading, time, warnings
+        import arenalib
+        warnings.simplefilter("ignore", DeprecationWarning)
+        arena = arenalib.Arena()  # the main thread's
+        var = contextvars.ContextVar("late")
+        read_end, write_end = os.pipe()
+
+        class Late:
+            def __del__(self):  # as the child's thread state is cleared, after its dict went
+                refs, anchors = sys.getrefcount(arena), arenalib.live_objects()["anchors"]
+                segs = [arena.allocate(8).fill(5) for _ in range(10)]
+                kept = (sys.getrefcount(arena) - refs >= 10
+                        or arenalib.live_objects()["anchors"] > anchors)
+                os.write(write_end, b"kept" if kept else b"keeper freed")
+
+        def worker():
+            arena.allocate(100), arena.allocate(100)  # this thread's cache, then its anchor
+            pid = os.fork()
+            if pid == 0:
+                with arenalib.ConfinedArena() as scope:
+                    scope.allocate(64).fill(1)
+                var.set(Late())
+                return  # the child's only thread ends, and the child with it
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    print("exit", os.waitstatus_to_exitcode(status))
+                    break
+                time.sleep(0.02)
+            else:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                print("hung")
+            os.close(write_end)
+            print(os.read(read_end, 100).decode())
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        arena.close()
+        """))
+    assert out.split() == ["exit", "0", "kept"], out
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 @pytest.mark.parametrize("action", ["purge", "reset", "close_after_churn"])
 def test_fork_child_flushes_a_tcache_made_before_the_fork(action):
     # jemalloc empties its arenas' lists of thread caches in a fork child (keeping only the forking
