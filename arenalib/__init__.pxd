@@ -28,10 +28,10 @@
 # - a ConfinedArena's core: its owner thread only; any other gets ARENA_EWRONGTHREAD;
 # - a SlicingArena's core: any thread, one carving at a time; the others get ARENA_EBUSY;
 # - arena_close() and arena_reset(), and the Python close(), reset() and purge(), must come after
-#   every nogil arena_allocate()/arena_free() of that core on other threads has returned (join
-#   your workers first): arenalib does not track C-level callers.  Python-level users need no such
-#   care: close, reset, purge, free and release wait for Python-level accesses of the memory under
-#   way on other threads, and those that come later raise;
+#   every nogil arena_allocate(), arena_free(), arena_mark() and arena_rewind() of that core on
+#   other threads has returned (join your workers first): arenalib does not track C-level
+#   callers.  Python-level users need no such care: close, reset, purge, free and release wait for
+#   Python-level accesses of the memory under way on other threads, and those that come later raise;
 # - arena_core() and arena_open()/arena_close() need the GIL (an attached thread state);
 # - a segment's memory you write from nogil code is yours while the segment is alive: arenalib
 #   does not stop another Python thread from freeing it under you.

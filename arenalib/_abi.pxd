@@ -215,7 +215,7 @@ cdef struct ArenaCore:
     unsigned long fast_owner
     unsigned long carve_owner
     Lifetime life
-    int kind                  # ARENA_KIND_*
+    int kind                  # ARENA_KIND_* (an arena object's: its class's, from its creation on)
     bint open
     ArenaSlot* slot           # the pooled jemalloc arena behind it (NULL while closed)
     uint64_t serial           # unique per open, never reused (keys the per-thread caches)

@@ -129,6 +129,7 @@ cdef class ArenaBase(SegmentOwner):
                            const ArenaMark* frame=*, const char* contents=*, Py_ssize_t copied=*)
     cdef int _raise(self, int code, str context) except -1
     cdef int _close(self, bint deferred=*) except -1
+    cdef int _reset(self) except -1
     cdef int _check_usable(self) except -1
     cdef void _untrack_all(self) noexcept
     cdef void _start_tracing(self) noexcept

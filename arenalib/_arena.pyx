@@ -209,6 +209,9 @@ cdef class ArenaBase(SegmentOwner):
     def __cinit__(self):
         self._life = &self._core.life
         self._core.arena_object = <void*>self  # (borrowed: the core is part of self)
+        # The kind every open of this core takes (arena_open() of the C API refuses another).
+        self._core.kind = (ARENA_KIND_CONFINED if type(self) is ConfinedArena
+                           else ARENA_KIND_SLICING if type(self) is SlicingArena else ARENA_KIND_SHARED)
         # A no-argument __cinit__ is called whatever the constructor's arguments are.  Python
         # subclasses (heap types) would get an arena they cannot open: refuse them too.
         if type(self) is ArenaBase or PyType_HasFeature(type(self), Py_TPFLAGS_HEAPTYPE):
@@ -492,10 +495,15 @@ cdef class ArenaBase(SegmentOwner):
         """Free every segment at once and keep the arena open (its pages stay warm for reuse).
 
         Raises BufferError, changing nothing, while a segment's buffer export is alive."""
+        self._reset()
+
+    cdef int _reset(self) except -1:
+        # reset() of every kind (AutoArena refuses it here, where ArenaBase.reset(auto) comes too).
         cdef int err = arena_reset_checked(&self._core)
         if err:
             self._raise(err, f"cannot reset {type(self).__name__}")
         self._untrack_all()
+        return 0
 
     def purge(self):
         """Hand the arena's unused dirty pages back to the OS now (live segments stay)."""

@@ -56,6 +56,10 @@ cdef class AutoArena(ArenaBase):
 
     def reset(self):
         """Refused (UnsupportedOperation): a reset would kill segments that other code holds."""
+        self._reset()
+
+    cdef int _reset(self) except -1:
+        # reset() and ArenaBase.reset(auto) both come here.
         raise UnsupportedOperation(
             "the automatic arena cannot be reset: its segments belong to whoever holds them; "
             "use a ConfinedArena or SlicingArena for memory freed all at once")

@@ -13,7 +13,8 @@ cdef inline bint open_parked(ArenaCore* core, InlineState* state, int kind,
     """Open ``core`` on the idle parked slot when this open can be done inline (an unlimited
     ConfinedArena: no pool, no lock); False (nothing done) otherwise.  With the GIL held."""
     if (kind != ARENA_KIND_CONFINED or max_bytes >= 0 or not state.parked_idle
-            or core.life.release_pending):  # (closed deferred: arena_open_slow refuses it)
+            or core.life.release_pending  # (closed deferred: arena_open_slow refuses it)
+            or (core.arena_object != NULL and core.kind != kind)):  # (another class's: refused too)
         return False
     state.parked_idle = False
     core_init(core, state, state.parked, kind, -1, 0)

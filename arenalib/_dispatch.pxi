@@ -178,6 +178,10 @@ cdef int arena_rewind_slow(ArenaCore* core, const ArenaMark* mark) noexcept nogi
 
 # -- open and close ----------------------------------------------------------------------------------
 
+cdef dict _KIND_NAMES = {ARENA_KIND_SHARED: "ARENA_KIND_SHARED", ARENA_KIND_CONFINED: "ARENA_KIND_CONFINED",
+                         ARENA_KIND_SLICING: "ARENA_KIND_SLICING"}
+
+
 cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
                          size_t chunk_size) except -1:
     """arena_open() for every kind and case (the inline fast path calls it)."""
@@ -190,6 +194,12 @@ cdef int arena_open_slow(ArenaCore* core, int kind, Py_ssize_t max_bytes,
                           "export(s) of its last open (closed deferred) are alive; release them first")
     if kind != ARENA_KIND_SHARED and kind != ARENA_KIND_CONFINED and kind != ARENA_KIND_SLICING:
         raise ValueError(f"kind must be one of ARENA_KIND_SHARED, _CONFINED, _SLICING, not {kind}")
+    if core.arena_object != NULL and kind != core.kind:
+        # An arena object's core opens again as its class only (the kind its __cinit__ set): its
+        # methods, segments and NumPy scopes keep that kind's rules (a ConfinedArena opened shared
+        # would hand its segments to other threads).
+        raise ValueError(f"this ArenaCore is a {type(<object>core.arena_object).__name__}'s: it opens "
+                         f"as {_KIND_NAMES[core.kind]} only, not {_KIND_NAMES[kind]}")
     cdef uint64_t serial
     cdef ArenaSlot* slot = slot_acquire(&serial)
     core_init(core, _inline_state, slot, kind, max_bytes, serial)

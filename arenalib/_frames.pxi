@@ -68,6 +68,12 @@ cdef void frames_close(Lifetime* life, bint holding) noexcept nogil:
     if not holding and load_life_owner(&life.owner) == 0:
         frames_free(life)
         return
+    cdef Py_ssize_t d
+    # No frame stays abandoned either: an arena_open() of the core once the exports are gone
+    # pushes on this stack from depth 0 (an abandoned count left would pop below level 1).
+    for d in range(1, stack.depth + 1):
+        frame_level(stack, d).abandoned = False
+    stack.abandoned = 0
     stack.push_limit = 0  # (a closed arena pushes nothing; the general push checks open first)
     store_ssize(&stack.top_frame, 0)
     store_depth(&stack.depth, 0)

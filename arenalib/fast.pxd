@@ -23,9 +23,9 @@ from arenalib._arena cimport (  # noqa: F401  (the classes, for modules that typ
 )
 from arenalib._abi cimport (
     CACHE_MAX_SIZE, INLINE_PARKING, SLICE_DEFAULT_ALIGN, ArenaCore, CarverRecord, FreeBlocks,
-    InlineState, ThreadCache, abi_check, allocate_fn, arenalib_allocate_slow_fn, arenalib_free_slow_fn,
-    arenalib_inline_state_ptr, arenalib_load_owner, books_remove, core_state, free_fn, inline_ident,
-    load_first_cache,
+    InlineState, ThreadCache, abi_check, allocate_fn, arenalib_abi_unaccepted, arenalib_allocate_slow_fn,
+    arenalib_free_slow_fn, arenalib_inline_state_ptr, arenalib_load_owner, books_remove, core_state,
+    free_fn, inline_ident, load_first_cache,
 )
 from arenalib._blocks cimport cache_pop, cache_push, small_align
 from arenalib._confined cimport close_small_scope, confined_count_allocation, confined_count_free
@@ -60,13 +60,15 @@ cdef inline int arena_allocate(ArenaCore* core, size_t size, size_t align, bint 
     # inlines this function only while it stays small (with a pop per kind GCC at -O3 called it out
     # of line, and a C-level scope took 14.5 ns against 9.8 inlined).
     cdef void* ptr
-    # Until this module accepted arenalib's C ABI (arena_core(), arena_open(), or a handed core
-    # judged by core_state()), an identity that matches no permit: no fast path reads the core.
     cdef unsigned long me = inline_ident()
     cdef FreeBlocks* cache = NULL
     cdef ThreadCache* tc = NULL
     cdef CarverRecord* record
-    if core.self == core and small_align(align):  # (a copy: the slow path says it is closed)
+    # Until this module accepted arenalib's C ABI (arena_core(), arena_open(), or a handed core
+    # judged by core_state() on the slow path), no fast path reads the core: under another ABI
+    # its pointers may lie where this module's layout puts other fields.
+    if (not arenalib_abi_unaccepted and core.self == core
+            and small_align(align)):  # (a copy: the slow path says it is closed)
         if core.fast_owner == me:
             cache = &core.slot.cache
         else:
@@ -114,10 +116,12 @@ cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nog
     A NULL ``ptr`` does nothing (as free(NULL))."""
     cdef InlineState* state
     cdef ThreadCache* tc
-    cdef unsigned long me = inline_ident()  # (see arena_allocate)
+    cdef unsigned long me = inline_ident()
     if ptr == NULL:
         return ARENA_OK
-    if size <= CACHE_MAX_SIZE and core.self == core:  # a copy: the slow path says it is closed
+    # (No fast path before the C ABI is accepted: see arena_allocate.)  A copy of the core: the slow
+    # path says it is closed.
+    if not arenalib_abi_unaccepted and size <= CACHE_MAX_SIZE and core.self == core:
         if core.fast_owner == me:
             if cache_push(&core.slot.cache, ptr, size):
                 confined_count_free(core, ptr, size)
@@ -148,8 +152,8 @@ cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
 cdef inline int arena_mark(ArenaCore* core, ArenaMark* out) noexcept nogil:
     """Mark a SlicingArena's carve position in ``out`` (storage the caller keeps) for
     arena_rewind().  Marks nest, one stack per arena.  ARENA_EUNSUPPORTED for the other kinds."""
-    if frames_mark_fast(core, False, out, inline_ident()) == ARENA_OK:
-        return ARENA_OK
+    if not arenalib_abi_unaccepted and frames_mark_fast(core, False, out, inline_ident()) == ARENA_OK:
+        return ARENA_OK  # (no fast path before the C ABI is accepted: see arena_allocate)
     cdef InlineState* state = core_state(core)
     if state == NULL:
         return ARENA_ECLOSED
@@ -162,8 +166,8 @@ cdef inline int arena_rewind(ArenaCore* core, const ArenaMark* mark) noexcept no
     arena or used up (by a rewind to it or to an earlier mark, a reset, a close); ARENA_EEXPORTED
     while a buffer export of a segment it would kill is alive; ARENA_EORDER while a frame entered
     after the mark is open.  No other thread may use what it kills meanwhile."""
-    if frames_rewind_fast(core, mark, False, inline_ident()) == ARENA_OK:
-        return ARENA_OK
+    if not arenalib_abi_unaccepted and frames_rewind_fast(core, mark, False, inline_ident()) == ARENA_OK:
+        return ARENA_OK  # (see arena_mark)
     cdef InlineState* state = core_state(core)
     if state == NULL:
         return ARENA_ECLOSED

@@ -201,9 +201,9 @@ def build_example_consumer(directory: Path) -> dict:
             "fast": load_extension(directory / "build", "arenalib_consumer_fast")}
 
 
-def stale_package_copy(directory: Path, edit: tuple[str, str, str]) -> Path:
-    """A copy of the installed arenalib's .pxd files and C headers in ``directory``/arenalib with one
-    ``edit`` (file, old text, new text) and its fingerprints derived again by
+def stale_package_copy(directory: Path, *edits: tuple[str, str, str]) -> Path:
+    """A copy of the installed arenalib's .pxd files and C headers in ``directory``/arenalib with
+    ``edits`` (file, old text, new text) and its fingerprints derived again by
     tools/abi_fingerprint.py, as another arenalib version would have them; returns ``directory``."""
     package = directory / "arenalib"
     package.mkdir(parents=True)
@@ -211,14 +211,20 @@ def stale_package_copy(directory: Path, edit: tuple[str, str, str]) -> Path:
     for pxd in installed.glob("*.pxd"):
         shutil.copy(pxd, package / pxd.name)
     shutil.copytree(arenalib.get_c_include(), package / "include")
-    name, old, new = edit
-    text = (package / name).read_text()
-    assert old in text, (name, old)
-    (package / name).write_text(text.replace(old, new))
+    for name, old, new in edits:
+        text = (package / name).read_text()
+        assert old in text, (name, old)
+        (package / name).write_text(text.replace(old, new))
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "abi_fingerprint.py"), "--package",
                              str(package)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return directory
+
+
+# Two fields of SlicingState as _abi.pxd declares them, one after the other (a pointer the inline
+# carve dereferences, and a size).
+_CARVE_RECORD = "    CarverRecord* carve_record  # the biased thread's record (NULL: not biased)\n"
+_CHUNK_SIZE = "    size_t chunk_size\n"
 
 
 def build_test_consumers(directory: Path) -> dict:
@@ -226,12 +232,15 @@ def build_test_consumers(directory: Path) -> dict:
     imported, by name: ``safety_consumer``, ``core_init_consumer`` and ``handoff_consumer`` against
     the installed arenalib (its inline fast paths), and the example consumer built against copies
     of arenalib's declarations of another version: ``stale_consumer`` (fast) against one with
-    another free-block cache tuning (CACHE_MAX_PER_BIN 32, not 64: a retune that changes no
-    struct's size), ``stale_table_consumer`` (table-only) against one whose table has another
-    signature (arena_free's size is a Py_ssize_t), and ``stale_handoff_consumer``
+    another free-block cache tuning (CACHE_MAX_PER_BIN 32, not 64) and a SlicingState whose chunk
+    size and carver record swapped places (changes that leave every struct's size as it is, so
+    Cython's checks at import see nothing), ``stale_table_consumer`` (table-only) against one whose
+    table has another signature (arena_free's size is a Py_ssize_t), and ``stale_handoff_consumer``
     (handoff_consumer, fast) against the first."""
-    stale = stale_package_copy(directory / "stale-fast", (
-        "_abi.pxd", "    CACHE_MAX_PER_BIN = 64\n", "    CACHE_MAX_PER_BIN = 32\n"))
+    stale = stale_package_copy(
+        directory / "stale-fast",
+        ("_abi.pxd", "    CACHE_MAX_PER_BIN = 64\n", "    CACHE_MAX_PER_BIN = 32\n"),
+        ("_abi.pxd", _CARVE_RECORD + _CHUNK_SIZE, _CHUNK_SIZE + _CARVE_RECORD))
     stale_table = stale_package_copy(directory / "stale-table", (
         "_table.pxd", "ctypedef int (*table_free_fn)(OpaqueCore* core, void* ptr, size_t size)",
         "ctypedef int (*table_free_fn)(OpaqueCore* core, void* ptr, Py_ssize_t size)"))

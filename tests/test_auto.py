@@ -145,14 +145,17 @@ def test_resize_gives_another_automatic_segment():
 
 
 def test_the_auto_arena_refuses_close_reset_and_with():
+    # Through the base class's methods too (ArenaBase.reset(AUTO) reset it, killing others' segments).
+    held = arenalib.allocate(16).fill(3)
     for refused in (AUTO.close, lambda: AUTO.close(deferred=True), AUTO.reset,
-                    lambda: AUTO.__exit__(None, None, None)):
+                    lambda: AUTO.__exit__(None, None, None), lambda: arenalib.ArenaBase.reset(AUTO),
+                    lambda: arenalib.ArenaBase.close(AUTO), lambda: arenalib.Arena.reset(AUTO)):
         with pytest.raises(UnsupportedOperation):
             refused()
     with pytest.raises(UnsupportedOperation, match="not a scope"):
         with AUTO:
             pass
-    assert not AUTO.closed
+    assert not AUTO.closed and held.tobytes() == b"\x03" * 16
     with pytest.raises(TypeError, match="cannot be instantiated"):
         AutoArena()
     assert arenalib.auto_arena() is AUTO

@@ -252,6 +252,14 @@ def test_fingerprint_digest_ignores_comments_and_sees_declarations(tmp_path):
     assert abi_fingerprint.digest(package, abi_fingerprint.FAST_FILES) == original
     abi.write_text(text.replace("    int busy ", "    char added\n    int busy "))
     assert abi_fingerprint.digest(package, abi_fingerprint.FAST_FILES) != original
+    abi.write_text(text)
+    # A verbatim C block's preprocessor lines are declarations, not comments (they began with '#').
+    arena = package / "_arena.pxd"
+    arena_text = arena.read_text()
+    arena.write_text(arena_text.replace("#define ARENALIB_SEG_FREEING 2", "#define ARENALIB_SEG_FREEING 7"))
+    assert abi_fingerprint.digest(package, abi_fingerprint.FAST_FILES) != original
+    arena.write_text(arena_text.replace("/* Segment._freed", "/* Reworded: Segment._freed"))
+    assert abi_fingerprint.digest(package, abi_fingerprint.FAST_FILES) == original
     # The inline paths' layout is no business of a table-only consumer's.
     assert abi_fingerprint.digest(package, abi_fingerprint.TABLE_FILES) == table
 
@@ -456,11 +464,31 @@ def test_a_core_closed_deferred_is_not_reopened_while_its_exports_live(cython_co
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_an_arena_objects_core_opens_again_as_its_own_kind_only(cython_consumers, kind):
+    """arena_open() of an arena object's closed core with another kind opened a ConfinedArena that
+    handed its segments to other threads, or an Arena whose NumPy arrays freed on another thread
+    leaked: refused (ValueError, the arena stays closed); its own kind opens it."""
+    consumer = cython_consumers["safety_consumer"]
+    arena = kind()
+    address = consumer.core_address(arena)
+    arena.close()
+    for other in set(consumer.KINDS.values()) - {consumer.KINDS[kind.__name__]}:
+        with pytest.raises(ValueError, match=f"{kind.__name__}'s: it opens as"):
+            consumer.open_core_at(address, other)
+        assert arena.closed
+    consumer.open_core_at(address, consumer.KINDS[kind.__name__])
+    assert not arena.closed and arena.allocate(8).fill(1).tobytes() == b"\x01" * 8
+    arena.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_module_of_another_abi_handed_a_core_is_refused_on_the_fast_path(cython_consumers, kind):
     """The inline fast paths read the core with the layout and rules their module was compiled
     with: a module of another C ABI handed a core by one of the right ABI took them without any
-    check (a size class rule changed: 32 bytes handed out for 64).  It is refused, and allocates
-    nothing, whichever path the call would take."""
+    check (a size class rule changed: 32 bytes handed out for 64), and read the core's pointers
+    where its own layout put them (a SlicingArena's chunk size taken for its carver record: a
+    crash) before any check.  It is refused, and allocates or marks nothing, whichever path the
+    call would take."""
     good, stale = cython_consumers["safety_consumer"], cython_consumers["stale_handoff_consumer"]
     with kind() as arena:
         address = good.core_address(arena)
@@ -469,7 +497,10 @@ def test_a_module_of_another_abi_handed_a_core_is_refused_on_the_fast_path(cytho
         for align in (0, 64):
             code, block = stale.allocate_without_the_gil(address, 256, align)
             assert (code, block) == (good.ECLOSED, 0)
+        assert stale.mark_and_rewind_without_the_gil(address) == (good.ECLOSED, -1)
         assert arena.stats()["live_segments"] == live
+        if kind is arenalib.SlicingArena:
+            assert arena.stats()["marks"] == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -202,6 +202,41 @@ def test_c_api_close_and_reopen_keeps_old_segments_dead(cython_consumers):
         assert record["problems"] == [], record
 
 
+def test_a_core_reopened_after_a_close_that_kept_an_abandoned_frame_marks_from_depth_zero(cython_consumers):
+    """A frame whose exit an export refused is abandoned; a deferred close keeps the stack of marks
+    while the export lives.  Once it is released, arena_open() of the object's core (allowed then)
+    makes an open arena with no frame, abandoned or not: marks and frames work from depth 0 (the
+    abandoned count the close left made the next push pop below level 1, a crash)."""
+    consumer = cython_consumers["safety_consumer"]
+    # A deferred close keeps the stack for the export; a thread's frame arena keeps it through any
+    # close (it belongs to the thread).
+    for frame_arena in (False, True):
+        arena = arenalib.frame_arena() if frame_arena else arenalib.SlicingArena()
+        address = consumer.core_address(arena)
+        frame = arena.frame()
+        frame.__enter__()
+        view = memoryview(frame.allocate(8))
+        with pytest.raises(BufferError):
+            frame.__exit__(None, None, None)
+        if frame_arena:
+            view.release()
+            arena.close()
+        else:
+            arena.close(deferred=True)
+            view.release()
+        assert arena.stats()["held_bytes"] == 0
+        consumer.open_core_at(address, consumer.KINDS["SlicingArena"])
+        assert not arena.closed and arena.stats()["marks"] == 0
+        mark = arena.mark()
+        with arena.frame() as inner:
+            seg = inner.allocate(16).fill(7)
+            assert bytes(seg) == b"\x07" * 16
+        assert not seg.alive and arena.stats()["marks"] == 1
+        arena.rewind(mark)
+        assert arena.stats()["marks"] == 0
+        arena.close()
+
+
 # -- in Python: pickling, and finalizers closing a pool or an arena in the middle of a call ----------
 
 def _objects_of_every_extension_type(stack):

@@ -57,10 +57,17 @@ def declarations(path: Path) -> str:
         text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
         text = re.sub(r"//[^\n]*", "", text)
     else:
-        # Cython: whole-line comments and trailing ones (no '#' appears in a string of these files
-        # but inside C blocks, whose comments are /* */).
-        text = re.sub(r"(?m)^\s*#.*$", "", text)
-        text = re.sub(r"(?m)\s+#\s.*$", "", text)
+        # Cython: whole-line comments and trailing ones, outside the verbatim C blocks of
+        # ``cdef extern from *:`` (whose '#' lines are the preprocessor's: #define, #if) and of
+        # docstrings; a C block's own comments are /* */.
+        parts = text.split('"""')
+        for i in range(0, len(parts), 2):
+            parts[i] = re.sub(r"(?m)^\s*#.*$", "", parts[i])
+            parts[i] = re.sub(r"(?m)\s+#\s.*$", "", parts[i])
+        for i in range(1, len(parts), 2):
+            verbatim = re.search(r"cdef\s+extern\s+from\s+[^\n]*:\s*$", parts[i - 1])
+            parts[i] = re.sub(r"/\*.*?\*/", "", parts[i], flags=re.S) if verbatim else ""
+        text = '"""'.join(parts)
     return "\n".join(line.strip() for line in text.splitlines() if line.strip())
 
 

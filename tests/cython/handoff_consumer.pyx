@@ -7,7 +7,7 @@ arenalib's function table itself (tests/test_capi.py)."""
 from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 
-from arenalib.fast cimport ARENA_OK, ArenaCore, arena_allocate
+from arenalib.fast cimport ARENA_OK, ArenaCore, ArenaMark, arena_allocate, arena_mark, arena_rewind
 
 
 def allocate_without_the_gil(uintptr_t address, size_t size, size_t align):
@@ -21,3 +21,16 @@ def allocate_without_the_gil(uintptr_t address, size_t size, size_t align):
         if err == ARENA_OK:
             memset(ptr, 0x5A, size)
     return err, <uintptr_t>ptr
+
+
+def mark_and_rewind_without_the_gil(uintptr_t address):
+    """arena_mark() then, when it succeeded, arena_rewind() to it, on the core at ``address``
+    without the GIL: both result codes."""
+    cdef ArenaCore* core = <ArenaCore*>address
+    cdef ArenaMark mark
+    cdef int marked, rewound = -1
+    with nogil:
+        marked = arena_mark(core, &mark)
+        if marked == ARENA_OK:
+            rewound = arena_rewind(core, &mark)
+    return marked, rewound
