@@ -307,7 +307,9 @@ def _after_fork_in_child():
     if not _forked_on_initial_thread:
         # The child's one thread is a thread's, whose end (pthread_exit) leaves the process to the
         # threads left: a background thread would keep it alive for good.  None in this child
-        # (its idle memory goes back at its arenas' next uses, a trim() or its exit).
+        # (its idle memory goes back at its arenas' next uses, a trim() or its exit), nor in the
+        # processes it forks (whose one thread, its pid as id, ends as a thread too): they
+        # inherit the choice.
         _idle_decay_wanted = False
         _idle_decay_started = False
         return

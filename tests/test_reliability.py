@@ -244,6 +244,27 @@ def test_a_child_forked_by_a_thread_ends_with_that_thread_and_its_segments_keep_
                         or arenalib.live_objects()["anchors"] > anchors)
                 os.write(write_end, b"kept" if kept else b"keeper freed")
 
+        def wait(pid):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    return f"exit {os.waitstatus_to_exitcode(status)}"
+                time.sleep(0.02)
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return "hung"
+
+        def grandchild_of_a_thread():
+            # Forked by the only thread of a child forked by a thread: that thread's id is its
+            # process's, but it ends as a thread too.
+            pid = os.fork()
+            if pid == 0:
+                with arenalib.ConfinedArena() as scope:
+                    scope.allocate(64).fill(1)
+                return
+            os._exit(0 if wait(pid) == "exit 0" else 3)
+
         def worker():
             arena.allocate(100), arena.allocate(100)  # this thread's cache, then its anchor
             pid = os.fork()
@@ -252,26 +273,21 @@ def test_a_child_forked_by_a_thread_ends_with_that_thread_and_its_segments_keep_
                     scope.allocate(64).fill(1)
                 var.set(Late())
                 return  # the child's only thread ends, and the child with it
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    print("exit", os.waitstatus_to_exitcode(status))
-                    break
-                time.sleep(0.02)
-            else:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                print("hung")
+            print(wait(pid))
             os.close(write_end)
             print(os.read(read_end, 100).decode())
+            pid = os.fork()
+            if pid == 0:
+                grandchild_of_a_thread()
+                return
+            print(wait(pid))
 
         t = threading.Thread(target=worker)
         t.start()
         t.join()
         arena.close()
         """))
-    assert out.split() == ["exit", "0", "kept"], out
+    assert out.split() == ["exit", "0", "kept", "exit", "0"], out
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
