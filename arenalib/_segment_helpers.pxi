@@ -237,16 +237,24 @@ cdef inline Py_ssize_t _first_difference(const char* a, const char* b, Py_ssize_
 cdef Py_ssize_t _segment_mismatch(Segment seg, object other) except -2:
     """The first offset where ``seg`` and ``other`` differ; the shorter's length when one is a
     prefix of the other; -1 when they are equal."""
-    cdef Py_buffer view
     cdef void* token
     cdef Py_ssize_t common, found, length
-    if type(other) is bytes:  # without a buffer export, as _segment_equals() does
-        length = len(<bytes>other)
-        seg._pin(&token)
-        common = seg._size if seg._size < length else length
-        found = _first_difference(seg._ptr, PyBytes_AS_STRING(other), common)
-        seg._unpin(token)
-        return common if found < 0 and seg._size != length else found
+    if type(other) is not bytes:
+        return _segment_mismatch_buffer(seg, other)
+    # Without a buffer export, as _segment_equals() does.
+    length = len(<bytes>other)
+    seg._pin(&token)
+    common = seg._size if seg._size < length else length
+    found = _first_difference(seg._ptr, PyBytes_AS_STRING(other), common)
+    seg._unpin(token)
+    return common if found < 0 and seg._size != length else found
+
+
+cdef Py_ssize_t _segment_mismatch_buffer(Segment seg, object other) except -2:
+    """_segment_mismatch() with any other bytes-like object: through its buffer."""
+    cdef Py_buffer view
+    cdef void* token
+    cdef Py_ssize_t common, found
     _acquire_bytes(other, &view, "mismatch() argument")
     try:
         seg._pin(&token)
@@ -263,18 +271,27 @@ cdef Py_ssize_t _segment_mismatch(Segment seg, object other) except -2:
 cdef object _segment_equals(Segment seg, object other):
     """seg == other as bytearray has it: equal bytes, with any contiguous bytes-like object;
     NotImplemented for anything else (a str, an int, a strided memoryview)."""
-    cdef Py_buffer view
     cdef void* token
     cdef bint equal
     cdef Py_ssize_t length
-    if type(other) is bytes:
-        # The common case without a buffer export: a bytes object's memory is immutable and held
-        # by the reference the caller holds.
-        length = len(<bytes>other)
-        seg._pin(&token)
-        equal = seg._size == length and memcmp(seg._ptr, PyBytes_AS_STRING(other), <size_t>length) == 0
-        seg._unpin(token)
-        return equal
+    if type(other) is not bytes:
+        # (Apart: the buffer path's Py_buffer and try blocks, set up on entry, cost this one ~15
+        # instructions of ~65.)
+        return _segment_equals_buffer(seg, other)
+    # The common case without a buffer export: a bytes object's memory is immutable and held by
+    # the reference the caller holds.
+    length = len(<bytes>other)
+    seg._pin(&token)
+    equal = seg._size == length and memcmp(seg._ptr, PyBytes_AS_STRING(other), <size_t>length) == 0
+    seg._unpin(token)
+    return equal
+
+
+cdef object _segment_equals_buffer(Segment seg, object other):
+    """_segment_equals() with anything but a bytes object: through its buffer, if it has one."""
+    cdef Py_buffer view
+    cdef void* token
+    cdef bint equal
     if not PyObject_CheckBuffer(other):
         return NotImplemented
     cdef int status
