@@ -409,6 +409,8 @@ cdef class Segment:
 
     def __eq__(self, other):
         # Equal bytes, as bytearray compares with any bytes-like object (and so unhashable).
+        if type(other) is bytes:
+            return _segment_equals_bytes(self, <bytes>other)  # (inline here: see there)
         return _segment_equals(self, other)
 
     def __ne__(self, other):

@@ -268,30 +268,28 @@ cdef Py_ssize_t _segment_mismatch_buffer(Segment seg, object other) except -2:
     return found
 
 
-cdef object _segment_equals(Segment seg, object other):
-    """seg == other as bytearray has it: equal bytes, with any contiguous bytes-like object;
-    NotImplemented for anything else (a str, an int, a strided memoryview)."""
+cdef inline object _segment_equals_bytes(Segment seg, bytes other):
+    """_segment_equals() with a bytes object, the common case: without a buffer export (a bytes
+    object's memory is immutable and held by the reference the caller holds).  Inline in
+    Segment.__eq__: the buffer path's frame (a Py_buffer, try blocks) cost it ~15 instructions of
+    ~65 when they shared one."""
     cdef void* token
-    cdef bint equal
-    cdef Py_ssize_t length
-    if type(other) is not bytes:
-        # (Apart: the buffer path's Py_buffer and try blocks, set up on entry, cost this one ~15
-        # instructions of ~65.)
-        return _segment_equals_buffer(seg, other)
-    # The common case without a buffer export: a bytes object's memory is immutable and held by
-    # the reference the caller holds.
-    length = len(<bytes>other)
+    cdef Py_ssize_t length = len(other)
     seg._pin(&token)
-    equal = seg._size == length and memcmp(seg._ptr, PyBytes_AS_STRING(other), <size_t>length) == 0
+    cdef bint equal = (seg._size == length
+                       and memcmp(seg._ptr, PyBytes_AS_STRING(other), <size_t>length) == 0)
     seg._unpin(token)
     return equal
 
 
-cdef object _segment_equals_buffer(Segment seg, object other):
-    """_segment_equals() with anything but a bytes object: through its buffer, if it has one."""
+cdef object _segment_equals(Segment seg, object other):
+    """seg == other as bytearray has it: equal bytes, with any contiguous bytes-like object;
+    NotImplemented for anything else (a str, an int, a strided memoryview)."""
     cdef Py_buffer view
     cdef void* token
     cdef bint equal
+    if type(other) is bytes:
+        return _segment_equals_bytes(seg, <bytes>other)
     if not PyObject_CheckBuffer(other):
         return NotImplemented
     cdef int status
