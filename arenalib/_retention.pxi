@@ -40,6 +40,14 @@ cdef uint64_t monotonic_ns() noexcept nogil:
     return <uint64_t>now.tv_sec * 1_000_000_000 + <uint64_t>now.tv_nsec
 
 
+cdef void _stop_idle_decay() noexcept nogil:
+    """Stop jemalloc's background thread and wait for its end (_start_idle_decay() starts it)."""
+    global _idle_decay_started
+    cdef unsigned char off = 0
+    je_mallctl(b"background_thread", NULL, NULL, &off, sizeof(off))
+    _idle_decay_started = False
+
+
 cdef void _start_idle_decay() noexcept nogil:
     """Start jemalloc's background thread, once (a start that failed, a later call tries again):
     what an open arena freed and what idle slots keep goes back to the OS after dirty_decay_ms (one

@@ -60,11 +60,46 @@ cdef extern from *:
     """
     #include <sys/syscall.h>
     #include <unistd.h>
+    #include <dirent.h>
+    #include <fcntl.h>
+    #include <stdio.h>
+    #include <string.h>
     /* Whether the calling thread is the process's initial one (whose end, returning from main,
        exits the process; any other thread's end leaves the process to the threads left). */
     static int arenalib_on_initial_thread(void) { return syscall(SYS_gettid) == getpid(); }
+    /* The process's threads alive now (those of /proc/self/task not exited: a thread group's
+       first thread that ended stays there as a zombie until the last one ends); -1 when unknown. */
+    static long arenalib_threads_alive(void) {
+        char path[64], buf[512], *p;
+        long alive = 0;
+        struct dirent *entry;
+        ssize_t n;
+        int fd;
+        DIR *tasks = opendir("/proc/self/task");
+        if (tasks == NULL)
+            return -1;
+        while ((entry = readdir(tasks)) != NULL) {
+            if (entry->d_name[0] == '.')
+                continue;
+            snprintf(path, sizeof path, "/proc/self/task/%s/stat", entry->d_name);
+            fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (fd < 0)
+                continue;  /* ended meanwhile */
+            n = read(fd, buf, sizeof buf - 1);
+            close(fd);
+            if (n <= 0)
+                continue;
+            buf[n] = 0;
+            p = strrchr(buf, ')');  /* the end of the command name, which may hold spaces */
+            if (p != NULL && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X')
+                alive++;
+        }
+        closedir(tasks);
+        return alive;
+    }
     """
     bint on_initial_thread "arenalib_on_initial_thread"() noexcept nogil
+    long threads_alive "arenalib_threads_alive"() noexcept nogil
 
 cdef unsigned NO_TCACHE = <unsigned>-1
 
@@ -260,12 +295,18 @@ cdef unsigned _fresh_tcache() noexcept nogil:
 cdef object _pid = None  # the process slots_init() ran in (set by it)
 
 
-cdef bint _forked_on_initial_thread = True  # (read in the child: the fork's thread, as the parent saw it)
+# Whether the thread that forks ends the process when it ends (it returns from main: the process's
+# initial thread), as the parent saw it: read in the child.  A child forked by any other thread has
+# no such thread, nor has any process it forks in turn (its one thread's id is its pid, but that
+# thread ends in pthread_exit): ``_headless``, whose threads stop the background thread as the
+# last of them ends (_thread_exit), or it would keep the process alive for good.
+cdef bint _forked_on_initial_thread = True
+cdef bint _headless = False
 
 
 cdef void _before_fork() noexcept nogil:
     global _forked_on_initial_thread
-    _forked_on_initial_thread = on_initial_thread()
+    _forked_on_initial_thread = on_initial_thread() and not _headless
 
 
 cdef void _after_fork_child() noexcept nogil:
@@ -300,19 +341,13 @@ def _after_fork_in_child():
     """What a fork's child needs of Python once CPython's after-fork work is done: jemalloc's
     background thread again (it stopped in the child).  A no-op in a process that did not fork
     since the last call (the function is reachable from Python)."""
-    global _pid, _idle_decay_started, _idle_decay_wanted
+    global _pid, _idle_decay_started, _headless
     if os.getpid() == _pid:
         return
     _pid = os.getpid()
     if not _forked_on_initial_thread:
-        # The child's one thread is a thread's, whose end (pthread_exit) leaves the process to the
-        # threads left: a background thread would keep it alive for good.  None in this child
-        # (its idle memory goes back at its arenas' next uses, a trim() or its exit), nor in the
-        # processes it forks (whose one thread, its pid as id, ends as a thread too): they
-        # inherit the choice.
-        _idle_decay_wanted = False
-        _idle_decay_started = False
-        return
+        _headless = True
+        thread_exit_arm()  # its end may be the process's (see _thread_exit)
     if _idle_decay_started:
         _idle_decay_started = False
         _start_idle_decay()
@@ -326,6 +361,12 @@ cdef void _thread_exit(void* unused) noexcept nogil:
     gone: no Python code, only C and locks."""
     shared_thread_exit()
     slicing_thread_exit()
+    if _headless and _idle_decay_started and threads_alive() <= 2:
+        # The last thread of a fork's child that no thread of can exit (see _before_fork), but for
+        # the background thread: stopped (and joined), so that the process ends with this thread.
+        # Only threads that used arenalib run this: a thread that never did, ending last, or two
+        # last ones ending at once (each sees the other), leave the child alive.
+        _stop_idle_decay()
 
 
 # What slot_flush_threads() does besides flushing each thread's jemalloc tcache.

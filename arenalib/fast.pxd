@@ -214,10 +214,10 @@ cdef inline int arena_open(ArenaCore* core, int kind, Py_ssize_t max_bytes,
 cdef inline int arena_close(ArenaCore* core) except -1:
     """Free every allocation at once and give the memory back (GIL held); idempotent.  Raises
     WrongThreadError for a confined arena of another thread, BufferError while exports live."""
+    if arenalib_inline_state_ptr == NULL:  # (before any field is read: see arena_allocate)
+        abi_check()
     if not core.open:
         return 0
-    if arenalib_inline_state_ptr == NULL:
-        abi_check()
     if close_small_scope(core, <InlineState*>arenalib_inline_state_ptr):
         return 0
     return core.state.functions.close_slow(core)

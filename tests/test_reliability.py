@@ -223,8 +223,8 @@ def test_fork_from_a_thread_leaves_confined_arenas_to_their_owner():
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_by_a_thread_ends_with_that_thread_and_its_segments_keep_their_arena():
     """A child forked by a thread other than the main one: when that thread (the child's only one)
-    returns, the child ends.  It never did once it had used an arena: jemalloc's background thread,
-    restarted by the fork handler, kept it alive.  And the thread's anchors, dropped as its state
+    returns, or the last of its threads that used arenalib, the child ends.  It never did once it
+    had used an arena: jemalloc's background thread, restarted by the fork handler, kept it alive.  And the thread's anchors, dropped as its state
     is cleared, stayed in its cache table, so an allocation after (a ContextVar value's finalizer)
     took a freed anchor as its segments' keeper (3.13t: another object's memory, whose refcount
     the segments then took down)."""
@@ -281,13 +281,21 @@ def test_a_child_forked_by_a_thread_ends_with_that_thread_and_its_segments_keep_
                 grandchild_of_a_thread()
                 return
             print(wait(pid))
+            pid = os.fork()
+            if pid == 0:  # its thread ends first, a thread it started (which used an arena) last
+                def late():
+                    time.sleep(0.3)
+                    arena.allocate(8).fill(2)
+                threading.Thread(target=late).start()
+                return
+            print(wait(pid))
 
         t = threading.Thread(target=worker)
         t.start()
         t.join()
         arena.close()
         """))
-    assert out.split() == ["exit", "0", "kept", "exit", "0"], out
+    assert out.split() == ["exit", "0", "kept", "exit", "0", "exit", "0"], out
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -311,37 +311,50 @@ with Arena() as a:
     assert figures["wakeups"] <= 2, figures
 
 
-def test_fork_keeps_idle_decay_in_the_child():
+@pytest.mark.parametrize("forker", ["main", "thread"])
+def test_fork_keeps_idle_decay_in_the_child(forker):
     # jemalloc stops its background thread in a fork's child; arenalib starts it again there, and
-    # both processes go on allocating and handing memory back.
+    # both processes go on allocating and handing memory back.  In a child forked by another thread
+    # too (a multiprocessing pool's workers are), which ends with os._exit() here.
     figures = child("""
-import random
+import random, threading
 with Arena() as a:
     a.allocate(100)
 read, write = os.pipe()
-pid = os.fork()
-if pid == 0:
-    os.close(read)
-    a = Arena()
-    base = rss()
-    segs = [a.allocate(64 * 1024, zero=False).fill(3) for _ in range(2048)]
-    peak = rss()
-    for s in segs:
-        s.free()
-    time.sleep(2.5)
-    out = {"decay": arenalib.pool_stats()["idle_decay"], "growth": peak - base, "idle": rss() - base}
-    a.close()
-    os.write(write, json.dumps(out).encode())
-    os._exit(0)
-os.close(write)
-data = b""
-while chunk := os.read(read, 4096):
-    data += chunk
-_, status = os.waitpid(pid, 0)
+result = {}
+
+def fork():
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        a = Arena()
+        base = rss()
+        segs = [a.allocate(64 * 1024, zero=False).fill(3) for _ in range(2048)]
+        peak = rss()
+        for s in segs:
+            s.free()
+        time.sleep(2.5)
+        out = {"decay": arenalib.pool_stats()["idle_decay"], "growth": peak - base, "idle": rss() - base}
+        a.close()
+        os.write(write, json.dumps(out).encode())
+        os._exit(0)
+    os.close(write)
+    data = b""
+    while chunk := os.read(read, 4096):
+        data += chunk
+    result["child"] = json.loads(data)
+    result["status"] = os.waitpid(pid, 0)[1]
+
+if FORKER == "main":
+    fork()
+else:
+    thread = threading.Thread(target=fork)
+    thread.start()
+    thread.join()
 with Arena() as a:
     a.allocate(1000).fill(1)
-report(child=json.loads(data), status=status, decay=arenalib.pool_stats()["idle_decay"])
-""")
+report(decay=arenalib.pool_stats()["idle_decay"], **result)
+""".replace("FORKER", repr(forker)))
     assert figures["status"] == 0 and figures["decay"] is True, figures
     kid = figures["child"]
     assert kid["decay"] is True and kid["growth"] >= 100 * MiB, figures
