@@ -167,7 +167,9 @@ cdef NpApi* _numpy_api_load() except NULL:
         c_api = umath._ARRAY_API
         global _numpy_hugepage_switch
         _numpy_hugepage_switch = getattr(umath, "_get_madvise_hugepage", None)
-    except Exception as error:
+    except (ImportError, AttributeError) as error:
+        # NumPy absent, or without the modules and table of 1.22+.  Anything else (a MemoryError,
+        # a signal handler's exception during the import) is not about NumPy: it goes through.
         raise ImportError(f"{_NEEDS_NUMPY}: {type(error).__name__}: {error}") from error
     version = getattr(numpy, "__version__", "?")
     if not PyCapsule_IsValid(c_api, NULL):

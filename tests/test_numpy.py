@@ -1419,6 +1419,34 @@ def test_without_numpy_the_error_says_so():
     assert out.count("need NumPy 1.22 or newer") == 2 and out.count("import of numpy halted") == 2
 
 
+def test_an_exception_during_numpy_s_first_import_is_not_taken_for_a_missing_numpy():
+    """The first arena.numpy() imports NumPy: a signal handler's exception there (or a
+    MemoryError) went out as ImportError("... need NumPy 1.22 or newer ...")."""
+    out = assert_ok(run_python("""
+        import builtins, importlib, sys
+        import arenalib
+        sys.modules.pop("numpy", None)
+        real = importlib.import_module
+
+        def interrupted(name, *args):
+            if name == "numpy":
+                raise TimeoutError("deadline (as from a SIGALRM handler)")
+            return real(name, *args)
+
+        importlib.import_module = interrupted
+        try:
+            arenalib.Arena().numpy()
+        except Exception as e:
+            print(type(e).__name__, e)
+        importlib.import_module = real
+        with arenalib.Arena() as arena, arena.numpy():
+            import numpy
+            print("then", numpy.ones(4).sum())
+    """))
+    assert out.split("\n")[0] == "TimeoutError deadline (as from a SIGALRM handler)", out
+    assert "then 4.0" in out
+
+
 def test_a_numpy_older_than_1_22_is_refused():
     # A stand-in for NumPy 1.21's C API: the table's version functions say ABI 1, C API 0x0e.
     out = assert_ok(run_python("""

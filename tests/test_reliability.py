@@ -224,10 +224,10 @@ def test_fork_from_a_thread_leaves_confined_arenas_to_their_owner():
 def test_a_child_forked_by_a_thread_ends_with_that_thread_and_its_segments_keep_their_arena():
     """A child forked by a thread other than the main one: when that thread (the child's only one)
     returns, or the last of its threads that used arenalib, the child ends.  It never did once it
-    had used an arena: jemalloc's background thread, restarted by the fork handler, kept it alive.  And the thread's anchors, dropped as its state
-    is cleared, stayed in its cache table, so an allocation after (a ContextVar value's finalizer)
-    took a freed anchor as its segments' keeper (3.13t: another object's memory, whose refcount
-    the segments then took down)."""
+    had used an arena: jemalloc's background thread, restarted by the fork handler, kept it alive.
+    And the thread's anchors, dropped as its state is cleared, stayed in its cache table, so an
+    allocation after (a ContextVar value's finalizer) took a freed anchor as its segments' keeper
+    (3.13t: another object's memory, whose refcount the segments then took down)."""
     out = assert_ok(run_python("""
         import contextvars, os, sys, threading, time, warnings
         import arenalib
