@@ -62,6 +62,8 @@ cdef void _start_idle_decay() noexcept nogil:
     global _idle_decay_started, _barrier_arena, _idle_decay_retry_ns
     if _idle_decay_started or not _idle_decay_wanted:
         return
+    if headless:
+        thread_exit_arm()  # the thread that starts it stops it at its end, if it is the last armed
     if _idle_decay_retry_ns and monotonic_ns() < _idle_decay_retry_ns:
         return
     cdef size_t one = 1

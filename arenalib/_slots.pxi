@@ -47,6 +47,9 @@ cdef extern from "src/slots.h":
     void* arenalib_cache_aligned(size_t size) noexcept nogil
     int arenalib_thread_exit_init(void (*on_exit)(void*) noexcept nogil) noexcept nogil
     void thread_exit_arm "arenalib_thread_exit_arm"() noexcept nogil
+    bint headless "arenalib_headless"
+    void headless_begin "arenalib_headless_begin"() noexcept nogil
+    bint headless_last "arenalib_headless_last"() noexcept nogil
 
 cdef extern from "pythread.h":
     # (Cython declares it with the GIL; it takes none: PyMem_RawMalloc and the lock's own init)
@@ -60,46 +63,11 @@ cdef extern from *:
     """
     #include <sys/syscall.h>
     #include <unistd.h>
-    #include <dirent.h>
-    #include <fcntl.h>
-    #include <stdio.h>
-    #include <string.h>
     /* Whether the calling thread is the process's initial one (whose end, returning from main,
        exits the process; any other thread's end leaves the process to the threads left). */
     static int arenalib_on_initial_thread(void) { return syscall(SYS_gettid) == getpid(); }
-    /* The process's threads alive now (those of /proc/self/task not exited: a thread group's
-       first thread that ended stays there as a zombie until the last one ends); -1 when unknown. */
-    static long arenalib_threads_alive(void) {
-        char path[64], buf[512], *p;
-        long alive = 0;
-        struct dirent *entry;
-        ssize_t n;
-        int fd;
-        DIR *tasks = opendir("/proc/self/task");
-        if (tasks == NULL)
-            return -1;
-        while ((entry = readdir(tasks)) != NULL) {
-            if (entry->d_name[0] == '.')
-                continue;
-            snprintf(path, sizeof path, "/proc/self/task/%s/stat", entry->d_name);
-            fd = open(path, O_RDONLY | O_CLOEXEC);
-            if (fd < 0)
-                continue;  /* ended meanwhile */
-            n = read(fd, buf, sizeof buf - 1);
-            close(fd);
-            if (n <= 0)
-                continue;
-            buf[n] = 0;
-            p = strrchr(buf, ')');  /* the end of the command name, which may hold spaces */
-            if (p != NULL && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X')
-                alive++;
-        }
-        closedir(tasks);
-        return alive;
-    }
     """
     bint on_initial_thread "arenalib_on_initial_thread"() noexcept nogil
-    long threads_alive "arenalib_threads_alive"() noexcept nogil
 
 cdef unsigned NO_TCACHE = <unsigned>-1
 
@@ -298,15 +266,14 @@ cdef object _pid = None  # the process slots_init() ran in (set by it)
 # Whether the thread that forks ends the process when it ends (it returns from main: the process's
 # initial thread), as the parent saw it: read in the child.  A child forked by any other thread has
 # no such thread, nor has any process it forks in turn (its one thread's id is its pid, but that
-# thread ends in pthread_exit): ``_headless``, whose threads stop the background thread as the
-# last of them ends (_thread_exit), or it would keep the process alive for good.
+# thread ends in pthread_exit): it is ``headless`` (src/slots.h), and the last of its armed threads
+# stops the background thread as it ends (_thread_exit), or it would keep the process alive.
 cdef bint _forked_on_initial_thread = True
-cdef bint _headless = False
 
 
 cdef void _before_fork() noexcept nogil:
     global _forked_on_initial_thread
-    _forked_on_initial_thread = on_initial_thread() and not _headless
+    _forked_on_initial_thread = on_initial_thread() and not headless
 
 
 cdef void _after_fork_child() noexcept nogil:
@@ -341,13 +308,12 @@ def _after_fork_in_child():
     """What a fork's child needs of Python once CPython's after-fork work is done: jemalloc's
     background thread again (it stopped in the child).  A no-op in a process that did not fork
     since the last call (the function is reachable from Python)."""
-    global _pid, _idle_decay_started, _headless
+    global _pid, _idle_decay_started
     if os.getpid() == _pid:
         return
     _pid = os.getpid()
     if not _forked_on_initial_thread:
-        _headless = True
-        thread_exit_arm()  # its end may be the process's (see _thread_exit)
+        headless_begin()
     if _idle_decay_started:
         _idle_decay_started = False
         _start_idle_decay()
@@ -361,11 +327,11 @@ cdef void _thread_exit(void* unused) noexcept nogil:
     gone: no Python code, only C and locks."""
     shared_thread_exit()
     slicing_thread_exit()
-    if _headless and _idle_decay_started and threads_alive() <= 2:
-        # The last thread of a fork's child that no thread of can exit (see _before_fork), but for
-        # the background thread: stopped (and joined), so that the process ends with this thread.
-        # Only threads that used arenalib run this: a thread that never did, ending last, or two
-        # last ones ending at once (each sees the other), leave the child alive.
+    if headless_last() and _idle_decay_started:
+        # The last armed thread of a fork's child that no thread of can exit (see _before_fork):
+        # the background thread stopped (and joined), so that it does not keep the process alive.
+        # A thread that never armed may still run: it starts the background thread again (and is
+        # armed for it) if it opens an arena.
         _stop_idle_decay()
 
 

@@ -289,13 +289,38 @@ def test_a_child_forked_by_a_thread_ends_with_that_thread_and_its_segments_keep_
                 threading.Thread(target=late).start()
                 return
             print(wait(pid))
+            pid = os.fork()
+            if pid == 0:  # ... or a thread that used a ConfinedArena only
+                def confined():
+                    time.sleep(0.3)
+                    with arenalib.ConfinedArena() as scope:
+                        scope.allocate(8).fill(2)
+                threading.Thread(target=confined).start()
+                return
+            print(wait(pid))
+            ends = []
+            for _ in range(8):  # two threads that used arenas, ending at once
+                pid = os.fork()
+                if pid == 0:
+                    go = threading.Event()
+                    def together():
+                        with arenalib.Arena() as own:
+                            own.allocate(8)
+                        arena.allocate(8)
+                        go.wait()
+                    for _ in range(2):
+                        threading.Thread(target=together).start()
+                    go.set()
+                    return
+                ends.append(wait(pid))
+            print(ends.count("exit 0"))
 
         t = threading.Thread(target=worker)
         t.start()
         t.join()
         arena.close()
         """))
-    assert out.split() == ["exit", "0", "kept", "exit", "0", "exit", "0"], out
+    assert out.split() == ["exit", "0", "kept", "exit", "0", "exit", "0", "exit", "0", "8"], out
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

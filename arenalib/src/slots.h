@@ -45,11 +45,32 @@ static int arenalib_thread_exit_init(void (*on_exit)(void *)) {
     return pthread_key_create(&arenalib_thread_exit_key, on_exit);
 }
 
+/* A fork's child of a thread other than the main one (see _before_fork in _slots.pxi) counts its
+ * armed threads alive: the one that brings the count to 0 as it ends stops the background thread,
+ * which would keep the process alive for good (no thread of it returns from main). */
+static int arenalib_headless;
+static long arenalib_headless_armed;
+
 static inline void arenalib_thread_exit_arm(void) {
     if (!arenalib_thread_exit_armed) {
         arenalib_thread_exit_armed = 1;
+        if (arenalib_headless)
+            __atomic_add_fetch(&arenalib_headless_armed, 1, __ATOMIC_SEQ_CST);
         pthread_setspecific(arenalib_thread_exit_key, (void *)1);
     }
+}
+
+/* In the child, on its one thread (armed now, whatever it was in the parent): headless. */
+static void arenalib_headless_begin(void) {
+    arenalib_headless = 1;
+    arenalib_headless_armed = 1;
+    arenalib_thread_exit_armed = 1;
+    pthread_setspecific(arenalib_thread_exit_key, (void *)1);
+}
+
+/* An armed thread of a headless process ends: whether it was the last one. */
+static int arenalib_headless_last(void) {
+    return arenalib_headless && __atomic_sub_fetch(&arenalib_headless_armed, 1, __ATOMIC_SEQ_CST) == 0;
 }
 
 #endif /* ARENALIB_SRC_SLOTS_H */
