@@ -199,16 +199,20 @@ cdef void slot_purge_settle(ArenaSlot* slot) noexcept nogil:
         return
     if load_ssize(&_slots_created) > PURGE_CHECK_MAX_SLOTS:  # read without the slots' mutex
         for rounds in range(PURGE_BLIND_ROUNDS):
-            _background_thread_barrier()
-            _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
+            _purge_behind_background_thread(slot)
         return
-    _background_thread_barrier()
-    _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
+    _purge_behind_background_thread(slot)
     while waited < PURGE_WAIT_US and _dirty_pages(slot.arena_index) != 0:
         arenalib_sleep_us(PURGE_ROUND_US)
         waited += PURGE_ROUND_US
-        _background_thread_barrier()
-        _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
+        _purge_behind_background_thread(slot)
+
+
+cdef void _purge_behind_background_thread(ArenaSlot* slot) noexcept nogil:
+    """Purge the slot's arena once jemalloc's background thread has finished the work at hand, so
+    that the purge is not skipped for a purge of that thread's in the same arena."""
+    _background_thread_barrier()
+    _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
 
 
 # Why an idle slot's warm pages were handed back (pool_stats()["wipes"] counts each).
@@ -227,15 +231,20 @@ _WIPE_NAMES = ("over_allowance", "over_retain_limit", "out_of_warm_slots", "trim
 cdef void slot_wipe(ArenaSlot* slot, WipeReason reason) noexcept nogil:
     """Drop the slot's garbage and cached blocks and hand its pages back to the OS."""
     count_add(&_wipes[<int>reason], 1)
-    # With jemalloc's background thread on, the reset also lines the purge up behind it: a purge
-    # returns at once, purging nothing, while that thread is purging the same arena (it does so in
-    # portions: pac_decay_to_limit's ``decay->purging``), which left a big close's pages resident
-    # for up to a second (1 close in ~6 of a 128 MiB arena freed segment by segment).  A reset
-    # pauses the thread once its work at hand is done, and the purge follows at once.
+    # With jemalloc's background thread on, a purge returns at once, purging nothing, while that
+    # thread is purging the same arena (it does so in portions: pac_decay_to_limit's
+    # ``decay->purging``), which left a big close's pages resident for up to a second (1 close in ~6
+    # of a 128 MiB arena freed segment by segment).  A reset pauses the thread once its work at
+    # hand is done, and the purge follows; but the thread, woken meanwhile, may start on the arena
+    # again first (a CI run: 107 of 256 MiB left), and the slot, its churn counted as purged, then
+    # kept them past trim().  So the purge is repeated once the thread is done, and trim() purges
+    # every idle slot, whatever its books say.
     if slot.stale_bytes or cache_held_bytes(&slot.cache) or _idle_decay_started:
         slot_reset(slot)
-    if slot.churn_bytes:
+    if slot.churn_bytes or reason == WIPE_TRIM:
         slot_purge(slot)
+        if _idle_decay_started:
+            _purge_behind_background_thread(slot)
 
 
 cdef void slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept nogil:
