@@ -107,7 +107,9 @@ cdef uint64_t _background_runs() noexcept nogil:
 
 
 cdef void _background_thread_barrier() noexcept nogil:
-    """Return once jemalloc's background thread has finished the work at hand and sleeps.
+    """Return once jemalloc's background thread has finished the work at hand: it sleeps, or (woken
+    during an earlier pause) is about to start a new pass, which a purge made before this call
+    was not skipped for.
 
     An arena reset pauses the thread first, and pausing takes the lock the thread holds while it
     works; resetting an arena that holds nothing changes nothing else.  With one background
@@ -209,8 +211,8 @@ cdef void slot_purge_settle(ArenaSlot* slot) noexcept nogil:
 
 
 cdef void _purge_behind_background_thread(ArenaSlot* slot) noexcept nogil:
-    """Purge the slot's arena once jemalloc's background thread has finished the work at hand, so
-    that the purge is not skipped for a purge of that thread's in the same arena."""
+    """Purge the slot's arena once jemalloc's background thread has finished the work at hand: a
+    purge is skipped while that thread purges the same arena."""
     _background_thread_barrier()
     _arena_ctl(_mib_purge, _mib_purge_len, slot.arena_index)
 
@@ -237,14 +239,16 @@ cdef void slot_wipe(ArenaSlot* slot, WipeReason reason) noexcept nogil:
     # of a 128 MiB arena freed segment by segment).  A reset pauses the thread once its work at
     # hand is done, and the purge follows; but the thread, woken meanwhile, may start on the arena
     # again first (a CI run: 107 of 256 MiB left), and the slot, its churn counted as purged, then
-    # kept them past trim().  So the purge is repeated once the thread is done, and trim() purges
-    # every idle slot, whatever its books say.
+    # kept them past trim().  So a big scope's purge is repeated once the thread is done (what a
+    # small one leaves decays within dirty_decay_ms), and trim() purges every idle slot again after
+    # the thread, whatever its books say (once for all: _wipe_idle_slots).
+    cdef size_t churn = slot.churn_bytes
     if slot.stale_bytes or cache_held_bytes(&slot.cache) or _idle_decay_started:
         slot_reset(slot)
-    if slot.churn_bytes or reason == WIPE_TRIM:
+    if churn:
         slot_purge(slot)
-        if _idle_decay_started:
-            _purge_behind_background_thread(slot)
+    if churn > PURGE_LIMIT and reason != WIPE_TRIM and _idle_decay_started:
+        _purge_behind_background_thread(slot)
 
 
 cdef void slot_release(ArenaSlot* slot, size_t stale, size_t churn) noexcept nogil:
@@ -371,8 +375,8 @@ def trim():
             _wipe_idle_slots()
     else:
         # With the GIL, the GIL is the slot pool's lock: the inline open of any module takes the
-        # parked slot holding it, so the wipe keeps it (a few ms at most: idle slots hold at most
-        # the retain limit).
+        # parked slot holding it, so the wipe keeps it (~2 ms for 500 idle slots: a reset and two
+        # purges each; what they hold is at most the retain limit).
         _wipe_idle_slots()
 
 
@@ -383,4 +387,10 @@ cdef void _wipe_idle_slots() noexcept nogil:
         slot_wipe(_inline_state.parked, WIPE_TRIM)
     for i in range(_free_count):
         slot_wipe(_free_slots[i], WIPE_TRIM)
+    if _idle_decay_started:  # each purge again, once jemalloc's background thread is done (slot_wipe)
+        _background_thread_barrier()
+        if _inline_state.parked_idle:
+            _arena_ctl(_mib_purge, _mib_purge_len, _inline_state.parked.arena_index)
+        for i in range(_free_count):
+            _arena_ctl(_mib_purge, _mib_purge_len, _free_slots[i].arena_index)
     pool_unlock()
