@@ -128,6 +128,7 @@ cdef void _free_own_chunks(ArenaCore* core) noexcept nogil:
     huge request does not stay resident for the arena's life.  jemalloc keeps their pages dirty
     for a while, so the same request again after a reset still finds them warm."""
     cdef SlicingState* slicing = &core.slicing
+    cdef size_t held = slicing.chunk_bytes
     cdef Py_ssize_t i, kept = 0
     for i in range(slicing.nchunks):
         if slicing.chunk_sizes[i] > slicing.chunk_size:
@@ -138,6 +139,11 @@ cdef void _free_own_chunks(ArenaCore* core) noexcept nogil:
             slicing.chunk_sizes[kept] = slicing.chunk_sizes[i]
             kept += 1
     slicing.nchunks = kept
+    # Their pages stay dirty in the slot's arena, which the close's churn (the chunks left) would
+    # not count: the slot's books keep them, for the retain limit to give back (a 200 MiB request,
+    # reset, closed: 200 MiB stayed resident until jemalloc's decay, or for good without it).
+    if slicing.chunk_bytes != held:
+        core.slot.churn_bytes = max(core.slot.churn_bytes, held)
 
 
 cdef void slicing_free_chunks(ArenaCore* core, Py_ssize_t keep) noexcept nogil:
