@@ -7,7 +7,7 @@ from libc.stdint cimport uint64_t
 cdef extern from *:
     """
     #define ARENALIB_TABLE_FINGERPRINT 0xf2e677db314e26fdULL
-    #define ARENALIB_ABI_FINGERPRINT 0xc6eba99b48e8cdc3ULL
+    #define ARENALIB_ABI_FINGERPRINT 0x4ef2059027b32d8eULL
     """
     uint64_t TABLE_FINGERPRINT "ARENALIB_TABLE_FINGERPRINT"
     uint64_t ABI_FINGERPRINT "ARENALIB_ABI_FINGERPRINT"

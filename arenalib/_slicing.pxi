@@ -139,11 +139,10 @@ cdef void _free_own_chunks(ArenaCore* core) noexcept nogil:
             slicing.chunk_sizes[kept] = slicing.chunk_sizes[i]
             kept += 1
     slicing.nchunks = kept
-    # Their pages stay dirty in the slot's arena, which the close's churn (the chunks left) would
-    # not count: the slot's books keep them, for the retain limit to give back (a 200 MiB request,
-    # reset, closed: 200 MiB stayed resident until jemalloc's decay, or for good without it).
-    if slicing.chunk_bytes != held:
-        core.slot.churn_bytes = max(core.slot.churn_bytes, held)
+    # Their pages stay dirty in the slot's arena: the close counts them in its churn (a 200 MiB
+    # request, reset, closed: 200 MiB stayed resident until jemalloc's decay, or for good without
+    # it, when the close counted only the chunks left).
+    slicing.chunk_bytes_peak = max(slicing.chunk_bytes_peak, held)
 
 
 cdef void slicing_free_chunks(ArenaCore* core, Py_ssize_t keep) noexcept nogil:
@@ -359,7 +358,7 @@ cdef void slicing_close(ArenaCore* core, size_t* stale, size_t* churn, bint hold
     _drop_bias(core)
     frames_close(&core.life, holding)
     slicing_settle(core)
-    churn[0] = slicing.chunk_bytes
+    churn[0] = max(slicing.chunk_bytes, slicing.chunk_bytes_peak)
     if slicing.nchunks <= RECENT_MAX and not holding and not torn:
         # A few chunks go straight back to jemalloc, warm for the next arena's chunks.
         slicing_free_chunks(core, 0)
@@ -373,6 +372,7 @@ cdef void slicing_close(ArenaCore* core, size_t* stale, size_t* churn, bint hold
     slicing.nchunks = 0
     slicing.chunks_capacity = 0
     slicing.chunk_bytes = 0
+    slicing.chunk_bytes_peak = 0
     _use_no_chunk(slicing)
 
 
@@ -426,6 +426,7 @@ cdef class SlicingArena(ArenaBase):
             else:
                 slicing_free_chunks(&self._core, 0)
                 _use_no_chunk(&self._core.slicing)
+            self._core.slicing.chunk_bytes_peak = 0  # (the purge below hands the rest back)
             slicing_unlock(&self._core)
             slot_purge_open(self._core.slot)
         cdef ArenaSlot* slot = self._core.slot

@@ -148,3 +148,29 @@ def test_a_slicing_arena_reset_past_its_own_big_chunk_gives_it_back_at_close(the
     if then == "close_and_trim":
         arenalib.trim()
     assert_given_back(before, growth)
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_a_big_slicing_scope_is_wiped_alone_whether_it_reset_or_not(reset):
+    # A big scope's close wipes its own slot (over the allowance), not the warm idle slots of the
+    # small scopes around it: a reset that handed its chunk of its own back changes nothing there
+    # (it once left the chunk out of the close's churn, and the retain limit then wiped every idle
+    # slot before it came to the big scope's own).
+    def small_scopes():
+        arenas = [SlicingArena(chunk_size=256 << 10) for _ in range(4)]
+        for a in arenas:
+            for _ in range(12):
+                a.allocate((256 << 10) - 64).fill(1)
+        for a in reversed(arenas):
+            a.close()
+
+    arenalib.trim()
+    small_scopes()
+    before = dict(arenalib.pool_stats()["wipes"])
+    a = SlicingArena(chunk_size=256 << 10)
+    a.allocate(40 * MiB).fill(1)
+    if reset:
+        a.reset()
+    a.close()
+    after = arenalib.pool_stats()["wipes"]
+    assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == {"over_allowance": 1}
