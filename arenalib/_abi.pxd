@@ -181,8 +181,9 @@ cdef struct SlicingState:
     size_t cursor             # address of the next free byte in the current chunk (0: no chunk)
     size_t cursor_end         # address of the current chunk's end
     size_t chunk_bytes
-    size_t chunk_bytes_peak   # the most chunk_bytes since the open or the last purge (reset() frees
-                              # chunks of one request's own, whose pages stay dirty in the slot)
+    # The most chunk_bytes since the open or the last purge (reset() frees the chunks made for one
+    # request, whose pages stay dirty in the slot: the close counts them).
+    size_t chunk_bytes_peak
 
 
 cdef struct HeldMemory:
