@@ -375,8 +375,8 @@ def trim():
             _wipe_idle_slots()
     else:
         # With the GIL, the GIL is the slot pool's lock: the inline open of any module takes the
-        # parked slot holding it, so the wipe keeps it (~2 ms for 500 idle slots: a reset and two
-        # purges each; what they hold is at most the retain limit).
+        # parked slot holding it, so the wipe keeps it (a few ms for hundreds of idle slots: a
+        # reset and a purge or two each; what they hold is at most the retain limit).
         _wipe_idle_slots()
 
 
