@@ -344,10 +344,19 @@ cdef class Segment:
     cdef int _free_when_unexported(self) except -1:
         """Free this checked root segment now if no export of it is alive, else mark it for the
         last export's release (see __releasebuffer__)."""
-        flag_set(&self._free_pending)
-        if count_read(&self._exports) == 0 and flag_claim(&self._free_pending):
-            self._arena._free_segment(self)
-        return 0
+        while True:
+            flag_set(&self._free_pending)
+            if count_read(&self._exports) != 0 or not flag_claim(&self._free_pending):
+                return 0  # the last export's release frees it (it claims the flag)
+            try:
+                self._arena._free_segment(self)
+                return 0
+            except BufferError:
+                # With the GIL off, another thread took an export between the count read and the
+                # free, which refused: marked again for its release (which may have come and gone
+                # since, finding no mark: then the count is 0 again and the free is tried anew).
+                # Raising instead left the segment unfreed for good (helper 53).
+                pass
 
     cdef int _free_pending_now(self) except -1:
         """The deferred free, once its last export is gone (an error is unraisable from there)."""
@@ -355,11 +364,7 @@ cdef class Segment:
             return 0  # a ConfinedArena's, released elsewhere: its reset or close takes it
         if self._current() and not self._dead_root():
             try:
-                self._arena._free_segment(self)
-            except BufferError:
-                # With the GIL off, another thread took a new export since the count was read:
-                # the free waits for that one in turn.
-                self._free_when_unexported()
+                self._free_when_unexported()  # (a new export may have come since the count)
             except ArenaClosedError:
                 pass  # another thread's reset or close took the memory since the check above
         return 0

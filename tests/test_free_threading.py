@@ -462,6 +462,69 @@ def test_deferred_free_against_the_last_release_and_a_new_export():
     assert state["rounds"] >= DEFERRED_MIN_ROUNDS
 
 
+@pytest.mark.parametrize("how", ["free", "with", "pool", "auto"])
+def test_a_deferred_free_while_another_thread_keeps_taking_exports_never_raises_or_leaks(how):
+    """free(deferred=True) (or a `with` exit, a pool's release(deferred=True), an automatic
+    segment's free) while another thread takes and releases memoryviews of the segment in a loop:
+    an export taken between the deferred free's look at the count and its free made the free
+    raise BufferError, with its mark already used up, so that no release freed the segment after
+    (3.13t: ~1 round in 500; helper 53).  Every round: no error, and the segment dead once the
+    other thread has stopped."""
+    arena, pool = Arena(), BufferPool(4096, 2)
+    box: list = [None]
+    taking = [False]
+    barrier = threading.Barrier(2)
+    rounds = 1500 if FREE_THREADED else 60
+    problems: list[str] = []
+
+    def new_segment():
+        if how == "pool":
+            return pool.acquire()
+        if how == "auto":
+            return arenalib.allocate(64)
+        return arena.allocate(64)
+
+    def freer():
+        for r in range(rounds):
+            seg = box[0] = new_segment()
+            taking[0] = True
+            barrier.wait()
+            try:
+                if how == "with":
+                    with seg:
+                        pass
+                elif how == "pool":
+                    pool.release(seg, deferred=True)
+                else:
+                    seg.free(deferred=True)
+            except Exception as exc:  # noqa: BLE001 (whatever it is, it is the failure)
+                problems.append(f"round {r}: {exc!r}")
+            taking[0] = False
+            barrier.wait()  # the other thread has released its last view
+            if seg.alive:
+                problems.append(f"round {r}: alive after the last export's release (a lost free)")
+                if how == "pool":
+                    pool.release(seg)
+
+    def exporter():
+        for _ in range(rounds):
+            barrier.wait()
+            seg = box[0]
+            while taking[0]:
+                try:
+                    memoryview(seg).release()
+                except ArenaClosedError:
+                    break  # freed: refused from now on
+            barrier.wait()
+
+    try:
+        run_roles(freer, exporter)
+    finally:
+        arena.close(deferred=True)
+        pool.close()
+    assert not problems, problems[:3]
+
+
 def _free_outcome(seg):
     try:
         seg.free()
