@@ -282,6 +282,7 @@ cdef class ArenaBase(SegmentOwner):
         cdef uint64_t version
         cdef int err = ARENA_OK
         cdef bint foreign = owned_by_another(life)
+        cdef Py_ssize_t tail
         while True:
             if foreign:
                 # Before anything else of another thread's arena is read (its marks, as it moves
@@ -319,7 +320,15 @@ cdef class ArenaBase(SegmentOwner):
         if copied >= 0:
             user_bytes_begin()
             memcpy(ptr, contents, <size_t>copied)
-            memset(<char*>ptr + copied, 0, <size_t>(size - copied))
+            # The rest: nothing (allocate_from) or a NUL of 1-4 bytes (allocate_string), written
+            # here rather than by a call to memset (16 instructions of ~300 for one byte).
+            tail = size - copied
+            if tail <= 8:
+                while tail:
+                    tail -= 1
+                    (<char*>ptr)[copied + tail] = 0
+            else:
+                memset(<char*>ptr + copied, 0, <size_t>tail)
             user_bytes_end()
         access_exit(token)
         if anchored and anchor == NULL and not owned:

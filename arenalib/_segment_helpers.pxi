@@ -27,6 +27,8 @@ cdef extern from "Python.h":
     # A new str of ``size`` code points below ``maxchar`` (127: one byte each, PyUnicode_DATA).
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void* PyUnicode_DATA(object text) noexcept
+    bint PyUnicode_IS_ASCII(object text) noexcept
+    Py_ssize_t PyUnicode_GET_LENGTH(object text) noexcept
 
 cdef const char* _HEX_DIGITS = b"0123456789abcdef"
 cdef unsigned short _HEX_PAIRS[256]  # byte -> its two digits, as they lie in memory (_hex_init)
@@ -107,8 +109,13 @@ cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, obj
     if not isinstance(text, str):  # (a subclass's own encode() is not called: its str is encoded)
         raise TypeError(f"allocate_string() needs a str, not {type(text).__name__}")
     if encoding == "utf-8" or encoding == "utf8":
-        # str's own UTF-8 (an ASCII string's very characters; cached in it otherwise): no copy.
-        data = PyUnicode_AsUTF8AndSize(text, &length)
+        # str's own UTF-8 (an ASCII string's very characters, read in place: the call costs ~20
+        # instructions of ~300; cached in it otherwise): no copy.
+        if PyUnicode_IS_ASCII(text):
+            data = <const char*>PyUnicode_DATA(text)
+            length = PyUnicode_GET_LENGTH(text)
+        else:
+            data = PyUnicode_AsUTF8AndSize(text, &length)
         encoded = text  # what keeps ``data``
     else:
         if terminated:

@@ -91,7 +91,8 @@ def test_allocate_from_empty(arena):
 # -- allocate_string -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", ["", "hello", "żółw 🐢", "a\x00b"])
+# "caf\xe9": one byte a character in the str too (Latin-1), but not its UTF-8; "hello": read in place.
+@pytest.mark.parametrize("text", ["", "hello", "caf\xe9", "żółw 🐢", "a\x00b"])
 def test_allocate_string_is_encode_plus_a_nul(arena, text):
     assert arena.allocate_string(text).tobytes() == text.encode() + b"\x00"
     assert arena.allocate_string(text, nul=False).tobytes() == text.encode()
@@ -240,9 +241,10 @@ def test_allocate_string_takes_a_str_subclass_by_its_characters(arena):
         def encode(self, *args, **kwargs):  # not what allocate_string() asks: str's own encoding
             return b"overridden"
 
-    for encoding in ("utf-8", "utf-16-le", "latin-1"):
-        seg = arena.allocate_string(Text("h\xe9"), encoding)
-        assert seg.tobytes() == str.encode("h\xe9", encoding) + bytes(2 if "16" in encoding else 1)
+    for text in ("h\xe9", "hi"):
+        for encoding in ("utf-8", "utf-16-le", "latin-1"):
+            seg = arena.allocate_string(Text(text), encoding)
+            assert seg.tobytes() == str.encode(text, encoding) + bytes(2 if "16" in encoding else 1)
 
 
 def test_allocate_string_errors_are_encodes(arena):
