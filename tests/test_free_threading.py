@@ -497,7 +497,7 @@ def test_a_deferred_free_while_another_thread_keeps_taking_exports_never_raises_
                     pool.release(seg, deferred=True)
                 else:
                     seg.free(deferred=True)
-            except Exception as exc:  # noqa: BLE001 (whatever it is, it is the failure)
+            except Exception as exc:  # whatever it is, it is the failure
                 problems.append(f"round {r}: {exc!r}")
             taking[0] = False
             barrier.wait()  # the other thread has released its last view
