@@ -294,7 +294,11 @@ cdef class ArenaBase(SegmentOwner):
             # before the innermost check too: a frame pushed after the check moves the version.
             seg._frame_stamp = frame_stamp_now(life, &version)
             if frame != NULL and not frame_is_innermost(life, frame):
-                err = ARENA_EORDER  # Frame.allocate() of a frame that is not the innermost
+                # Frame.allocate() of a frame that is not the innermost, unless the arena closed
+                # (ArenaClosedError, as every use after close: helper 52).
+                err = _usable(&self._core)
+                if not err:
+                    err = ARENA_EORDER
                 break
             err = arena_allocate(&self._core, <size_t>size, align, zero, &ptr)
             if err == ARENA_EBUSY and not slicing_busy_for_good(&self._core):

@@ -489,6 +489,36 @@ def test_only_the_innermost_frame_allocates(arena):
         outer.allocate(8)
 
 
+@pytest.mark.parametrize("when", ["before", "in __index__"])
+def test_a_frame_of_a_closed_arena_allocates_nothing_and_says_closed(when):
+    """Frame.allocate() once its arena is closed (before the call, or by the size's __index__ in
+    it) raises ArenaClosedError, as every use after close, not the ValueError of a frame that is
+    not the innermost (helper 52); a reset there is a frame left: ValueError, as before."""
+    class ClosingSize:
+        def __index__(self):
+            arena.close()
+            return 8
+
+    arena = SlicingArena()
+    frame = arena.frame()
+    frame.__enter__()
+    if when == "before":
+        arena.close()
+    with pytest.raises(ArenaClosedError):
+        frame.allocate(8 if when == "before" else ClosingSize())
+    with pytest.raises(ArenaClosedError):
+        frame.allocate(8, zero=False)  # (the C entry of the common forms: src/frames.h)
+    with pytest.raises(ArenaClosedError):
+        frame.allocate(8, zero=False, align=16)
+
+
+def test_a_frame_of_an_arena_reset_under_it_is_a_frame_left(arena):
+    with arena.frame() as frame:
+        arena.reset()
+        with pytest.raises(ValueError, match="not the innermost"):
+            frame.allocate(8)
+
+
 def test_an_abandoned_frame_goes_with_the_frame_entered_after_it(arena):
     with arena.frame() as outer:
         a, b = arena.frame(), arena.frame()
