@@ -24,8 +24,9 @@ part's glibc heap and page tables do not carry into the next:
   handler (bench/native/arenalib_bench_floor.c: the one block freed last handed out again, no books;
   left out when it cannot be built): what NumPy charges any handler that is not its own, so that the
   arena's own share is the difference.
-* RSS at scope exit: a child per workload and handler reads its RSS (the baseline: NumPy imported, no
-  array alive), runs the workload inside ``with arenalib.Arena() as arena, arena.numpy():`` (or with
+* RSS at scope exit: a child per workload and handler reads its RSS (the baseline: NumPy imported and
+  used once, an arena opened and closed once, no array alive: each library's first-use state, made
+  once per process and kept for the next use, is no memory a scope keeps), runs the workload inside ``with arenalib.Arena() as arena, arena.numpy():`` (or with
   the default handler) making every array in the block and dropping it there, and reads RSS right after
   the block, with no trim call and no wait.  Workloads: the 64 MiB loop; the 1-16 MiB sweep; many
   small and medium arrays (8 B to 1 MiB) kept in a list, then dropped.
@@ -198,6 +199,10 @@ def _rss_child(workload: str, handler: str, sweep: list[int]) -> dict:
     import arenalib
 
     np.ones(10).sum()  # NumPy's own first-use state, before the baseline
+    # arenalib's: the first arena's jemalloc arena and thread cache (~240 KiB, 0.8% of the baseline;
+    # a second arena reuses them and adds nothing: measured 2026-12-05).  In both children.
+    with arenalib.Arena() as first, first.numpy():
+        np.ones(100)
     # The workload's input too: alive after the scope, its 4,000 ints are no memory a handler keeps.
     sizes = [8 << (i % 18) for i in range(4000)]  # 8 B to 1 MiB
     baseline = rss_bytes()
