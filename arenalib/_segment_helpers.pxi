@@ -27,7 +27,7 @@ cdef extern from "Python.h":
     # A new str of ``size`` code points below ``maxchar`` (127: one byte each, PyUnicode_DATA).
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void* PyUnicode_DATA(object text) noexcept
-    bint PyUnicode_IS_ASCII(object text) noexcept
+    bint PyUnicode_IS_COMPACT_ASCII(object text) noexcept  # (always ready: safe on 3.10-3.11 too)
     Py_ssize_t PyUnicode_GET_LENGTH(object text) noexcept
 
 cdef const char* _HEX_DIGITS = b"0123456789abcdef"
@@ -111,7 +111,7 @@ cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, obj
     if encoding == "utf-8" or encoding == "utf8":
         # str's own UTF-8 (an ASCII string's very characters, read in place: the call costs ~20
         # instructions of ~300; cached in it otherwise): no copy.
-        if PyUnicode_IS_ASCII(text):
+        if PyUnicode_IS_COMPACT_ASCII(text):
             data = <const char*>PyUnicode_DATA(text)
             length = PyUnicode_GET_LENGTH(text)
         else:
