@@ -26,10 +26,11 @@ part's glibc heap and page tables do not carry into the next:
   arena's own share is the difference.
 * RSS at scope exit: a child per workload and handler reads its RSS (the baseline: NumPy imported and
   used once, an arena opened and closed once, no array alive: each library's first-use state, made
-  once per process and kept for the next use, is no memory a scope keeps), runs the workload inside ``with arenalib.Arena() as arena, arena.numpy():`` (or with
-  the default handler) making every array in the block and dropping it there, and reads RSS right after
-  the block, with no trim call and no wait.  Workloads: the 64 MiB loop; the 1-16 MiB sweep; many
-  small and medium arrays (8 B to 1 MiB) kept in a list, then dropped.
+  once per process and kept for the next use, is no memory a scope keeps), runs the workload inside
+  ``with arenalib.Arena() as arena, arena.numpy():`` (or with the default handler) making every array
+  in the block and dropping it there, and reads RSS right after the block, with no trim call and no
+  wait.  Workloads: the 64 MiB loop; the 1-16 MiB sweep; many small and medium arrays (8 B to 1 MiB)
+  kept in a list, then dropped.
 
 Candidates interleave round by round (the starting one rotating); every ratio is the median of the
 same-round ratios (quartiles in brackets).  Targets (issue 28): the 64 MiB loop >= 15% faster than the
