@@ -18,7 +18,11 @@ cdef extern from *:
        serialises them. */
     #if ARENALIB_FREE_THREADED
     #define arenalib_count(p, v) ((void)__atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST))
-    #define arenalib_read(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    /* Sequentially consistent, as the flag's store before it: a deferred free sets the flag, then
+       reads the count; the last release counts down, then claims the flag; each must see the
+       other's write (an acquire load may pass the earlier store on ARM's RCpc loads; on x86 both
+       are the same plain load). */
+    #define arenalib_read(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
     #define arenalib_flag_set(p) __atomic_store_n((p), 1, __ATOMIC_SEQ_CST)
     #define arenalib_flag_claim(p) __atomic_exchange_n((p), 0, __ATOMIC_SEQ_CST)
     #else
