@@ -391,6 +391,8 @@ cdef extern from "src/frames.h":
     ctypedef object (*arenalib_frame_exit_fn)(object self)
     int arenalib_frame_entries_install(type frame_type, arenalib_frame_allocate_fn allocate,
                                        arenalib_frame_exit_fn exit_frame) except -1
+    ctypedef object (*arenalib_frame_new_fn)()
+    int arenalib_frame_function_install(dict globals, arenalib_frame_new_fn impl) except -1
 
 
 cdef int frame_entries_init() except -1:
@@ -398,6 +400,7 @@ cdef int frame_entries_init() except -1:
     parsing (src/frames.h); then the with statement's binding of __enter__ and __exit__
     (_with.pxi), which wraps Frame.__exit__'s method descriptor."""
     arenalib_frame_entries_install(Frame, _frame_allocate, _frame_exit)
+    arenalib_frame_function_install(globals(), _frame_new)
     return fast_with_init(Frame)
 
 
@@ -514,4 +517,9 @@ def frame_arena(*, chunk_size=None):
 def frame():
     """A frame of the calling thread's frame arena: ``with arenalib.frame() as f:
     buf = f.allocate(64, zero=False)``; every segment of it dies at the with-block's end."""
+    return _frame_new()
+
+
+cdef object _frame_new():
+    """frame(); called by src/frames.h's twin of it (what module start-up puts in its place)."""
     return arena_frame_object(_thread_frame_arena(None))

@@ -784,6 +784,28 @@ def test_frame_arena_is_the_threads_own_and_confined(main_frame_arena_closed):
     assert_dead(seg)
 
 
+def test_arenalib_frame_is_a_plain_builtin_that_takes_no_arguments(main_frame_arena_closed):
+    # Start-up puts a METH_FASTCALL twin in place of Cython's frame() (src/frames.h); it must
+    # still be the documented, picklable frame() with the errors of a function of no arguments.
+    import inspect
+    import pickle
+
+    frame = arenalib.frame
+    assert frame is arenalib._arena.frame
+    assert frame.__name__ == "frame" and frame.__module__ == "arenalib._arena"
+    assert "thread's frame arena" in frame.__doc__
+    assert str(inspect.signature(frame)) == "()"
+    assert pickle.loads(pickle.dumps(frame)) is frame
+    with pytest.raises(TypeError, match=r"^frame\(\) takes no arguments \(1 given\)$"):
+        frame(1)
+    with pytest.raises(TypeError, match=r"takes no keyword arguments"):
+        frame(chunk_size=4096)
+    with frame() as f:
+        assert isinstance(f, Frame) and f.arena is arenalib.frame_arena()
+        assert f.allocate(5, zero=False).fill(7).tobytes() == b"\x07" * 5
+    assert arenalib.frame_arena().stats()["marks"] == 0
+
+
 def test_a_threads_frame_arena_closes_when_the_thread_ends():
     got = {}
 
