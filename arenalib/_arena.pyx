@@ -732,6 +732,46 @@ cdef extern from "src/arena_freelist.h":
     void arenalib_arena_freelist_for(type t) noexcept
 
 
+# -- the hottest calls made the common way: past Cython's argument parsing (src/entries.h) -------------
+
+cdef extern from "src/entries.h":
+    ctypedef object (*arenalib_size_zero_fn)(object self, object size, object zero)
+    ctypedef object (*arenalib_one_fn)(object self, object arg)
+    ctypedef object (*arenalib_self_fn)(object self)
+    int arenalib_arena_entries_install(type arena_type, arenalib_size_zero_fn allocate,
+                                       arenalib_one_fn allocate_from,
+                                       arenalib_one_fn allocate_string) except -1
+    int arenalib_frame_entries_install(type frame_type, arenalib_size_zero_fn allocate,
+                                       arenalib_self_fn exit_frame) except -1
+    int arenalib_frame_function_install(dict globals, arenalib_self_fn impl) except -1
+
+
+cdef object _arena_allocate(object arena, object size, object zero):
+    """ArenaBase.allocate(size) and allocate(size, zero=z)."""
+    cdef bint fill = parse_flag(zero, "zero")  # (the flag first, as allocate() parses them)
+    return (<ArenaBase>arena)._allocate(_parse_size(size, "size"), fill, 1)
+
+
+cdef object _arena_allocate_from(object arena, object data):
+    """ArenaBase.allocate_from(data)."""
+    return _allocate_from(<ArenaBase>arena, data, None)
+
+
+cdef object _arena_allocate_string(object arena, object text):
+    """ArenaBase.allocate_string(s)."""
+    return _allocate_string(<ArenaBase>arena, text, "utf-8", True)
+
+
+cdef int _entries_init() except -1:
+    """The C entries, before _with.pxi binds __enter__ and __exit__ (it wraps Frame.__exit__'s
+    method descriptor, whose entry must be in place by then)."""
+    arenalib_arena_entries_install(ArenaBase, _arena_allocate, _arena_allocate_from,
+                                   _arena_allocate_string)
+    arenalib_frame_entries_install(Frame, _frame_allocate, _frame_exit)
+    arenalib_frame_function_install(globals(), _frame_new)
+    return 0
+
+
 # -- start-up ----------------------------------------------------------------------------------------
 
 cdef int _module_init() except -1:
@@ -741,8 +781,9 @@ cdef int _module_init() except -1:
     auto_init()        # (after the hook: what it calls for an automatic segment)
     for kind in (Arena, ConfinedArena, SlicingArena):
         arenalib_arena_freelist_for(kind)
+    _entries_init()
     fast_with_init(ArenaBase)
-    frame_entries_init()
+    fast_with_init(Frame)
     fast_with_init(Segment)
     slots_init()       # the shared state and the jemalloc control names (every arena needs them)
     slicing_init()     # biased carving, if membarrier() is there

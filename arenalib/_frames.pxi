@@ -334,13 +334,13 @@ cdef class Frame:
 
     def __exit__(self, exc_type, exc, tb):
         # The with statement's call (three positional arguments) goes to _frame_exit() straight
-        # (src/frames.h); this wrapper serves every other call.
+        # (src/entries.h); this wrapper serves every other call.
         return _frame_exit(self)
 
     def allocate(self, size, *, zero=True, align=None):
         """A new Segment in this frame (as SlicingArena.allocate()); the frame must be the
         innermost one open."""
-        # allocate(size) and allocate(size, zero=z) go to _frame_allocate() straight (src/frames.h).
+        # allocate(size) and allocate(size, zero=z) go to _frame_allocate() straight (src/entries.h).
         return self._allocate(size, zero, align)
 
     cdef Segment _allocate(self, size, zero, align):
@@ -384,24 +384,6 @@ cdef object _frame_exit(object obj):
 cdef object _frame_allocate(object obj, object size, object zero):
     """Frame.allocate(size) and Frame.allocate(size, zero=z)."""
     return (<Frame>obj)._allocate(size, zero, None)
-
-
-cdef extern from "src/frames.h":
-    ctypedef object (*arenalib_frame_allocate_fn)(object self, object size, object zero)
-    ctypedef object (*arenalib_frame_exit_fn)(object self)
-    int arenalib_frame_entries_install(type frame_type, arenalib_frame_allocate_fn allocate,
-                                       arenalib_frame_exit_fn exit_frame) except -1
-    ctypedef object (*arenalib_frame_new_fn)()
-    int arenalib_frame_function_install(dict globals, arenalib_frame_new_fn impl) except -1
-
-
-cdef int frame_entries_init() except -1:
-    """Frame.allocate() and Frame.__exit__() called the common way skip Cython's argument
-    parsing (src/frames.h); then the with statement's binding of __enter__ and __exit__
-    (_with.pxi), which wraps Frame.__exit__'s method descriptor."""
-    arenalib_frame_entries_install(Frame, _frame_allocate, _frame_exit)
-    arenalib_frame_function_install(globals(), _frame_new)
-    return fast_with_init(Frame)
 
 
 cdef bint frame_is_innermost(Lifetime* life, const ArenaMark* frame) noexcept nogil:
@@ -517,9 +499,9 @@ def frame_arena(*, chunk_size=None):
 def frame():
     """A frame of the calling thread's frame arena: ``with arenalib.frame() as f:
     buf = f.allocate(64, zero=False)``; every segment of it dies at the with-block's end."""
-    return _frame_new()
+    return _frame_new(None)
 
 
-cdef object _frame_new():
-    """frame(); called by src/frames.h's twin of it (what module start-up puts in its place)."""
+cdef object _frame_new(object module):
+    """frame(); called by src/entries.h's twin of it (what start-up puts in its place)."""
     return arena_frame_object(_thread_frame_arena(None))

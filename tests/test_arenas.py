@@ -6,6 +6,7 @@ frees, stats, garbage collection, the pool of jemalloc arenas."""
 from __future__ import annotations
 
 import gc
+import inspect
 import itertools
 import re
 import sys
@@ -152,6 +153,50 @@ def test_allocate_index_likes(arena):
     for size in (np.int64(10), np.uint16(7), np.int8(3)):
         assert len(arena.allocate(size)) == int(size)
     assert len(arena.allocate(Index(12))) == 12
+
+
+def test_allocate_methods_take_every_call_shape(arena):
+    # allocate(size), allocate(size, zero=z), allocate_from(data) and allocate_string(s) skip
+    # Cython's argument parsing (src/entries.h); every other call shape, and every error, is
+    # Cython's as before, in the same order (the zero flag is judged before the size).
+    assert arena.allocate(3).tobytes() == bytes(3)
+    assert len(arena.allocate(5, zero=False)) == 5
+    assert arena.allocate(Index(4), zero=True).tobytes() == bytes(4)
+    assert len(arena.allocate(size=6, zero=True)) == 6
+    assert arena.allocate(7, align=256).address % 256 == 0
+    zero = "".join(["ze", "ro"])  # a keyword name that is not the interned "zero"
+    assert arena.allocate(9, **{zero: True}).tobytes() == bytes(9)
+    with pytest.raises(TypeError, match="zero"):
+        arena.allocate("10", zero="no")  # the flag first, as Cython's wrapper judges it
+    with pytest.raises(TypeError, match="size must be an integer"):
+        arena.allocate("10", zero=False)
+    with pytest.raises(TypeError, match="zerox"):
+        arena.allocate(10, zerox=False)
+    with pytest.raises(TypeError, match="positional"):
+        arena.allocate(10, False)
+    with pytest.raises(TypeError):
+        arena.allocate()
+    assert arena.allocate_from(b"abc").tobytes() == b"abc"
+    assert arena.allocate_from(data=b"de").tobytes() == b"de"
+    assert arena.allocate_from(b"xyz", align=64).address % 64 == 0
+    with pytest.raises(TypeError, match="bytes-like"):
+        arena.allocate_from(5)
+    with pytest.raises(TypeError):
+        arena.allocate_from(b"a", 64)
+    assert arena.allocate_string("h\u00e9").tobytes() == b"h\xc3\xa9\x00"
+    assert arena.allocate_string("ab", "utf-16-le").tobytes() == "ab\0".encode("utf-16-le")
+    assert arena.allocate_string("ab", nul=False).tobytes() == b"ab"
+    assert arena.allocate_string(s="cd").tobytes() == b"cd\x00"
+    with pytest.raises(TypeError, match="str"):
+        arena.allocate_string(5)
+    assert str(inspect.signature(arena.allocate)) == "(size, *, zero=True, align=None)"
+    assert str(inspect.signature(arena.allocate_from)) == "(data, *, align=None)"
+    assert str(inspect.signature(arena.allocate_string)) == "(s, encoding='utf-8', nul=True)"
+    arena.close()
+    for call in (lambda: arena.allocate(1), lambda: arena.allocate(1, zero=False),
+                 lambda: arena.allocate_from(b"a"), lambda: arena.allocate_string("a")):
+        with pytest.raises(ArenaClosedError):
+            call()
 
 
 def test_zero_size_segments_have_distinct_addresses(freeable_kind):

@@ -449,7 +449,7 @@ def test_a_frame_left_out_of_order_under_an_export_goes_with_the_next_mark_after
 
 
 def test_frame_methods_take_every_call_shape(arena):
-    # allocate(size[, zero=]) and __exit__(t, v, tb) skip Cython's argument parsing (src/frames.h);
+    # allocate(size[, zero=]) and __exit__(t, v, tb) skip Cython's argument parsing (src/entries.h);
     # every other call shape, and every error, is Cython's as before.
     frame = arena.frame()
     frame.__enter__()
@@ -507,7 +507,7 @@ def test_a_frame_of_a_closed_arena_allocates_nothing_and_says_closed(when):
     with pytest.raises(ArenaClosedError):
         frame.allocate(8 if when == "before" else ClosingSize())
     with pytest.raises(ArenaClosedError):
-        frame.allocate(8, zero=False)  # (the C entry of the common forms: src/frames.h)
+        frame.allocate(8, zero=False)  # (the C entry of the common forms: src/entries.h)
     with pytest.raises(ArenaClosedError):
         frame.allocate(8, zero=False, align=16)
 
@@ -785,7 +785,7 @@ def test_frame_arena_is_the_threads_own_and_confined(main_frame_arena_closed):
 
 
 def test_arenalib_frame_is_a_plain_builtin_that_takes_no_arguments(main_frame_arena_closed):
-    # Start-up puts a METH_FASTCALL twin in place of Cython's frame() (src/frames.h); it must
+    # Start-up puts a METH_FASTCALL twin in place of Cython's frame() (src/entries.h); it must
     # still be the documented, picklable frame() with the errors of a function of no arguments.
     import inspect
     import pickle
