@@ -3,6 +3,7 @@
 # itself (what a mark records, what a rewind kills, a segment's O(1) test) is arenalib/_frames.pxd.
 
 from libc.stdlib cimport calloc, free
+from posix.types cimport pid_t
 from cpython.pystate cimport PyThreadState, PyThreadState_Get
 
 from arenalib._abi cimport (
@@ -426,6 +427,7 @@ cdef PyObject* _last_frames = NULL
 cdef class _ThreadFrames:
     """The value of a thread-state dict's _FRAMES_KEY: the thread's frame arena, closed with it."""
     cdef SlicingArena arena
+    cdef pid_t pid  # the process that made it: in a fork's child, its thread is gone
 
     def __dealloc__(self):
         global _last_thread_state, _last_frames
@@ -439,6 +441,13 @@ cdef class _ThreadFrames:
         if arena is None or not arena._core.open:
             return
         if load_life_owner(&arena._core.life.owner) != thread_ident():
+            if self.pid == getpid() and not interpreter_finalizing():
+                # Its thread may still run (its state cleared, or this object handed over, by code
+                # of its own): only the owner may close an arena it may be touching, with no export
+                # counted for that (Segment._pin).  Closing here let a free-threaded owner write
+                # into memory another arena had been given (helper 55).  Left to the owner's own
+                # close, or to the arena's last reference (a ResourceWarning then, as unclosed).
+                return
             # From a thread that no longer runs, taken over to be closed: from one owner to another,
             # every other thread is refused all along.
             store_life_owner(&arena._core.life.owner, thread_ident())
@@ -476,6 +485,7 @@ cdef SlicingArena _thread_frame_arena(object chunk_size):
     arena._core.life.owner = thread_ident()  # confined: only this thread uses it or its segments
     if frames is None:
         frames = _ThreadFrames.__new__(_ThreadFrames)
+        frames.pid = getpid()
         state[_FRAMES_KEY] = frames
     frames.arena = arena
     _remember_frames(frames)

@@ -42,6 +42,7 @@ cdef extern from "src/shared.h":
     void arenalib_tls_forget_anchor(void* anchor) noexcept nogil
     bint owned_here "arenalib_owned_here"(object o) noexcept nogil
     bint arenalib_thread_state_ending() noexcept nogil
+    bint interpreter_finalizing "arenalib_interpreter_finalizing"() noexcept
     Py_ssize_t refcount "Py_REFCNT"(PyObject* o) noexcept nogil
 
 cdef int MAX_THREAD_CACHES = 8         # per slot, kept warm across shared arenas

@@ -12,6 +12,7 @@ import itertools
 import os
 import sys
 import threading
+import time
 import tracemalloc
 
 import pytest
@@ -822,6 +823,53 @@ def test_a_threads_frame_arena_closes_when_the_thread_ends():
     assert got["arena"].chunk_size == 8192
     assert got["arena"].closed
     assert not got["kept"].alive
+
+
+def test_a_frame_arena_whose_holder_dies_on_another_thread_stays_its_owners():
+    # The holder of a thread's frame arena (in the thread's state dict) dropped on another thread
+    # while the owner still runs: the other thread must not close the arena, whose owner's accesses
+    # count no export (Segment._pin).  Closing it there let a free-threaded owner write into memory
+    # another arena had been given (helper 55).  In a fork's child and at the interpreter's exit
+    # the owner no longer runs, and the holder's end still closes it (tests above and below).
+    import ctypes
+
+    get_dict = ctypes.pythonapi.PyThreadState_GetDict
+    get_dict.restype, get_dict.argtypes = ctypes.py_object, []
+    box, handed, dropped, checked = {}, threading.Event(), threading.Event(), threading.Event()
+
+    def owner():
+        seg = arenalib.frame_arena().allocate(1000, zero=False).fill(0x5A)
+        box["arena"] = seg.arena
+        holder = get_dict().pop("arenalib._frames")
+        box["holder"] = holder
+        handed.wait(10)
+        del box["holder"], holder  # the main thread's reference is now the last one
+        dropped.set()
+        checked.wait(10)
+        try:
+            box["after"] = seg.fill(0x33).tobytes()
+        finally:
+            box["arena"].close()  # (its owner's close: no ResourceWarning)
+        # (No new frame arena after the pop: on 3.13t a thread that made one then hung at its
+        # end, in CPython's mimalloc heap collection, with or without this change.)
+
+    t = threading.Thread(target=owner)
+    t.start()
+    try:
+        while "holder" not in box:
+            time.sleep(0.001)
+        holder = box["holder"]
+        handed.set()
+        assert dropped.wait(10)
+        assert sys.getrefcount(holder) == 2  # (this name and the call's): the del below ends it here
+        del holder
+        closed_by_the_drop = box["arena"].closed
+    finally:
+        checked.set()
+        t.join()
+    assert not closed_by_the_drop
+    assert box["after"] == b"\x33" * 1000
+    assert box["arena"].closed
 
 
 def test_threads_one_after_another_each_get_their_own_frame_arena():

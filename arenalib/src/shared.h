@@ -69,6 +69,13 @@ static inline int arenalib_thread_state_ending(void) {
    and PyThreadState_GetDict then makes a new one that is never cleared): not detected there. */
 #define arenalib_thread_state_ending() 0
 #endif
+/* The interpreter is finalizing: other threads run no Python code again (blocked without the GIL,
+   or stopped on a free-threaded build), while their states are cleared. */
+#if PY_VERSION_HEX >= 0x030D0000
+#define arenalib_interpreter_finalizing() Py_IsFinalizing()
+#else
+#define arenalib_interpreter_finalizing() _Py_IsFinalizing()
+#endif
 #define arenalib_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
 /* The thread list is walked without its lock by shared_update_peak(): a node is published
    whole (release) and read so (acquire). */
