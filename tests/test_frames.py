@@ -833,14 +833,19 @@ def test_a_frame_arena_whose_holder_dies_on_another_thread_stays_its_owners():
     # the owner no longer runs, and the holder's end still closes it (tests above and below).
     import ctypes
 
-    get_dict = ctypes.pythonapi.PyThreadState_GetDict
-    get_dict.restype, get_dict.argtypes = ctypes.py_object, []
+    # A borrowed reference: a py_object restype would make ctypes drop one reference of the dict
+    # per call (it takes the result for a new one), freeing the thread's dict under its state.
+    thread_dict = ctypes.pythonapi.PyThreadState_GetDict
+    thread_dict.restype, thread_dict.argtypes = ctypes.c_void_p, []
     box, handed, dropped, checked = {}, threading.Event(), threading.Event(), threading.Event()
 
     def owner():
         seg = arenalib.frame_arena().allocate(1000, zero=False).fill(0x5A)
         box["arena"] = seg.arena
-        holder = get_dict().pop("arenalib._frames")
+        holder = ctypes.cast(thread_dict(), ctypes.py_object).value.pop("arenalib._frames")
+        # The holder gone from the dict: a new holder and arena (on a GIL build, the last holder
+        # the module remembers while it lives, its arena open: the same one); closed by the end.
+        box["second"] = arenalib.frame_arena()
         box["holder"] = holder
         handed.wait(10)
         del box["holder"], holder  # the main thread's reference is now the last one
@@ -850,8 +855,6 @@ def test_a_frame_arena_whose_holder_dies_on_another_thread_stays_its_owners():
             box["after"] = seg.fill(0x33).tobytes()
         finally:
             box["arena"].close()  # (its owner's close: no ResourceWarning)
-        # (No new frame arena after the pop: on 3.13t a thread that made one then hung at its
-        # end, in CPython's mimalloc heap collection, with or without this change.)
 
     t = threading.Thread(target=owner)
     t.start()
@@ -870,6 +873,7 @@ def test_a_frame_arena_whose_holder_dies_on_another_thread_stays_its_owners():
     assert not closed_by_the_drop
     assert box["after"] == b"\x33" * 1000
     assert box["arena"].closed
+    assert box["second"].closed
 
 
 def test_threads_one_after_another_each_get_their_own_frame_arena():
