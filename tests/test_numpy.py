@@ -1114,18 +1114,27 @@ def thp_mode():
 
 @pytest.mark.skipif(thp_mode() != "madvise", reason="huge pages are advised where THP is in madvise mode")
 def test_big_arrays_get_the_huge_page_advice_numpys_handler_gives(arena):
-    # NumPy's default handler advises MADV_HUGEPAGE from 4 MiB on; so does arenalib's, on a 2 MiB
-    # boundary, and takes the advice back when the block goes back to the arena.
+    # NumPy's default handler advises MADV_HUGEPAGE from 4 MiB on; arenalib's from 2 MiB on, on a
+    # 2 MiB boundary (a 2 MiB array is one huge page), and takes the advice back when the block goes
+    # back to the arena.
     was = np._core.multiarray._set_madvise_hugepage(True)
     try:
         with arena.numpy():
             big = np.ones(MiB)  # 8 MiB
+            two = np.ones(2 * MiB, dtype=np.uint8)
+            under = np.ones(2 * MiB - 4096, dtype=np.uint8)
             small = np.ones(1000)
         middle = big.ctypes.data + 4 * MiB
         assert "hg" in vm_flags(middle) and "hg" not in vm_flags(small.ctypes.data)
         assert big.ctypes.data % (2 * MiB) == 0  # (a big block has no header: its data is the block)
+        assert two.ctypes.data % (2 * MiB) == 0 and "hg" in vm_flags(two.ctypes.data + MiB)
+        assert "hg" not in vm_flags(under.ctypes.data + MiB)  # (no huge page fits)
         del big
         assert "hg" not in vm_flags(middle)
+        two.resize(MiB, refcheck=False)  # under 2 MiB: the advice goes with it
+        assert "hg" not in vm_flags(two.ctypes.data)
+        assert (two == 1).all() and (under == 1).all()
+        del two, under
         np._core.multiarray._set_madvise_hugepage(False)
         with arena.numpy():  # NumPy's switch is read when the scope is entered
             plain = np.ones(MiB)

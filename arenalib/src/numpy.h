@@ -88,12 +88,17 @@ static inline unsigned int arenalib_np_call_version(void **table, int index) {
 }
 
 /* Huge pages for big arrays, as NumPy's default handler asks for them (its indicate_hugepages():
-   MADV_HUGEPAGE from 4 MiB on, unless np._core.multiarray._set_madvise_hugepage(False)).  Where the
-   kernel's THP mode is "madvise", an array's pages are advised before their first touch and the
-   advice taken back (MADV_NOHUGEPAGE) when the block goes back, so that the arena's later users of
-   those addresses do not get 2 MiB pages for small blocks.  The pages wholly inside the block only:
-   a large jemalloc block has its pages to itself. */
-#define ARENALIB_NP_HUGE_MIN ((size_t)1 << 22)
+   MADV_HUGEPAGE, unless np._core.multiarray._set_madvise_hugepage(False)).  Where the kernel's THP
+   mode is "madvise", an array's pages are advised before their first touch and the advice taken
+   back (MADV_NOHUGEPAGE) when the block goes back, so that the arena's later users of those
+   addresses do not get 2 MiB pages for small blocks.  The pages wholly inside the block only: a
+   large jemalloc block has its pages to itself.
+   From 2 MiB, where NumPy's handler starts at 4 MiB: NumPy's data starts 16 bytes into glibc's
+   block, so only from 4 MiB is a whole 2 MiB page sure to lie inside it; an arena block advised
+   huge starts on one (ARENALIB_NP_HUGE_ALIGN), so a 2 MiB array is one huge page.  At 2-4 MiB the
+   loop c = a*b + a took 1.03-1.05x NumPy's default handler's time with 4 KiB pages and 0.97-0.99x
+   advised (A/B, 2 and 3 MiB and 3.5 MB, 2 runs each, 2026-12-06); under 2 MiB no huge page fits. */
+#define ARENALIB_NP_HUGE_MIN ((size_t)1 << 21)
 #define ARENALIB_NP_HUGE_ALIGN ((size_t)1 << 21)  /* x86-64's huge page */
 
 static inline void arenalib_np_advise(void *block, size_t size, int huge) {
