@@ -12,8 +12,10 @@ part's glibc heap and page tables do not carry into the next:
   (``multiply(a, b, out=c); add(c, a, out=c)``).  n: 64 MiB (the issue's case), then 1 to 16 MiB,
   powers of two and not: the default handler (glibc's malloc) maps a block past its mmap threshold and
   unmaps it at the free, and the threshold starts at 128 KiB and rises to the size of a mapped block
-  freed, up to 32 MiB, so which sizes come back from the heap warm depends on what came before.  A
-  child per size, so each size starts from the same history.
+  freed, up to 32 MiB, so which sizes come back from the heap warm depends on what came before.
+  Children per size, so each size starts from the same history, and more than one (their rounds
+  pooled): at 1-3 MiB the ratio of one process to the next varied by up to 0.1 with the same code
+  (2 MiB, 4 processes: 0.99-1.06x), as each maps its blocks to other physical pages.
 * Small arrays: ``e(8)`` and ``z(100)`` (``e = numpy.empty``, ``z = numpy.zeros``; the targets), and
   more sizes from 296 B to 1 MiB on both sides of each bound where the handler's path changes (the
   1 KiB up to which it keeps the blocks of dead arrays for reuse, the 64 KiB and 128 KiB of the arena's
@@ -59,8 +61,8 @@ BIG = 64 * MiB
 SWEEP = {"quick": [MiB, 3_000_000, 4 * MiB, 7_500_000, 12 * MiB, 16 * MiB],
          "full": [MiB, 1_500_000, 2 * MiB, 3_000_000, 4 * MiB, 5_000_000, 6 * MiB, 7_500_000, 8 * MiB,
                   10_000_000, 12 * MiB, 14_000_000, 16 * MiB]}
-SETTINGS = {"quick": {"rounds": 5, "target_ms": 40.0, "small_ms": 8.0},
-            "full": {"rounds": 15, "target_ms": 120.0, "small_ms": 30.0}}
+SETTINGS = {"quick": {"rounds": 5, "loop_children": 1, "target_ms": 40.0, "small_ms": 8.0},
+            "full": {"rounds": 15, "loop_children": 3, "target_ms": 120.0, "small_ms": 30.0}}
 WARMUP = 2
 LOOP = {"default": "NumPy's default handler", "arena": "with arena.numpy()", "out": "out= (preallocated)"}
 SMALL_TARGETS = {"empty": ("e(8)", "numpy.empty(8)"), "zeros": ("z(100)", "numpy.zeros(100)")}
@@ -268,15 +270,25 @@ def _child(*args: str) -> dict:
 
 def plan(cfg: Config) -> float:
     s = SETTINGS[cfg.mode]
-    loops = (1 + len(SWEEP[cfg.mode])) * (s["rounds"] + 1) * len(LOOP) * s["target_ms"]
+    loops = (1 + len(SWEEP[cfg.mode])) * (s["rounds"] + s["loop_children"]) * len(LOOP) * s["target_ms"]
     return loops + len(SMALL) * 2 * s["rounds"] * s["small_ms"] + len(RSS_WORKLOADS) * 2 * 2500
+
+
+def _pooled(raws: list[dict]) -> dict:
+    """The loop children's results at one size as one: their rounds one after the other."""
+    failed = [raw for raw in raws if "error" in raw]
+    if failed:
+        return failed[0]
+    return {"n": raws[0]["n"], "iterations": [raw["iterations"] for raw in raws],
+            "ms": {key: [t for raw in raws for t in raw["ms"][key]] for key in LOOP},
+            "faults": {key: [f for raw in raws for f in raw["faults"][key]] for key in LOOP}}
 
 
 def _loop_cell(raw: dict) -> dict:
     if "error" in raw:
         return raw
     ms, faults = raw["ms"], raw["faults"]
-    return {"n": raw["n"], "iterations": raw["iterations"],
+    return {"n": raw["n"], "iterations": raw["iterations"], "children": len(raw["iterations"]),
             "ms": {k: summarize(v) for k, v in ms.items()},
             "faults": {k: summarize(v) for k, v in faults.items()},
             "ratio": same_round_ratio(ms["arena"], ms["default"]),
@@ -285,14 +297,17 @@ def _loop_cell(raw: dict) -> dict:
 
 def run(cfg: Config, progress: Progress) -> dict:
     s = SETTINGS[cfg.mode]
-    rounds, target = str(s["rounds"]), str(s["target_ms"])
-    loop_ms = (s["rounds"] + 1) * len(LOOP) * s["target_ms"]
+    children = s["loop_children"]
+    rounds, target = str(s["rounds"] // children), str(s["target_ms"])
+    loop_ms = (s["rounds"] // children + 1) * len(LOOP) * s["target_ms"]
     loops = {}
     for n in [BIG, *SWEEP[cfg.mode]]:
         progress.set_label(f"numpy_scope: c = a*b + a at {fmt_size(n)}")
-        loops[str(n)] = _loop_cell(_child("--child", "loop", "--n", str(n), "--rounds", rounds,
-                                          "--target-ms", target))
-        progress.step(None, loop_ms)
+        raws = []
+        for _ in range(children):
+            raws.append(_child("--child", "loop", "--n", str(n), "--rounds", rounds, "--target-ms", target))
+            progress.step(None, loop_ms)
+        loops[str(n)] = _loop_cell(_pooled(raws))
     progress.set_label("numpy_scope: small arrays")
     from frames import floor_module
 
@@ -309,8 +324,8 @@ def run(cfg: Config, progress: Progress) -> dict:
             rss[workload][handler] = _child("--child", "rss", "--workload", workload, "--handler", handler,
                                             "--sweep", sweep)
             progress.step(None, 2500)
-    return {"loops": loops, "small": small, "rss": rss, "rounds": s["rounds"], "warmup": WARMUP,
-            "sweep": SWEEP[cfg.mode]}
+    return {"loops": loops, "small": small, "rss": rss, "rounds": s["rounds"], "loop_children": children,
+            "warmup": WARMUP, "sweep": SWEEP[cfg.mode]}
 
 
 # -- targets, findings, tables ------------------------------------------------------------------------
@@ -494,7 +509,8 @@ def tables(results: dict, markdown: bool = False) -> str:
                      f"{faults['default']['median']:.0f} / {faults['arena']['median']:.0f} / "
                      f"{int(n) // PAGE}"])
     parts = [f"{h}`c = a*b + a` on float64 arrays of n bytes: ms an iteration after {results['warmup']} "
-             f"warm-ups (ratio: median of {results['rounds']} same-round ratios)",
+             f"warm-ups (ratio: median of {results['rounds']} same-round ratios, from "
+             f"{results.get('loop_children', 1)} processes a size)",
              table(["n", "default ms", "arena ms", "arena/default", "out= ms",
                     "faults/iter: default / arena / pages"], rows, markdown)]
     if "error" in results["small"]:
