@@ -7,6 +7,7 @@ cdef extern from "jemalloc.h" nogil:
     void* je_rallocx(void* ptr, size_t size, int flags)
     size_t je_xallocx(void* ptr, size_t size, size_t extra, int flags)
     size_t je_sallocx(const void* ptr, int flags)
+    size_t je_nallocx(size_t size, int flags)
     int je_mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen)
     int je_mallctlnametomib(const char* name, size_t* mibp, size_t* miblenp)
     int je_mallctlbymib(const size_t* mib, size_t miblen, void* oldp, size_t* oldlenp,

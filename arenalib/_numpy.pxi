@@ -26,9 +26,11 @@
 #
 # - allocate: from the arena (its books, max_bytes and thread caches: arena_allocate).  A block of
 #   under NP_LARGE_MIN bytes has a header in front of the data saying the size NumPy asked for and
-#   which allocator the block is from; a bigger one has none (a header would push an array whose size
-#   is a jemalloc size class, every power of two, into the next class, a quarter bigger): its data
-#   is page-aligned and the arena's table of big blocks has its size (src/numpy_large.h).  An arena
+#   which allocator the block is from; a bigger one is page-aligned, and has one too, its data 16
+#   bytes into the page as glibc's big blocks have theirs, unless the array's size is a jemalloc
+#   size class's own (every power of two), which a header would push into the next class, a
+#   quarter bigger: then its data is the page's start and the arena's table of big blocks has its
+#   size (src/numpy_large.h).  An arena
 #   closed meanwhile (an asyncio task that inherited the block's context and runs after the
 #   block) hands NumPy's default handler the allocation instead, counted in stats()'s
 #   numpy_fallbacks; a request past max_bytes or with no memory gets NULL (NumPy's MemoryError).
@@ -40,10 +42,10 @@
 #   be dropped in bulk when the last one goes; either way the export count drops, and the last one
 #   completes a deferred close.
 # - realloc (ndarray.resize, np.fromiter): a big block is resized in the arena (arena_resize_checked:
-#   in place when jemalloc can); a block with a header moves to a new block of the new size (under
-#   128 KiB, within jemalloc's small and thread-cached classes, which resize in place seldom; one
-#   growing past NP_LARGE_MIN loses its header); for a block of a closed arena, the new one is
-#   NumPy's default handler's.
+#   in place when jemalloc can) while the new size keeps its kind (big, with a header only where
+#   the class has room); any other block moves to a new block of the kind its new size asks for (a
+#   small one is within jemalloc's small and thread-cached classes, which resize in place seldom);
+#   for a block of a closed arena, the new one is NumPy's default handler's.
 #
 # Small blocks (up to NP_CACHE_MAX bytes of data) are kept for reuse on a GIL build, as NumPy's own
 # handler keeps its own: a few per 16-byte bucket, in the arena's NumpyCache, which the GIL guards
@@ -80,6 +82,7 @@ from arenalib._abi cimport (
     CACHE_MAX_SIZE, FREE_THREADED, ArenaCore, Lifetime, ThreadCache, arenalib_load_owner, books_remove,
     load_first_cache, thread_ident,
 )
+from arenalib._jemalloc cimport MALLOCX_LG_ALIGN, je_nallocx
 from arenalib._shared cimport shared_count_allocation
 from arenalib._table cimport ARENA_ECLOSED, ARENA_ENOMEM, ARENA_KIND_CONFINED, ARENA_KIND_SHARED, ARENA_OK
 
@@ -342,14 +345,14 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     is closed; NULL when memory (or max_bytes) refuses."""
     if size > MAX_SIZE - NP_HEADER:
         return NULL
-    if size >= NP_LARGE_MIN:
+    if size >= NP_LARGE_MIN and not _np_header_fits(context, size):
         return _np_allocate_large(context, size, zero)
     cdef void* block = NULL
     cdef ArenaCore* core = context.core
     cdef int err = ARENA_ECLOSED
     cdef void* token = access_enter(&core.life)  # a close or reset of another thread waits for this
     if core.open:
-        err = arena_allocate(core, np_block_size(core, size), 1, zero, &block)
+        err = _np_arena_block(context, np_block_size(core, size), size, zero, &block)
         if err == ARENA_OK and not _np_record_page_aligned(context, block, size):
             arena_free(core, block, np_block_size(core, size))
             err = ARENA_ENOMEM
@@ -376,15 +379,41 @@ cdef inline bint _np_record_page_aligned(NumpyContext* context, void* block, siz
             or np_large_add(<NumpyLarge*>context.books.large, data, size | NP_HAS_HEADER) == 0)
 
 
+cdef inline bint _np_header_fits(NumpyContext* context, size_t size) noexcept nogil:
+    """Whether a big array's block has room for a header in the jemalloc size class its data alone
+    takes (every size but the classes' own: powers of two and three more a doubling)."""
+    cdef int flags = MALLOCX_LG_ALIGN(arenalib_ctz(_np_large_align(context, size)))
+    return je_nallocx(size + NP_HEADER, flags) == je_nallocx(size, flags)
+
+
+cdef inline int _np_arena_block(NumpyContext* context, size_t block_size, size_t size, bint zero,
+                                void** out) noexcept nogil:
+    """arena_allocate() of the block of ``block_size`` bytes for an array of ``size``: a big one on a
+    page (on a huge page where its pages are advised huge: advised before their first touch, a
+    zeroing memset's included), so that its data starts where glibc's big blocks put theirs, or on
+    the page itself (src/numpy_large.h says why)."""
+    if size < NP_LARGE_MIN:
+        return arena_allocate(context.core, block_size, 1, zero, out)
+    cdef bint huge = context.hugepages and size >= NP_HUGE_MIN
+    cdef bint zero_after = zero and huge and block_size <= EAGER_ZERO_LIMIT  # (else jemalloc's: untouched)
+    cdef int err = arena_allocate(context.core, block_size, _np_large_align(context, size),
+                                  zero and not zero_after, out)
+    if err == ARENA_OK and huge:
+        np_advise(out[0], block_size, True)
+        if zero_after:
+            memset(out[0], 0, block_size)
+    return err
+
+
 cdef void* _np_allocate_large(NumpyContext* context, size_t size, bint zero) noexcept nogil:
-    """A big block (NP_LARGE_MIN bytes or more) for NumPy, with no header: page-aligned, recorded in
-    the arena's table of big blocks."""
+    """A big block (NP_LARGE_MIN bytes or more) whose size class has no room for a header, for
+    NumPy: page-aligned, recorded in the arena's table of big blocks."""
     cdef void* block = NULL
     cdef ArenaCore* core = context.core
     cdef int err = ARENA_ECLOSED
     cdef void* token = access_enter(&core.life)  # a close or reset of another thread waits for this
     if core.open:
-        err = arena_allocate(core, size, _np_large_align(context, size), zero, &block)
+        err = _np_arena_block(context, size, size, zero, &block)
         if err == ARENA_OK:
             if np_large_add(<NumpyLarge*>context.books.large, block, size) != 0:
                 arena_free(core, block, size)  # (no memory for the table's growth)
@@ -401,8 +430,6 @@ cdef void* _np_allocate_large(NumpyContext* context, size_t size, bint zero) noe
         return _np_fallback_allocate(context, size, zero)
     if err != ARENA_OK:
         return NULL
-    if context.hugepages and size >= NP_HUGE_MIN:
-        np_advise(block, size, True)  # before the first touch
     shard_add(LIVE_NUMPY, 1)
     trace_track(TRACE_DOMAIN, <size_t>block, size)
     return block
@@ -660,14 +687,16 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
         if not np_large_lookup(<NumpyLarge*>context.books.large, data, &old, False):
             return NULL
         if not old & NP_HAS_HEADER:
-            return _np_realloc_large(context, data, old, size)
+            return _np_realloc_big(context, <char*>data, old, size, 0)
     cdef NpHeader* header = np_header_of(data)
     cdef size_t tag = header.tag
     if tag != NP_TAG_ARENA and tag != NP_TAG_DEFAULT:
         return NULL  # not a block of the handler's: never touched
-    # A small arena block moves to a new block of the kind its new size asks for (big ones have no
-    # header); one of NumPy's default (after a close) to another of its.
     old = header.size
+    if tag == NP_TAG_ARENA and old >= NP_LARGE_MIN:
+        return _np_realloc_big(context, <char*>data, old, size, NP_HEADER)
+    # A small arena block moves to a new block of the kind its new size asks for; one of NumPy's
+    # default (after a close) to another of its.
     cdef void* moved = (_np_allocate(context, size, False) if tag == NP_TAG_ARENA
                         else _np_fallback_block(context, size, False))
     if moved == NULL:
@@ -685,53 +714,66 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
     return moved
 
 
-cdef void* _np_realloc_large(NumpyContext* context, void* data, size_t old, size_t size) noexcept nogil:
-    """Resize the big block at ``data`` (of ``old`` bytes) in the arena, in place when jemalloc can;
-    one resized under NP_LARGE_MIN, or of an arena closed meanwhile, moves to a block with a header."""
+cdef void* _np_realloc_big(NumpyContext* context, char* data, size_t old, size_t size,
+                           size_t header) noexcept nogil:
+    """Resize the big block of the array of ``old`` bytes at ``data``, ``header`` bytes into the
+    block (NP_HEADER, or 0: a block recorded in the table), in the arena, in place when jemalloc
+    can, while the new size keeps the block's kind (big, and with a header only where its class has
+    room for one); else, or once the arena closed (deferred) while the array lived, the bytes move
+    to a new block (NumPy's default's after a close) and the old one is released."""
     cdef NumpyLarge* table = <NumpyLarge*>context.books.large
     cdef ArenaCore* core = context.core
-    cdef void* block = NULL
+    cdef char* block = data - header
+    cdef void* resized = NULL
+    cdef void* moved
     cdef int err = ARENA_ECLOSED
     cdef void* token
-    if size >= NP_LARGE_MIN:
+    if size >= NP_LARGE_MIN and (header == 0 or _np_header_fits(context, size)):
         token = access_enter(&core.life)
         if core.open:
             if context.hugepages and old >= NP_HUGE_MIN:
-                np_advise(data, old, False)  # (a shrink or a move gives pages back: advised again below)
-            # The record out first: a move frees ``data`` inside the resize, and another thread may
-            # be handed it and record it before this one could say the block moved.
-            np_large_lookup(table, data, &old, True)
-            err = arena_resize_checked(core, data, old, size, _np_large_align(context, size), False, 0,
-                                       &block)
+                np_advise(block, old + header, False)  # (a shrink or a move gives pages back)
+            if not header:
+                # The record out first: a move frees ``data`` inside the resize, and another thread
+                # may be handed it and record it before this one could say the block moved.
+                np_large_lookup(table, data, &old, True)
+            err = arena_resize_checked(core, block, old + header, size + header,
+                                       _np_large_align(context, size), False, 0, &resized)
             if err == ARENA_OK:
                 count_add(&context.books.nbytes, <Py_ssize_t>size - <Py_ssize_t>old)
                 if size > old:
                     shared_update_peak(core)  # (see _np_allocate_large)
             else:
-                block, size = data, old
-            # Never needs memory on a GIL build (a record went, one comes); with the GIL off, only when
-            # other threads filled the table meanwhile and it cannot grow: the block then stays
-            # unrecorded, and its array's free finds no record and leaves it to the close.
-            np_large_add(table, block, size)
+                resized, size = block, old
+            if header:
+                (<NpHeader*>resized).size = size  # (its tag moved with the bytes)
+            else:
+                # Never needs memory on a GIL build (a record went, one comes); with the GIL off,
+                # only when other threads filled the table meanwhile and it cannot grow: the block
+                # then stays unrecorded, and its array's free finds no record and leaves it to the
+                # close.
+                np_large_add(table, resized, size)
             if context.hugepages and size >= NP_HUGE_MIN:
-                np_advise(block, size, True)
+                np_advise(resized, size + header, True)
         access_exit(token)
         if err == ARENA_OK:
             trace_untrack(TRACE_DOMAIN, <size_t>data)
-            trace_track(TRACE_DOMAIN, <size_t>block, size)
-            return block
+            trace_track(TRACE_DOMAIN, <size_t>resized + header, size)
+            return <char*>resized + header
         if err != ARENA_ECLOSED:
             return NULL  # no memory, or max_bytes: NumPy keeps the old block
-    # Under NP_LARGE_MIN (a block with a header), or the arena closed (deferred) while this array
-    # lived (NumPy's default's): a new block, the bytes copied, the big one released.
-    block = _np_allocate(context, size, False)
-    if block == NULL:
+    moved = _np_allocate(context, size, False)
+    if moved == NULL:
         return NULL
-    memcpy(block, data, min(old, size))
-    if np_large_lookup(table, data, &old, True):
+    memcpy(moved, data, min(old, size))
+    if header:
+        (<NpHeader*>block).tag = 0
+        trace_untrack(TRACE_DOMAIN, <size_t>data)
+        _np_release(context, block, np_block_size(core, old), old)
+    elif np_large_lookup(table, data, &old, True):
         trace_untrack(TRACE_DOMAIN, <size_t>data)
         _np_release(context, data, old, old)
-    return block
+    return moved
 
 
 # -- the Python API -----------------------------------------------------------------------------

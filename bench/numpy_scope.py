@@ -19,7 +19,7 @@ part's glibc heap and page tables do not carry into the next:
 * Small arrays: ``e(8)`` and ``z(100)`` (``e = numpy.empty``, ``z = numpy.zeros``; the targets), and
   more sizes from 296 B to 1 MiB on both sides of each bound where the handler's path changes (the
   1 KiB up to which it keeps the blocks of dead arrays for reuse, the 64 KiB and 128 KiB of the arena's
-  and jemalloc's caches, past 128 KiB a block has no header: SMALL_SWEEP), made and dropped
+  and jemalloc's caches, past 128 KiB a block is page-aligned: SMALL_SWEEP), made and dropped
   in experiment 1's loop (bench/roundtrip.py: 256
   per inner batch, the garbage collector off): ns per array,
   with NumPy's default handler, inside ``with arena.numpy():``, and, for reference, under the floor
@@ -68,8 +68,8 @@ LOOP = {"default": "NumPy's default handler", "arena": "with arena.numpy()", "ou
 SMALL_TARGETS = {"empty": ("e(8)", "numpy.empty(8)"), "zeros": ("z(100)", "numpy.zeros(100)")}
 # More sizes, no target, where the handler's cost changes: it keeps the blocks of dead arrays of up to
 # 1 KiB (1024 bytes of data) for reuse on a GIL build; the arena's free-block cache ends at 64 KiB and
-# jemalloc's thread cache at 128 KiB; past 128 KiB a block has no header and is page-aligned
-# (src/numpy_large.h).  Sizes on both sides of each, not powers of two too.
+# jemalloc's thread cache at 128 KiB; past 128 KiB a block is page-aligned, with a header only where its
+# size class has room for one (src/numpy_large.h).  Sizes on both sides of each, not powers of two too.
 SWEEP_SIZES = [("empty", 37), ("empty", 128), ("empty", 129), ("empty", 500), ("zeros", 37), ("zeros", 129),
                ("zeros", 1250), ("empty", 2500), ("empty", 8192), ("empty", 12_000), ("empty", 16_383),
                ("empty", 16_384), ("empty", 16_385), ("empty", 25_000), ("empty", 131_072)]
@@ -79,7 +79,7 @@ SWEEP_SPAN = " to ".join(fmt_size(8 * f(n for _, n in SWEEP_SIZES)) for f in (mi
 SMALL = {**SMALL_TARGETS, **SMALL_SWEEP}
 RSS_WORKLOADS = {"loop64": "the 64 MiB loop", "sweep": "the 1-16 MiB loop sweep",
                  "mixed": "4,000 arrays of 8 B-1 MiB kept, then dropped"}
-NP_HEADER = 16  # the bytes arenalib's NumPy handler puts before an array's data, up to 128 KiB
+NP_HEADER = 16  # the bytes arenalib's NumPy handler puts before an array's data (up to 128 KiB, always)
 BIG_ARRAY = 64 * 1024  # from here an array's block is past the arena's own cache (see _big_why)
 BIG_LIMIT, BIG_FAULTS, SWEEP_LIMIT, SMALL_LIMIT, RSS_LIMIT = 0.85, 0.01, 1.02, 1.05, 0.05
 

@@ -1123,12 +1123,18 @@ def test_big_arrays_get_the_huge_page_advice_numpys_handler_gives(arena):
             big = np.ones(MiB)  # 8 MiB
             two = np.ones(2 * MiB, dtype=np.uint8)
             under = np.ones(2 * MiB - 4096, dtype=np.uint8)
+            odd = np.zeros(3_000_000, dtype=np.uint8)  # a block with a header: zeroed after the advice
             small = np.ones(1000)
         middle = big.ctypes.data + 4 * MiB
         assert "hg" in vm_flags(middle) and "hg" not in vm_flags(small.ctypes.data)
         assert big.ctypes.data % (2 * MiB) == 0  # (a big block has no header: its data is the block)
         assert two.ctypes.data % (2 * MiB) == 0 and "hg" in vm_flags(two.ctypes.data + MiB)
         assert "hg" not in vm_flags(under.ctypes.data + MiB)  # (no huge page fits)
+        assert odd.ctypes.data % (2 * MiB) == 16 and "hg" in vm_flags(odd.ctypes.data + MiB)
+        assert not odd.any()
+        odd_middle = odd.ctypes.data + MiB
+        del odd
+        assert "hg" not in vm_flags(odd_middle)
         del big
         assert "hg" not in vm_flags(middle)
         two.resize(MiB, refcheck=False)  # under 2 MiB: the advice goes with it
@@ -1247,20 +1253,82 @@ def test_the_handlers_functions_directly(arena):
     del capsule
 
 
-BIG = 128 * 1024 + 1  # from here on a block has no header (arenalib/src/numpy_large.h)
+BIG = 128 * 1024 + 1  # from here on a block is page-aligned (arenalib/src/numpy_large.h)
 
 
-@pytest.mark.parametrize("n", [16384, 65536, BIG - 17, BIG - 1, BIG, BIG + 15, 200_000, MiB, 3 * MiB])
-def test_a_big_array_has_page_aligned_data(arena, n):
+def size_class(n):
+    """jemalloc's size class of n bytes past its small ones (16 KiB): four a doubling."""
+    k = (n - 1).bit_length() - 1  # 2**k < n <= 2**(k + 1)
+    step = 1 << (k - 2)
+    return -(-n // step) * step
+
+
+def header_fits(n):
+    return size_class(n + 16) == size_class(n)
+
+
+@pytest.mark.parametrize("n", [16384, 65536, BIG - 17, BIG - 1, BIG, BIG + 15, 200_000, 229_376, 1_500_000,
+                               MiB, MiB + 1, 3 * MiB, 5 * MiB - 16, 5 * MiB - 15])
+def test_a_big_arrays_data_starts_where_glibcs_big_blocks_put_theirs(arena, n):
+    # 16 bytes into a page, after a header, where the size class has room for one; on the page,
+    # with no header, where the array's size is its class's own (so that it takes that class).
     with arena.numpy():
         small = [np.empty(k, dtype=np.uint8) for k in range(0, 5000, 16)]  # every 16-byte class
         big = np.empty(n, dtype=np.uint8)
-    assert big.ctypes.data % 4096 == 0 or n < BIG
+    header = 16 if n < BIG or header_fits(n) else 0
+    if n >= BIG:
+        assert big.ctypes.data % 4096 == header
     big[:] = 7
     stats = arena.stats()
     assert stats["numpy_bytes"] == n + sum(a.size or 1 for a in small)  # (an empty array's block: 1 byte)
-    del small, big
+    before = stats["live_bytes"]
+    del big
+    assert before - arena.stats()["live_bytes"] == n + header
+    del small
     assert arena.stats()["numpy_arrays"] == 0 and arena.stats()["live_bytes"] == 0
+
+
+def test_a_big_block_with_a_header_resizes_in_place_and_moves_to_change_kind(arena):
+    expected = np.arange(1_500_000, dtype=np.uint8)
+    with arena.numpy():
+        x = expected.copy()
+    address = x.ctypes.data
+    assert address % 4096 == 16 and arena.stats()["live_bytes"] == 1_500_000 + 16
+    x.resize(1_400_000, refcheck=False)  # the same size class (1.5 MiB): in place
+    assert x.ctypes.data == address and (x == expected[:1_400_000]).all()
+    assert arena.stats()["live_bytes"] == 1_400_000 + 16 and arena.stats()["numpy_bytes"] == 1_400_000
+    x.resize(MiB, refcheck=False)  # a class's own size: no room for a header, so a block with none
+    assert x.ctypes.data % 4096 == 0 and (x == expected[:MiB]).all()
+    assert arena.stats()["live_bytes"] == MiB and arena.stats()["numpy_arrays"] == 1
+    x.resize(1_500_000, refcheck=False)  # a block with none stays one (in place where jemalloc can)
+    assert x.ctypes.data % 4096 == 0 and (x[:MiB] == expected[:MiB]).all() and not x[MiB:].any()
+    assert arena.stats()["live_bytes"] == 1_500_000
+    del x
+    with arena.numpy():
+        y = expected.copy()
+    y.resize(5000, refcheck=False)  # under BIG: a small block (with its rounding)
+    assert (y == expected[:5000]).all() and y.ctypes.data % 4096 != 0
+    assert 5000 + 16 <= arena.stats()["live_bytes"] < 5000 + 32
+    del y
+    assert arena.stats()["numpy_arrays"] == 0 and arena.stats()["live_bytes"] == 0
+
+
+def test_a_big_block_with_a_header_through_the_handlers_functions(arena):
+    capsule = arenalib.numpy_handler(arena)  # alive while its functions are called
+    h = handler_struct(capsule)
+    p = h.malloc(h.ctx, 1_500_000)
+    assert p % 4096 == 16
+    ctypes.memset(p, 0x42, 1_500_000)
+    q = h.realloc(h.ctx, p, 3_000_000)  # grown (moved or not), bytes kept
+    assert ctypes.string_at(q, 1_500_000) == b"\x42" * 1_500_000
+    assert arena.stats()["numpy_bytes"] == 3_000_000 and arena.stats()["live_bytes"] == 3_000_000 + 16
+    h.free(h.ctx, q, 0)
+    h.free(h.ctx, q, 0)  # a second free finds no tag: nothing happens
+    z = h.calloc(h.ctx, 3, 1_000_000)
+    assert ctypes.string_at(z, 3_000_000) == bytes(3_000_000)
+    h.free(h.ctx, z, 0)
+    assert arena.stats()["numpy_arrays"] == 0 and arena.stats()["live_bytes"] == 0
+    del capsule
 
 
 def test_a_power_of_two_array_takes_its_own_size_class_not_the_next(arena):
@@ -1281,13 +1349,16 @@ def test_resizes_across_the_big_block_edge_keep_the_bytes_and_the_books(arena, f
         x = np.arange(first, dtype=np.uint8)
     expected = np.arange(first, dtype=np.uint8)
     x.resize(then, refcheck=False)
-    assert x.ctypes.data % 4096 == 0 or then < BIG
     keep = min(first, then)
     assert (x[:keep] == expected[:keep]).all() and not x[keep:].any()
     stats = arena.stats()
     assert stats["numpy_arrays"] == 1 and stats["numpy_bytes"] == then
-    header = stats["live_bytes"] - then  # a small block's header (and rounding), none for a big one
-    assert header == 0 if then >= BIG else 16 <= header < 32
+    header = stats["live_bytes"] - then  # a block's header (and a small one's rounding), or none
+    if then < BIG:
+        assert 16 <= header < 32
+    else:  # a big block keeps its kind where it can, resized in place: either kind is right
+        assert (x.ctypes.data % 4096, header) in ((0, 0), (16, 16))
+        assert header == 16 or not header_fits(then) or first >= BIG
     del x
     assert arena.stats()["numpy_bytes"] == 0 and arena.stats()["live_bytes"] == 0
 
