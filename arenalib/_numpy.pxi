@@ -733,7 +733,11 @@ cdef void* _np_realloc_big(NumpyContext* context, char* data, size_t old, size_t
         if core.open:
             if context.hugepages and old >= NP_HUGE_MIN:
                 np_advise(block, old + header, False)  # (a shrink or a move gives pages back)
-            if not header:
+            if header:
+                # The tag off first: a move frees the block inside the resize, and its old address,
+                # freed or realloc'ed again (a stale pointer), must find no tag, as after a free.
+                (<NpHeader*>block).tag = 0
+            else:
                 # The record out first: a move frees ``data`` inside the resize, and another thread
                 # may be handed it and record it before this one could say the block moved.
                 np_large_lookup(table, data, &old, True)
@@ -746,7 +750,8 @@ cdef void* _np_realloc_big(NumpyContext* context, char* data, size_t old, size_t
             else:
                 resized, size = block, old
             if header:
-                (<NpHeader*>resized).size = size  # (its tag moved with the bytes)
+                (<NpHeader*>resized).size = size
+                (<NpHeader*>resized).tag = NP_TAG_ARENA
             else:
                 # Never needs memory on a GIL build (a record went, one comes); with the GIL off,
                 # only when other threads filled the table meanwhile and it cannot grow: the block

@@ -1331,6 +1331,30 @@ def test_a_big_block_with_a_header_through_the_handlers_functions(arena):
     del capsule
 
 
+@pytest.mark.parametrize("n", [200_000, 1_500_000, MiB])  # with a header, with one, without
+def test_the_old_address_of_a_big_block_moved_by_a_realloc_is_left_alone(arena, n):
+    # jemalloc's move copied a header's tag too, and freed the old block with it: a stale pointer
+    # then read as a live block, and its free gave jemalloc the block a second time (a crash; an
+    # attack found it, 2026-12-06).  As after a free, the old address has no tag or record now.
+    capsule = arenalib.numpy_handler(arena)
+    h = handler_struct(capsule)
+    p = h.malloc(h.ctx, n)
+    neighbour = h.malloc(h.ctx, n)  # so that p cannot grow in place
+    ctypes.memset(p, 0x37, n)
+    q = h.realloc(h.ctx, p, 2 * n)
+    assert q != p and ctypes.string_at(q, n) == b"\x37" * n
+    books = arena.stats()
+    h.free(h.ctx, p, 0)
+    assert h.realloc(h.ctx, p, n + 4096) is None
+    stats = arena.stats()
+    assert [stats[k] for k in ("numpy_arrays", "numpy_bytes", "live_bytes")] == [
+        books[k] for k in ("numpy_arrays", "numpy_bytes", "live_bytes")] and stats["numpy_arrays"] == 2
+    h.free(h.ctx, q, 0)
+    h.free(h.ctx, neighbour, 0)
+    assert arena.stats()["numpy_arrays"] == 0 and arena.stats()["live_bytes"] == 0
+    del capsule
+
+
 def test_a_power_of_two_array_takes_its_own_size_class_not_the_next(arena):
     # With a 16-byte header in front, a 1 MiB array took jemalloc's 1.25 MiB class.
     before = arena.stats()["active"]
