@@ -345,14 +345,16 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
     is closed; NULL when memory (or max_bytes) refuses."""
     if size > MAX_SIZE - NP_HEADER:
         return NULL
-    if size >= NP_LARGE_MIN and not _np_header_fits(context, size):
-        return _np_allocate_large(context, size, zero)
+    if size >= NP_LARGE_MIN:
+        # Apart, out of line (_np_realloc_big calls it too): the small blocks' path is this
+        # function's own, as GCC lays it out with nothing of the big ones' in between.
+        return _np_allocate_big(context, size, zero)
     cdef void* block = NULL
     cdef ArenaCore* core = context.core
     cdef int err = ARENA_ECLOSED
     cdef void* token = access_enter(&core.life)  # a close or reset of another thread waits for this
     if core.open:
-        err = _np_arena_block(context, np_block_size(core, size), size, zero, &block)
+        err = arena_allocate(core, np_block_size(core, size), 1, zero, &block)
         if err == ARENA_OK and not _np_record_page_aligned(context, block, size):
             arena_free(core, block, np_block_size(core, size))
             err = ARENA_ENOMEM
@@ -360,7 +362,7 @@ cdef void* _np_allocate(NumpyContext* context, size_t size, bint zero) noexcept 
             # Counted as a buffer export before anyone can close: close and reset refuse from now on.
             _np_count_out(context, size)
             if size > CACHE_MAX_SIZE:
-                shared_update_peak(core)  # (see _np_allocate_large)
+                shared_update_peak(core)  # (see _np_allocate_big)
     access_exit(token)
     if err == ARENA_ECLOSED:
         return _np_fallback_allocate(context, size, zero)
@@ -379,6 +381,42 @@ cdef inline bint _np_record_page_aligned(NumpyContext* context, void* block, siz
             or np_large_add(<NumpyLarge*>context.books.large, data, size | NP_HAS_HEADER) == 0)
 
 
+cdef void* _np_allocate_big(NumpyContext* context, size_t size, bint zero) noexcept nogil:
+    """_np_allocate() of NP_LARGE_MIN bytes or more: a page-aligned block (see _np_big_block) with a
+    header where its size class has room for one, the data 16 bytes into the page as glibc's big
+    blocks have theirs; else with none, the data on the page, recorded in the arena's table of big
+    blocks (src/numpy_large.h says why both)."""
+    cdef bint headed = _np_header_fits(context, size)
+    cdef size_t header = NP_HEADER if headed else 0
+    cdef void* block = NULL
+    cdef ArenaCore* core = context.core
+    cdef int err = ARENA_ECLOSED
+    cdef void* token = access_enter(&core.life)  # a close or reset of another thread waits for this
+    if core.open:
+        err = _np_big_block(context, size + header, size, zero, &block)
+        if (err == ARENA_OK and not headed
+                and np_large_add(<NumpyLarge*>context.books.large, block, size) != 0):
+            arena_free(core, block, size)  # (no memory for the table's growth)
+            err = ARENA_ENOMEM
+        if err == ARENA_OK:
+            # Counted as a buffer export before anyone can close: close and reset refuse now.
+            _np_count_out(context, size)
+            # As a C-level caller, the handler leaves peak_bytes to the next Python-level allocate,
+            # but for big blocks, which a peak is about (the small ones' ~30 cycles were an eighth
+            # of a np.empty(8)'s cost over NumPy's own handler).
+            shared_update_peak(core)
+    access_exit(token)
+    if err == ARENA_ECLOSED:
+        return _np_fallback_allocate(context, size, zero)
+    if err != ARENA_OK:
+        return NULL
+    if headed:
+        return _np_hand_out(block, size)
+    shard_add(LIVE_NUMPY, 1)
+    trace_track(TRACE_DOMAIN, <size_t>block, size)
+    return block
+
+
 cdef inline bint _np_header_fits(NumpyContext* context, size_t size) noexcept nogil:
     """Whether a big array's block has room for a header in the jemalloc size class its data alone
     takes (every size but the classes' own: powers of two and three more a doubling)."""
@@ -386,14 +424,11 @@ cdef inline bint _np_header_fits(NumpyContext* context, size_t size) noexcept no
     return je_nallocx(size + NP_HEADER, flags) == je_nallocx(size, flags)
 
 
-cdef inline int _np_arena_block(NumpyContext* context, size_t block_size, size_t size, bint zero,
-                                void** out) noexcept nogil:
-    """arena_allocate() of the block of ``block_size`` bytes for an array of ``size``: a big one on a
-    page (on a huge page where its pages are advised huge: advised before their first touch, a
-    zeroing memset's included), so that its data starts where glibc's big blocks put theirs, or on
-    the page itself (src/numpy_large.h says why)."""
-    if size < NP_LARGE_MIN:
-        return arena_allocate(context.core, block_size, 1, zero, out)
+cdef inline int _np_big_block(NumpyContext* context, size_t block_size, size_t size, bint zero,
+                              void** out) noexcept nogil:
+    """arena_allocate() of the big block of ``block_size`` bytes for an array of ``size``: on a page,
+    or on a huge page where its pages are advised huge, advised before their first touch (a zeroing
+    memset's included)."""
     cdef bint huge = context.hugepages and size >= NP_HUGE_MIN
     cdef bint zero_after = zero and huge and block_size <= EAGER_ZERO_LIMIT  # (else jemalloc's: untouched)
     cdef int err = arena_allocate(context.core, block_size, _np_large_align(context, size),
@@ -403,36 +438,6 @@ cdef inline int _np_arena_block(NumpyContext* context, size_t block_size, size_t
         if zero_after:
             memset(out[0], 0, block_size)
     return err
-
-
-cdef void* _np_allocate_large(NumpyContext* context, size_t size, bint zero) noexcept nogil:
-    """A big block (NP_LARGE_MIN bytes or more) whose size class has no room for a header, for
-    NumPy: page-aligned, recorded in the arena's table of big blocks."""
-    cdef void* block = NULL
-    cdef ArenaCore* core = context.core
-    cdef int err = ARENA_ECLOSED
-    cdef void* token = access_enter(&core.life)  # a close or reset of another thread waits for this
-    if core.open:
-        err = _np_arena_block(context, size, size, zero, &block)
-        if err == ARENA_OK:
-            if np_large_add(<NumpyLarge*>context.books.large, block, size) != 0:
-                arena_free(core, block, size)  # (no memory for the table's growth)
-                err = ARENA_ENOMEM
-            else:
-                # Counted as a buffer export before anyone can close: close and reset refuse now.
-                _np_count_out(context, size)
-                # As a C-level caller, the handler leaves peak_bytes to the next Python-level
-                # allocate, but for big blocks, which a peak is about (the small ones' ~30 cycles
-                # were an eighth of a np.empty(8)'s cost over NumPy's own handler).
-                shared_update_peak(core)
-    access_exit(token)
-    if err == ARENA_ECLOSED:
-        return _np_fallback_allocate(context, size, zero)
-    if err != ARENA_OK:
-        return NULL
-    shard_add(LIVE_NUMPY, 1)
-    trace_track(TRACE_DOMAIN, <size_t>block, size)
-    return block
 
 
 cdef inline size_t _np_large_align(NumpyContext* context, size_t size) noexcept nogil:
@@ -746,7 +751,7 @@ cdef void* _np_realloc_big(NumpyContext* context, char* data, size_t old, size_t
             if err == ARENA_OK:
                 count_add(&context.books.nbytes, <Py_ssize_t>size - <Py_ssize_t>old)
                 if size > old:
-                    shared_update_peak(core)  # (see _np_allocate_large)
+                    shared_update_peak(core)  # (see _np_allocate_big)
             else:
                 resized, size = block, old
             if header:
@@ -767,7 +772,9 @@ cdef void* _np_realloc_big(NumpyContext* context, char* data, size_t old, size_t
             return <char*>resized + header
         if err != ARENA_ECLOSED:
             return NULL  # no memory, or max_bytes: NumPy keeps the old block
-    moved = _np_allocate(context, size, False)
+    # (_np_allocate_big() called from here too keeps GCC from inlining it into _np_allocate())
+    moved = (_np_allocate_big(context, size, False) if size >= NP_LARGE_MIN
+             else _np_allocate(context, size, False))
     if moved == NULL:
         return NULL
     memcpy(moved, data, min(old, size))
