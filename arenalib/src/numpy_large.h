@@ -13,12 +13,12 @@
    ARENALIB_NP_LARGE_MIN the header stays, for speed (see there): a 16-128 KiB power-of-two array
    still takes the next class, a quarter of at most 160 KiB.
    Why 16 bytes into a page where it fits: NumPy's loops over arrays whose data start at the same
-   offset in a page ran faster than over arrays at other offsets: c = a*b + a at 1.5 MB, a and b
-   16 bytes into their pages, c there took 0.91-0.98x the time of c on the page's start, 0.89-0.95x
-   that of c at other offsets (10 processes, this 2-vCPU AMD host).  With a and b from NumPy's default
-   handler (glibc's blocks: 16 bytes in) and c from the arena, the loop at 3000000 B took 1.01x ->
-   0.95x the default handler's, at 10000000 B 1.04x -> 0.99x (5 processes each, twice; 1.5 MB and
-   7.5 MB within the noise).  Arrays of the arena all start alike either way.
+   offset in a page ran faster than over arrays at other offsets: c = a*b + a at 1.5 MB, a and b 16
+   bytes into their pages, c there took 0.91-1.00x (mean 0.96) the time of c on the page's start,
+   0.89-0.95x that of c at other offsets (10 processes, this 2-vCPU AMD host). With a and b from
+   NumPy's default handler (glibc's blocks: 16 bytes in) and c from the arena, the loop at 3000000 B
+   took 1.01x -> 0.95x the default handler's, at 10000000 B 1.04x -> 0.99x (5 processes each, twice;
+   1.5 MB and 7.5 MB within the noise). Arrays of the arena all start alike either way.
 
    How free() tells the two kinds apart: every block the handler hands out whose data is page-aligned
    is recorded here, the big ones and the few small ones whose data falls on a page (a slab region
