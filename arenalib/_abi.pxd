@@ -166,6 +166,9 @@ cdef struct SharedState:
     # thread's allocations and frees take the inline fast path, without a thread-local lookup.
     # Written once per open and cleared by close, so threads taking turns never bounce its line.
     ThreadCache* first_cache
+    # Bytes the threads' books count as live that nothing holds: the blocks the NumPy handler keeps
+    # for reuse (GIL builds: the GIL guards it; arenalib/_numpy.pxi).  0 at open and after a reset.
+    Py_ssize_t idle_bytes
 
 
 cdef struct SlicingState:

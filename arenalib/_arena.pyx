@@ -642,8 +642,7 @@ cdef class ArenaBase(SegmentOwner):
         cdef int i
         result = {}  # made first: the GC it may start can close the arena, which the reads must see
         cdef void* token = access_enter(&self._core.life)  # no close meanwhile
-        read_books(&self._core, &books)
-        cdef Py_ssize_t cached_bytes = numpy_cached_bytes(self)
+        cdef Py_ssize_t cached_bytes = numpy_read_books(self, &books)
         jemalloc_arena_figures(&self._core, figures)
         cdef Py_ssize_t exports = segment_exports(self)  # NumPy arrays, exports too, come apart
         cdef Py_ssize_t arrays, array_bytes
@@ -681,7 +680,7 @@ cdef class ArenaBase(SegmentOwner):
         # The arena's own books: jemalloc's statistics cost milliseconds once arenas are many.
         cdef Books books
         cdef void* token = access_enter(&self._core.life)
-        read_books(&self._core, &books)
+        numpy_read_books(self, &books)
         access_exit(token)
         return f"<arenalib.{name} {books.live_segments} segments, {books.live_bytes} bytes>"
 

@@ -49,19 +49,22 @@
 #
 # Small blocks (up to NP_CACHE_MAX bytes of data) are kept for reuse on a GIL build, as NumPy's own
 # handler keeps its own: a few per 16-byte bucket, in the arena's NumpyCache, which the GIL guards
-# (NumPy calls the handler with it held, as its own cache needs).  A kept block is out of the arena's
-# books, as a block in the arena's own free-block caches is (not live, not an export; stats() shows it
-# as numpy_cached_bytes), and back in them when an array takes it.  It is handed out again only in the
-# generation it was kept in and while the arena is open: a reset or close (any, C-level ones too)
-# makes the whole cache stale at once, with no list to walk.  A reset drops the blocks with the rest
-# of the arena's memory; a close leaves what is allocated to the slot as garbage counted by the books,
-# which the kept blocks are out of, so Python's close (and an unclosed arena's collection) gives them
-# back to the arena first (numpy_cache_flush): unflushed, every `with Arena() as a, a.numpy():` left
-# up to 134 KiB in the reused slot (found by an attack, 2026-12-04).  A C-level arena_close() of a
-# Python Arena does not flush: at most NP_CACHE_MAX-sized blocks, 4 a bucket, stay in the slot until
-# its next reset.
-# The arena's first thread keeps and takes blocks (its books are the ones at hand with no look-up);
-# a limited arena (max_bytes) has no first thread, and keeps none: its limit counts what arrays hold.
+# (NumPy calls the handler with it held, as its own cache needs), whichever thread calls.  A kept
+# block is not an export, and stays allocated in the arena's books, which keeping and taking it do not
+# touch (a thread's books are a look-up away, and updating them cost a pair of np.empty(8) ~2.5 ns of
+# its handler's ~11: 2026-12-06); stats() takes the kept blocks out of live_bytes and live_segments
+# (it shows them as numpy_cached_bytes) and adds the blocks handed out again to allocated_total
+# (reused_bytes).  peak_bytes, brought up to date by other allocations, may count them as live:
+# up to the cache's size, NP_CACHE_BUCKETS * NP_CACHE_DEPTH blocks of at most NP_CACHE_MAX + 16
+# bytes (266 KiB).  A block is handed out again only in the generation it was kept in and while
+# the arena is open: a reset or close (any, C-level ones too) makes the whole cache stale at once,
+# with no list to walk.  A reset drops the blocks with the rest of the arena's memory and books; a
+# close leaves what is allocated to the slot as garbage, kept blocks included, so Python's close
+# (and an unclosed arena's collection) gives them back to the arena first (numpy_cache_flush):
+# unflushed, every `with Arena() as a, a.numpy():` left up to 134 KiB in the reused slot (found by
+# an attack, 2026-12-04).  A C-level arena_close() of a Python Arena does not flush: its slot counts
+# the kept blocks with the rest of what the arena left allocated.
+# A limited arena (max_bytes) keeps none: its limit counts what arrays hold.
 # Why: an np.empty(8) cost 1.08x and an np.zeros(100) 1.21x NumPy's own handler's with a trip to the
 # arena for each block, and NEP 49 handlers are called for every small temporary.
 #
@@ -242,6 +245,7 @@ cdef struct NumpyContext:
     NpHandler handler
     ArenaCore* core
     NumpyBooks* books
+    NumpyCache* cache          # books.cache, one load nearer (NULL on a free-threaded build)
     NpHandler* fallback        # NumPy's default handler: what serves allocations after a close
     bint hugepages             # advise huge pages for big blocks (see src/numpy.h)
     PyObject* arena            # a reference, dropped with the capsule
@@ -287,6 +291,7 @@ cdef object numpy_handler_of(ArenaBase arena):
     context.arena = <PyObject*>arena
     if not FREE_THREADED and arena._numpy.cache == NULL:  # (none made: blocks go to the arena)
         arena._numpy.cache = <NumpyCache*>PyMem_RawCalloc(1, sizeof(NumpyCache))
+    context.cache = arena._numpy.cache  # (freed with the arena, which the capsule holds)
     if np_large_make(&arena._numpy.large) == NULL:
         PyMem_RawFree(context)
         raise MemoryError("cannot allocate the NumPy handler's table of big blocks")
@@ -482,19 +487,9 @@ cdef inline void _np_cache_forget(NumpyCache* cache, uint64_t generation) noexce
     cache.generation = generation
 
 
-cdef inline ThreadCache* _np_cache_books(ArenaCore* core) noexcept nogil:
-    """The books a kept block leaves and comes back to: the arena's first thread's, when that is the
-    calling thread (a limited arena has none); NULL otherwise, and the cache is not used."""
-    cdef ThreadCache* tc = load_first_cache(&core.shared.first_cache)
-    if tc != NULL and arenalib_load_owner(&tc.thread) == thread_ident():
-        return tc
-    return NULL
-
-
 cdef inline void* _np_cache_take(NumpyContext* context, size_t size) noexcept nogil:
-    """A kept block for ``size`` data bytes, back in the arena's books, or NULL (none kept, the cache
-    stale, another thread than the arena's first)."""
-    cdef NumpyCache* cache = context.books.cache
+    """A kept block for ``size`` data bytes, or NULL (none kept, the cache stale)."""
+    cdef NumpyCache* cache = context.cache
     if FREE_THREADED or cache == NULL or size > NP_CACHE_MAX:
         return NULL
     cdef size_t bucket = (size + 15) >> 4
@@ -505,30 +500,24 @@ cdef inline void* _np_cache_take(NumpyContext* context, size_t size) noexcept no
     if not core.open or cache.generation != core.life.generation:
         _np_cache_forget(cache, 0)
         return NULL
-    cdef ThreadCache* tc = _np_cache_books(core)
-    if tc == NULL:
-        return NULL
     cdef size_t block_size = (bucket << 4) + NP_HEADER  # np_block_size() of every size of the bucket
     n -= 1
     cache.count[bucket] = n
-    shared_count_allocation(tc, block_size)
+    cache.reused_bytes += block_size
+    store_ssize(&core.shared.idle_bytes, core.shared.idle_bytes - <Py_ssize_t>block_size)
     return cache.kept[bucket * NP_CACHE_DEPTH + n]
 
 
 cdef inline bint _np_cache_keep(NumpyContext* context, NpHeader* header, size_t size) noexcept nogil:
-    """Keep the block of an array of ``size`` bytes that died, out of the arena's books; False when
-    it is not for the cache (too big, its bucket full, the arena closed or limited, another thread
-    than the arena's first, a free-threaded build)."""
-    cdef NumpyCache* cache = context.books.cache
+    """Keep the block of an array of ``size`` bytes that died; False when it is not for the cache
+    (too big, its bucket full, the arena closed or limited, a free-threaded build)."""
+    cdef NumpyCache* cache = context.cache
     if FREE_THREADED or cache == NULL or size > NP_CACHE_MAX:
         return False
     if np_page_aligned(<char*>header + NP_HEADER):
         return False  # (its record is gone with the array, and a kept block has none)
     cdef ArenaCore* core = context.core
-    if not core.open:  # (a closed arena's thread caches may be gone; its blocks go in bulk)
-        return False
-    cdef ThreadCache* tc = _np_cache_books(core)
-    if tc == NULL or core.max_bytes >= 0:
+    if not core.open or core.max_bytes >= 0:  # (a closed arena's blocks go in bulk)
         return False
     if cache.generation != core.life.generation:
         _np_cache_forget(cache, core.life.generation)
@@ -536,10 +525,9 @@ cdef inline bint _np_cache_keep(NumpyContext* context, NpHeader* header, size_t 
     cdef unsigned char n = cache.count[bucket]
     if n == NP_CACHE_DEPTH:
         return False
-    cdef size_t block_size = (bucket << 4) + NP_HEADER
     cache.kept[bucket * NP_CACHE_DEPTH + n] = header
     cache.count[bucket] = n + 1
-    books_remove(&tc.books, block_size)
+    store_ssize(&core.shared.idle_bytes, core.shared.idle_bytes + <Py_ssize_t>((bucket << 4) + NP_HEADER))
     return True
 
 
@@ -557,21 +545,29 @@ cdef int numpy_cache_flush(ArenaBase arena) except -1:
         for bucket in range(NP_CACHE_BUCKETS):
             block_size = (bucket << 4) + NP_HEADER
             for i in range(cache.count[bucket]):
-                shared_count_allocation(tc, block_size)  # (arena_free takes it out of them again)
                 arena_free(core, cache.kept[bucket * NP_CACHE_DEPTH + i], block_size)
-    _np_cache_forget(cache, 0)  # (left out with no thread cache: the next reset or close drops them)
+    _np_cache_forget(cache, 0)  # (left out with no thread cache: allocated until a reset or close)
+    store_ssize(&core.shared.idle_bytes, 0)
     return 0
 
 
-cdef Py_ssize_t numpy_cached_bytes(ArenaBase arena) noexcept:
-    """The bytes of the blocks the handler keeps now (0 when the cache is stale)."""
+cdef Py_ssize_t numpy_read_books(ArenaBase arena, Books* books) noexcept:
+    """read_books() of ``arena`` as its users see them, with the blocks the handler keeps out of
+    the live figures and those it handed out again in allocated_total; the kept blocks' bytes (0
+    when the cache is stale).  The caller keeps closes out (access_enter), as for read_books()."""
+    read_books(&arena._core, books)
     cdef NumpyCache* cache = arena._numpy.cache
-    if cache == NULL or not arena._core.open or cache.generation != arena._core.life.generation:
-        return 0
-    cdef Py_ssize_t nbytes = 0
+    cdef Py_ssize_t nbytes = 0, blocks = 0
     cdef size_t bucket
-    for bucket in range(NP_CACHE_BUCKETS):
-        nbytes += cache.count[bucket] * <Py_ssize_t>((bucket << 4) + NP_HEADER)
+    if cache == NULL:
+        return 0
+    books.allocated_total += cache.reused_bytes
+    if arena._core.open and cache.generation == arena._core.life.generation:
+        for bucket in range(NP_CACHE_BUCKETS):
+            blocks += cache.count[bucket]
+            nbytes += cache.count[bucket] * <Py_ssize_t>((bucket << 4) + NP_HEADER)
+    books.live_bytes -= nbytes
+    books.live_segments -= blocks
     return nbytes
 
 

@@ -211,12 +211,14 @@ cdef void shared_update_peak(ArenaCore* core) noexcept nogil:
     (or needs the GIL it holds), and a node another thread is adding right now is missed at worst.
     The other threads' live bytes are read while they change: a figure, not an invariant."""
     cdef ThreadCache* mine = load_first_cache(&core.shared.first_cache)
-    cdef Py_ssize_t peak = load_ssize(&core.books.peak_bytes)
+    # The sums below count the blocks the NumPy handler keeps; the peak is of what was held.
+    cdef Py_ssize_t idle = load_ssize(&core.shared.idle_bytes)
+    cdef Py_ssize_t peak = load_ssize(&core.books.peak_bytes) + idle
     if mine != NULL and load_thread(&mine.thread) == thread_ident():
         if mine.next == NULL and arenalib_follow(&core.slot.threads) == mine:
             # The one thread of the arena (the common case): its live bytes are the sum.
             if mine.books.live_bytes > peak:
-                arenalib_raise_peak(&core.books.peak_bytes, mine.books.live_bytes)
+                arenalib_raise_peak(&core.books.peak_bytes, mine.books.live_bytes - idle)
             return
     else:
         mine = <ThreadCache*>arenalib_tls_get(core.serial)
@@ -233,7 +235,7 @@ cdef void shared_update_peak(ArenaCore* core) noexcept nogil:
     while tc != NULL:
         live += load_ssize(&tc.books.live_bytes)
         tc = arenalib_follow(&tc.next)
-    arenalib_raise_peak(&core.books.peak_bytes, live)
+    arenalib_raise_peak(&core.books.peak_bytes, live - idle)
 
 
 cdef void shared_open(ArenaCore* core) noexcept nogil:
@@ -242,6 +244,7 @@ cdef void shared_open(ArenaCore* core) noexcept nogil:
     cdef ArenaSlot* slot = core.slot
     cdef ThreadCache* tc
     core.shared.reserved_bytes = 0
+    store_ssize(&core.shared.idle_bytes, 0)
     PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
     tc = slot.threads
     while tc != NULL:
@@ -256,6 +259,7 @@ cdef void shared_reset(ArenaCore* core) noexcept nogil:
     of live bytes with it), and so do the reservations against max_bytes."""
     slot_reset(core.slot)
     core.shared.reserved_bytes = 0
+    store_ssize(&core.shared.idle_bytes, 0)  # (the kept blocks went with the rest)
     core_forget_live(core)
 
 

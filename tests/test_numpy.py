@@ -668,6 +668,71 @@ def test_kept_blocks_are_out_of_the_peak_and_the_totals_count_each_array(arena):
     del y
 
 
+@pytest.mark.skipif(FREE_THREADED, reason="the cache is the GIL's: a free-threaded build keeps none")
+def test_any_thread_keeps_and_takes_blocks_and_the_books_stay_exact(arena):
+    # The cache is the GIL's, not a thread's: a block another thread's array held is kept, and
+    # this thread's next array of its bucket takes it; the live figures and the peak never count it.
+    addresses = []
+
+    def worker():
+        with arena.numpy():
+            x = np.zeros(100)
+            addresses.append(x.ctypes.data)
+            del x
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    stats = arena.stats()
+    assert kept_bytes(arena) == kept_size(800)
+    assert (stats["live_bytes"], stats["live_segments"], stats["numpy_arrays"]) == (0, 0, 0)
+    with arena.numpy():
+        y = np.zeros(100)
+    assert y.ctypes.data == addresses[0] and not y.any()
+    assert arena.stats()["live_bytes"] == kept_size(800) and kept_bytes(arena) == 0
+    segment = arena.allocate(10)  # brings the peak up to date: the block is held once, not twice
+    assert arena.stats()["peak_bytes"] == kept_size(800) + 10
+    del y
+    threads_done = []
+
+    def dropper(array):
+        del array[:]  # the last reference goes in this thread: its free keeps the block
+        threads_done.append(kept_bytes(arena))
+
+    with arena.numpy():
+        z = [np.zeros(50)]
+    thread = threading.Thread(target=dropper, args=(z,))
+    thread.start()
+    thread.join()
+    assert threads_done == [kept_size(800) + kept_size(400)]
+    assert arena.stats()["live_bytes"] == 10
+    segment.free()
+
+
+@pytest.mark.skipif(FREE_THREADED, reason="the cache is the GIL's: a free-threaded build keeps none")
+@pytest.mark.parametrize("how", ["reset", "purge"])
+def test_the_peak_after_a_reset_or_purge_counts_no_block_kept_before(how):
+    # The kept blocks' bytes are taken out of the live sums the peak is compared with; a reset
+    # (which drops them) or a purge (which gives them back) must leave nothing to take out, or a
+    # later allocation would raise the peak too little.
+    arena = arenalib.Arena()
+    with arena.numpy():
+        for n in range(1, 129):
+            x = np.zeros(n)
+            del x
+    kept = kept_bytes(arena)
+    assert kept > 30_000  # 64 buckets, one block each
+    peak = arena.stats()["peak_bytes"]
+    getattr(arena, how)()
+    assert arena.stats()["live_bytes"] == 0
+    size = peak + kept // 2  # past the peak, but not past it by what was kept
+    segment = arena.allocate(size)
+    stats = arena.stats()
+    assert stats["peak_bytes"] == size and stats["live_bytes"] == size
+    segment.free()
+    arena.close()
+
+
 def test_a_free_threaded_build_keeps_no_block(arena):
     with arena.numpy():
         x = np.zeros(100)
