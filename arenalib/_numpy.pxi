@@ -112,6 +112,7 @@ cdef extern from "src/numpy.h":
         PyObject* default_capsule
         NpHandler* default_handler
         bint thp_madvise
+        size_t big_lead
     size_t NP_HEADER "ARENALIB_NP_HEADER"
     size_t NP_TAG_ARENA "ARENALIB_NP_TAG_ARENA"
     size_t NP_TAG_DEFAULT "ARENALIB_NP_TAG_DEFAULT"
@@ -136,6 +137,7 @@ cdef extern from "src/numpy_large.h":
     size_t NP_PAGE "ARENALIB_NP_PAGE"
     size_t NP_HAS_HEADER "ARENALIB_NP_HAS_HEADER"
     bint np_page_aligned "arenalib_np_page_aligned"(const void* data) noexcept nogil
+    char* np_page_of "arenalib_np_page_of"(const void* data) noexcept nogil
     int np_large_add "arenalib_np_large_add"(NumpyLarge* table, void* data, size_t size) noexcept nogil
     bint np_large_lookup "arenalib_np_large_lookup"(NumpyLarge* table, void* data, size_t* size,
                                                     bint take) noexcept nogil
@@ -207,6 +209,10 @@ cdef NpApi* _numpy_api_load() except NULL:
     api.default_capsule = default_capsule
     api.default_handler = default_handler
     api.thp_madvise = _thp_mode() == "madvise"
+    # A cache line's start for the data of big arrays where NumPy's loops use 64-byte vectors
+    # (src/numpy_large.h says why); a missing key (another NumPy) is NumPy's plain x86-64 build.
+    features = getattr(umath, "__cpu_features__", None)
+    api.big_lead = 64 if isinstance(features, dict) and features.get("AVX512_SKX") is True else NP_HEADER
     Py_INCREF(<object>default_capsule)  # NumPy's singleton: kept for good, as NumPy keeps it
     cdef NpApi* published = np_api_publish(api)
     if published != api:  # another thread loaded it first: the same values
@@ -248,6 +254,7 @@ cdef struct NumpyContext:
     NumpyCache* cache          # books.cache, one load nearer (NULL on a free-threaded build)
     NpHandler* fallback        # NumPy's default handler: what serves allocations after a close
     bint hugepages             # advise huge pages for big blocks (see src/numpy.h)
+    size_t big_lead            # where a big block's data starts, where its class has room (numpy.h)
     PyObject* arena            # a reference, dropped with the capsule
 
 
@@ -288,6 +295,7 @@ cdef object numpy_handler_of(ArenaBase arena):
     context.books = &arena._numpy
     context.fallback = api.default_handler
     context.hugepages = api.thp_madvise and _numpy_wants_hugepages()
+    context.big_lead = api.big_lead
     context.arena = <PyObject*>arena
     if not FREE_THREADED and arena._numpy.cache == NULL:  # (none made: blocks go to the arena)
         arena._numpy.cache = <NumpyCache*>PyMem_RawCalloc(1, sizeof(NumpyCache))
@@ -388,18 +396,17 @@ cdef inline bint _np_record_page_aligned(NumpyContext* context, void* block, siz
 
 cdef void* _np_allocate_big(NumpyContext* context, size_t size, bint zero) noexcept nogil:
     """_np_allocate() of NP_LARGE_MIN bytes or more: a page-aligned block (see _np_big_block) with a
-    header where its size class has room for one, the data 16 bytes into the page as glibc's big
-    blocks have theirs; else with none, the data on the page, recorded in the arena's table of big
-    blocks (src/numpy_large.h says why both)."""
-    cdef bint headed = _np_header_fits(context, size)
-    cdef size_t header = NP_HEADER if headed else 0
+    header where its size class has room for one, the data 16 or 64 bytes into the page
+    (_np_big_lead); else with none, the data on the page, recorded in the arena's table of big
+    blocks (src/numpy_large.h says why)."""
+    cdef size_t lead = _np_big_lead(context, size)
     cdef void* block = NULL
     cdef ArenaCore* core = context.core
     cdef int err = ARENA_ECLOSED
     cdef void* token = access_enter(&core.life)  # a close or reset of another thread waits for this
     if core.open:
-        err = _np_big_block(context, size + header, size, zero, &block)
-        if (err == ARENA_OK and not headed
+        err = _np_big_block(context, size + lead, size, zero, &block)
+        if (err == ARENA_OK and not lead
                 and np_large_add(<NumpyLarge*>context.books.large, block, size) != 0):
             arena_free(core, block, size)  # (no memory for the table's growth)
             err = ARENA_ENOMEM
@@ -415,18 +422,28 @@ cdef void* _np_allocate_big(NumpyContext* context, size_t size, bint zero) noexc
         return _np_fallback_allocate(context, size, zero)
     if err != ARENA_OK:
         return NULL
-    if headed:
-        return _np_hand_out(block, size)
+    if lead:
+        return _np_hand_out(<char*>block + lead - NP_HEADER, size)
     shard_add(LIVE_NUMPY, 1)
     trace_track(TRACE_DOMAIN, <size_t>block, size)
     return block
 
 
-cdef inline bint _np_header_fits(NumpyContext* context, size_t size) noexcept nogil:
-    """Whether a big array's block has room for a header in the jemalloc size class its data alone
-    takes (every size but the classes' own: powers of two and three more a doubling)."""
-    cdef int flags = MALLOCX_LG_ALIGN(arenalib_ctz(_np_large_align(context, size)))
-    return je_nallocx(size + NP_HEADER, flags) == je_nallocx(size, flags)
+cdef inline size_t _np_class_room(NumpyContext* context, size_t size) noexcept nogil:
+    """The bytes the jemalloc size class of a big array's data has beyond them (0 for the classes' own
+    sizes: powers of two and three more a doubling)."""
+    cdef size_t usable = je_nallocx(size, MALLOCX_LG_ALIGN(arenalib_ctz(_np_large_align(context, size))))
+    return usable - size if usable > size else 0
+
+
+cdef inline size_t _np_big_lead(NumpyContext* context, size_t size) noexcept nogil:
+    """The bytes before the data of a new big block for an array of ``size``: the handler's lead
+    (16 or 64: src/numpy_large.h) where its class has room for it, else 16 where it has room for the
+    header, else none."""
+    cdef size_t room = _np_class_room(context, size)
+    if room >= context.big_lead:
+        return context.big_lead
+    return NP_HEADER if room >= NP_HEADER else 0
 
 
 cdef inline int _np_big_block(NumpyContext* context, size_t block_size, size_t size, bint zero,
@@ -633,7 +650,7 @@ cdef void _np_free(void* ctx, void* data, size_t size) noexcept nogil:
         header.tag = 0  # a second free of the block finds no tag, and leaves it alone
         trace_untrack(TRACE_DOMAIN, <size_t>data)
         if not _np_put_back(context, header):
-            _np_release(context, header, np_block_size(context.core, header.size), header.size)
+            _np_release_headed(context, header)
     # else: not a block of the handler's (a second free, a pointer it never made): never touched
 
 
@@ -660,6 +677,18 @@ cdef inline void _np_count_in(NumpyContext* context, size_t size) noexcept nogil
     if state_read(&life.release_pending) and count_read(&life.exports) == 0:
         with gil:  # held already (NumPy calls with it): core_release_held() is declared with it
             core_release_held(context.core)
+
+
+cdef void _np_release_headed(NumpyContext* context, NpHeader* header) noexcept nogil:
+    """_np_release() of an arena block with a header (its tag taken off): a small block starts at its
+    header; a big one on the page of its data, its lead before the data (_np_big_lead)."""
+    cdef size_t size = header.size
+    cdef char* block
+    if size < NP_LARGE_MIN:
+        _np_release(context, header, np_block_size(context.core, size), size)
+        return
+    block = np_page_of(header)
+    _np_release(context, block, size + NP_HEADER + <size_t>(<char*>header - block), size)
 
 
 cdef void _np_release(NumpyContext* context, void* block, size_t block_size, size_t size) noexcept nogil:
@@ -695,7 +724,7 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
         return NULL  # not a block of the handler's: never touched
     old = header.size
     if tag == NP_TAG_ARENA and old >= NP_LARGE_MIN:
-        return _np_realloc_big(context, <char*>data, old, size, NP_HEADER)
+        return _np_realloc_big(context, <char*>data, old, size, <size_t>(<char*>data - np_page_of(data)))
     # A small arena block moves to a new block of the kind its new size asks for; one of NumPy's
     # default (after a close) to another of its.
     cdef void* moved = (_np_allocate(context, size, False) if tag == NP_TAG_ARENA
@@ -716,33 +745,34 @@ cdef void* _np_realloc(void* ctx, void* data, size_t size) noexcept nogil:
 
 
 cdef void* _np_realloc_big(NumpyContext* context, char* data, size_t old, size_t size,
-                           size_t header) noexcept nogil:
-    """Resize the big block of the array of ``old`` bytes at ``data``, ``header`` bytes into the
-    block (NP_HEADER, or 0: a block recorded in the table), in the arena, in place when jemalloc
-    can, while the new size keeps the block's kind (big, and with a header only where its class has
-    room for one); else, or once the arena closed (deferred) while the array lived, the bytes move
-    to a new block (NumPy's default's after a close) and the old one is released."""
+                           size_t lead) noexcept nogil:
+    """Resize the big block of the array of ``old`` bytes at ``data``, ``lead`` bytes into the block
+    (its header and offset, or 0: a block recorded in the table), in the arena, in place when
+    jemalloc can, while the new size keeps the block's kind (big, and with a header only where its
+    class has room for the lead); else, or once the arena closed (deferred) while the array lived,
+    the bytes move to a new block (NumPy's default's after a close) and the old one is released."""
     cdef NumpyLarge* table = <NumpyLarge*>context.books.large
     cdef ArenaCore* core = context.core
-    cdef char* block = data - header
+    cdef char* block = data - lead
     cdef void* resized = NULL
     cdef void* moved
+    cdef NpHeader* header
     cdef int err = ARENA_ECLOSED
     cdef void* token
-    if size >= NP_LARGE_MIN and (header == 0 or _np_header_fits(context, size)):
+    if size >= NP_LARGE_MIN and (lead == 0 or _np_class_room(context, size) >= lead):
         token = access_enter(&core.life)
         if core.open:
             if context.hugepages and old >= NP_HUGE_MIN:
-                np_advise(block, old + header, False)  # (a shrink or a move gives pages back)
-            if header:
+                np_advise(block, old + lead, False)  # (a shrink or a move gives pages back)
+            if lead:
                 # The tag off first: a move frees the block inside the resize, and its old address,
                 # freed or realloc'ed again (a stale pointer), must find no tag, as after a free.
-                (<NpHeader*>block).tag = 0
+                np_header_of(data).tag = 0
             else:
                 # The record out first: a move frees ``data`` inside the resize, and another thread
                 # may be handed it and record it before this one could say the block moved.
                 np_large_lookup(table, data, &old, True)
-            err = arena_resize_checked(core, block, old + header, size + header,
+            err = arena_resize_checked(core, block, old + lead, size + lead,
                                        _np_large_align(context, size), False, 0, &resized)
             if err == ARENA_OK:
                 count_add(&context.books.nbytes, <Py_ssize_t>size - <Py_ssize_t>old)
@@ -750,9 +780,10 @@ cdef void* _np_realloc_big(NumpyContext* context, char* data, size_t old, size_t
                     shared_update_peak(core)  # (see _np_allocate_big)
             else:
                 resized, size = block, old
-            if header:
-                (<NpHeader*>resized).size = size
-                (<NpHeader*>resized).tag = NP_TAG_ARENA
+            if lead:
+                header = np_header_of(<char*>resized + lead)
+                header.size = size
+                header.tag = NP_TAG_ARENA
             else:
                 # Never needs memory on a GIL build (a record went, one comes); with the GIL off,
                 # only when other threads filled the table meanwhile and it cannot grow: the block
@@ -760,12 +791,12 @@ cdef void* _np_realloc_big(NumpyContext* context, char* data, size_t old, size_t
                 # close.
                 np_large_add(table, resized, size)
             if context.hugepages and size >= NP_HUGE_MIN:
-                np_advise(resized, size + header, True)
+                np_advise(resized, size + lead, True)
         access_exit(token)
         if err == ARENA_OK:
             trace_untrack(TRACE_DOMAIN, <size_t>data)
-            trace_track(TRACE_DOMAIN, <size_t>resized + header, size)
-            return <char*>resized + header
+            trace_track(TRACE_DOMAIN, <size_t>resized + lead, size)
+            return <char*>resized + lead
         if err != ARENA_ECLOSED:
             return NULL  # no memory, or max_bytes: NumPy keeps the old block
     # (_np_allocate_big() called from here too keeps GCC from inlining it into _np_allocate())
@@ -774,10 +805,10 @@ cdef void* _np_realloc_big(NumpyContext* context, char* data, size_t old, size_t
     if moved == NULL:
         return NULL
     memcpy(moved, data, min(old, size))
-    if header:
-        (<NpHeader*>block).tag = 0
+    if lead:
+        np_header_of(data).tag = 0
         trace_untrack(TRACE_DOMAIN, <size_t>data)
-        _np_release(context, block, np_block_size(core, old), old)
+        _np_release(context, block, old + lead, old)
     elif np_large_lookup(table, data, &old, True):
         trace_untrack(TRACE_DOMAIN, <size_t>data)
         _np_release(context, data, old, old)

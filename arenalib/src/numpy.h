@@ -58,6 +58,7 @@ typedef struct {
     PyObject *default_capsule;              /* PyDataMem_DefaultHandler, [306] (a reference) */
     arenalib_np_handler *default_handler;   /* what it points to */
     int thp_madvise;                        /* the kernel's THP mode is "madvise" */
+    size_t big_lead;                        /* 16 or 64: src/numpy_large.h */
 } arenalib_np_api;
 
 static arenalib_np_api *arenalib_np_api_ptr;

@@ -1,10 +1,10 @@
 /* The NumPy handler's big blocks (arenalib/_numpy.pxi): an array of ARENALIB_NP_LARGE_MIN bytes or
    more gets a page-aligned arena block (on a huge page where advised huge, src/numpy.h).  Where its
-   size class has room for the 16-byte header, the block has one and the data starts 16 bytes into
-   the page, where glibc puts a big block's data (its chunk header), and so NumPy's default handler
-   an array's.  Where the array's size is its class's own (every power of two, and three more sizes
-   a doubling), the block has no header, its data is the page's start, and this table, one per
-   arena, says which data addresses are such blocks and the size NumPy asked for each.
+   size class has room for the 16-byte header, the block has one, right before the data, which
+   starts 16 or 64 bytes into the page (the block's lead, arenalib_np_api.big_lead).  Where the
+   array's size is its class's own (every power of two, and three more sizes a doubling), the block
+   has no header, its data is the page's start, and this table, one per arena, says which data
+   addresses are such blocks and the size NumPy asked for each.
 
    Why no header there: jemalloc's size classes from 16 KiB on are four a doubling (1 MiB, 1.25 MiB,
    1.5 MiB ...), so a 16-byte header in front of an array whose size is a class's own (1 MiB of
@@ -12,13 +12,19 @@
    mixed workload of power-of-two arrays: 561 MiB active where NumPy's default had 450).  Below
    ARENALIB_NP_LARGE_MIN the header stays, for speed (see there): a 16-128 KiB power-of-two array
    still takes the next class, a quarter of at most 160 KiB.
-   Why 16 bytes into a page where it fits: NumPy's loops over arrays whose data start at the same
-   offset in a page ran faster than over arrays at other offsets: c = a*b + a at 1.5 MB, a and b 16
-   bytes into their pages, c there took 0.91-1.00x (mean 0.96) the time of c on the page's start,
-   0.89-0.95x that of c at other offsets (10 processes, this 2-vCPU AMD host). With a and b from
-   NumPy's default handler (glibc's blocks: 16 bytes in) and c from the arena, the loop at 3000000 B
-   took 1.01x -> 0.95x the default handler's, at 10000000 B 1.04x -> 0.99x (5 processes each, twice;
-   1.5 MB and 7.5 MB within the noise). Arrays of the arena all start alike either way.
+   Why 16 or 64 bytes in: where an array's data start decides how fast NumPy's loops over it run,
+   and which start is fast depends on the vectors NumPy's loops use on the CPU.  With 64-byte
+   (AVX-512) vectors, an output 16 bytes past a cache line makes every store straddle two lines: on
+   a Zen 4 host, `np.multiply(a, b, out=t); np.add(t, a, out=t)` at 1.5 MB took 5% longer with t
+   16 or 2064 bytes into its page than at 0, 64, 1024, 2688 or 4032 (a and b 16 bytes in, as
+   NumPy's default handler's big arrays are: glibc's chunk header), and c = a*b + a in an arena
+   scope took 1.03x NumPy's default handler's at 1.5, 3 and 10 MB with the data 16 bytes in, against
+   0.97-0.99x with it on a line, 64 bytes in (3 processes each, 2026-12-06).  With 32-byte (AVX2)
+   vectors, on an older AMD host, data 16 bytes in, where the inputs' was, ran faster than on a
+   line: the loop at 1.5 MB with t there took 0.91-1.00x (mean 0.96) the time of t on the page's
+   start (10 processes), and c = a*b + a at 3 MB 0.95x the default handler's against 1.01x
+   (2026-12-06).  So the lead is 64 where NumPy's CPU features say AVX512_SKX (the kernels NumPy
+   dispatches there) and the class has room for it, 16 otherwise.
 
    How free() tells the two kinds apart: every block the handler hands out whose data is page-aligned
    is recorded here, the big ones and the few small ones whose data falls on a page (a slab region
@@ -53,6 +59,13 @@
    each new one came from elsewhere.  Past 128 KiB every block is jemalloc's own extent either way. */
 #define ARENALIB_NP_LARGE_MIN ((size_t)131073)
 #define ARENALIB_NP_PAGE ((size_t)4096)
+
+/* A big block with a header has its data 16 or 64 bytes into its page (its lead: see the top of
+   this file), never on the page, so its block starts on the page of its data. */
+static inline char *arenalib_np_page_of(const void *data) {
+    return (char *)((uintptr_t)data & ~(uintptr_t)(ARENALIB_NP_PAGE - 1));
+}
+
 /* In a record's size: the block has a header (a small block whose data fell on a page). */
 #define ARENALIB_NP_HAS_HEADER ((size_t)1 << (sizeof(size_t) * 8 - 1))
 
