@@ -169,6 +169,11 @@ cdef struct SharedState:
     # Bytes the threads' books count as live that nothing holds: the blocks the NumPy handler keeps
     # for reuse (GIL builds: the GIL guards it; arenalib/_numpy.pxi).  0 at open and after a reset.
     Py_ssize_t idle_bytes
+    # The kept blocks' bytes handed out again since the open: allocations the threads' books miss
+    # (shared_totals adds them).
+    size_t reused_bytes
+    # A NumPy handler of this arena was made (GIL builds): a C-level reset takes the GIL first.
+    bint numpy_served
 
 
 cdef struct SlicingState:

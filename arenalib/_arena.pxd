@@ -62,7 +62,6 @@ cdef struct NumpyCache:
     # Arena blocks of arrays dropped lately, which the handler hands out again before it asks the
     # arena, as NumPy's own handler keeps its small blocks; the GIL guards it.
     uint64_t generation       # the arena's generation when they were kept: in another, they are gone
-    size_t reused_bytes       # the blocks handed out again, ever: allocations the arena's books miss
     unsigned char count[NP_CACHE_BUCKETS]
     void* kept[NP_CACHE_BUCKETS * NP_CACHE_DEPTH]
 

@@ -323,12 +323,24 @@ cdef int arena_close_slow(ArenaCore* core) except -1:
 
 cdef int arena_reset_slow(ArenaCore* core) noexcept nogil:
     """arena_reset() of the C API: an arena object's core resets as its reset() does, the GIL
-    taken for the traces of its segments, if any (tracemalloc's, set_debug()'s)."""
-    cdef int err = arena_reset_checked(core)
+    taken for the traces of its segments, if any (tracemalloc's, set_debug()'s), and, on a GIL
+    build, for the reset itself where the arena served NumPy arrays: the NumPy handler's functions
+    run with the GIL held and announce nothing else there (arenalib/_numpy.pxi)."""
+    cdef int err
+    if (not FREE_THREADED and core.arena_object != NULL and core.kind == ARENA_KIND_SHARED
+            and load_flag(&core.shared.numpy_served)):
+        err = _reset_with_gil(core)
+    else:
+        err = arena_reset_checked(core)
     # (A copy of a core is not ARENA_OK.)
     if err == ARENA_OK and core.arena_object != NULL and load_flag(&core.object_books):
         _untrack_all_with_gil(core.arena_object)
     return err
+
+
+cdef int _reset_with_gil(ArenaCore* core) noexcept nogil:
+    with gil:
+        return arena_reset_checked(core)
 
 
 cdef void _untrack_all_with_gil(void* arena) noexcept nogil:

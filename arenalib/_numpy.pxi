@@ -52,18 +52,21 @@
 # (NumPy calls the handler with it held, as its own cache needs), whichever thread calls.  A kept
 # block is not an export, and stays allocated in the arena's books, which keeping and taking it do not
 # touch (a thread's books are a look-up away, and updating them cost a pair of np.empty(8) ~2.5 ns of
-# its handler's ~11: 2026-12-06); stats() takes the kept blocks out of live_bytes and live_segments
-# (it shows them as numpy_cached_bytes) and adds the blocks handed out again to allocated_total
-# (reused_bytes).  peak_bytes, brought up to date by other allocations, may count them as live:
-# up to the cache's size, NP_CACHE_BUCKETS * NP_CACHE_DEPTH blocks of at most NP_CACHE_MAX + 16
-# bytes (266 KiB).  A block is handed out again only in the generation it was kept in and while
-# the arena is open: a reset or close (any, C-level ones too) makes the whole cache stale at once,
-# with no list to walk.  A reset drops the blocks with the rest of the arena's memory and books; a
-# close leaves what is allocated to the slot as garbage, kept blocks included, so Python's close
-# (and an unclosed arena's collection) gives them back to the arena first (numpy_cache_flush):
-# unflushed, every `with Arena() as a, a.numpy():` left up to 134 KiB in the reused slot (found by
-# an attack, 2026-12-04).  A C-level arena_close() of a Python Arena does not flush: its slot counts
-# the kept blocks with the rest of what the arena left allocated.
+# its handler's ~11: 2026-12-06); instead the arena's SharedState counts the kept blocks' bytes
+# (idle_bytes), which the peak leaves out (shared_update_peak), and the bytes handed out again
+# (reused_bytes), which allocated_total adds (shared_totals); stats() takes the kept blocks out of
+# live_bytes and live_segments (numpy_read_books; it shows them as numpy_cached_bytes).  A C-level
+# reset without the GIL of an arena that served NumPy takes the GIL first on a GIL build
+# (arena_reset_slow): the handler's functions, which hold it, then never run during the reset
+# (a block taken while jemalloc reset its arena went to an array and, freed, to jemalloc twice:
+# an attack found it, 2026-12-06).  A block is handed out again only in the generation it was kept
+# in and while the arena is open: a reset or close (any, C-level ones too) makes the whole cache
+# stale at once, with no list to walk.  A reset drops the blocks with the rest of the arena's
+# memory and books; a close leaves what is allocated to the slot as garbage, kept blocks included,
+# so Python's close (and an unclosed arena's collection) gives them back to the arena first
+# (numpy_cache_flush): unflushed, every `with Arena() as a, a.numpy():` left up to 134 KiB in the
+# reused slot (found by an attack, 2026-12-04).  A C-level arena_close() of a Python Arena does not
+# flush: its slot counts the kept blocks with the rest of what the arena left allocated.
 # A limited arena (max_bytes) keeps none: its limit counts what arrays hold.
 # Why: an np.empty(8) cost 1.08x and an np.zeros(100) 1.21x NumPy's own handler's with a trip to the
 # arena for each block, and NEP 49 handlers are called for every small temporary.
@@ -296,6 +299,8 @@ cdef object numpy_handler_of(ArenaBase arena):
     context.fallback = api.default_handler
     context.hugepages = api.thp_madvise and _numpy_wants_hugepages()
     context.big_lead = api.big_lead
+    if not FREE_THREADED:
+        store_flag(&arena._core.shared.numpy_served, True)  # (see the top of this file)
     context.arena = <PyObject*>arena
     if not FREE_THREADED and arena._numpy.cache == NULL:  # (none made: blocks go to the arena)
         arena._numpy.cache = <NumpyCache*>PyMem_RawCalloc(1, sizeof(NumpyCache))
@@ -520,7 +525,7 @@ cdef inline void* _np_cache_take(NumpyContext* context, size_t size) noexcept no
     cdef size_t block_size = (bucket << 4) + NP_HEADER  # np_block_size() of every size of the bucket
     n -= 1
     cache.count[bucket] = n
-    cache.reused_bytes += block_size
+    store_size(&core.shared.reused_bytes, core.shared.reused_bytes + block_size)
     store_ssize(&core.shared.idle_bytes, core.shared.idle_bytes - <Py_ssize_t>block_size)
     return cache.kept[bucket * NP_CACHE_DEPTH + n]
 
@@ -570,15 +575,14 @@ cdef int numpy_cache_flush(ArenaBase arena) except -1:
 
 cdef Py_ssize_t numpy_read_books(ArenaBase arena, Books* books) noexcept:
     """read_books() of ``arena`` as its users see them, with the blocks the handler keeps out of
-    the live figures and those it handed out again in allocated_total; the kept blocks' bytes (0
-    when the cache is stale).  The caller keeps closes out (access_enter), as for read_books()."""
+    the live figures; the kept blocks' bytes (0 when the cache is stale).  The caller keeps closes
+    out (access_enter), as for read_books()."""
     read_books(&arena._core, books)
     cdef NumpyCache* cache = arena._numpy.cache
     cdef Py_ssize_t nbytes = 0, blocks = 0
     cdef size_t bucket
     if cache == NULL:
         return 0
-    books.allocated_total += cache.reused_bytes
     if arena._core.open and cache.generation == arena._core.life.generation:
         for bucket in range(NP_CACHE_BUCKETS):
             blocks += cache.count[bucket]

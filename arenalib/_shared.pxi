@@ -19,7 +19,7 @@ from libc.stdint cimport uint64_t
 
 from arenalib._abi cimport (
     ArenaCore, ArenaSlot, Books, ThreadCache, books_clear, books_remove, books_resize, load_first_cache,
-    load_size, load_ssize, store_first_cache, store_ssize,
+    load_size, load_ssize, store_first_cache, store_size, store_ssize,
 )
 from arenalib._blocks cimport cache_held_bytes
 from arenalib._shared cimport shared_count_allocation
@@ -184,7 +184,7 @@ cdef void shared_totals(ArenaCore* core, Books* totals, size_t* cached=NULL) noe
     cdef ThreadCache* tc
     totals.live_bytes = 0
     totals.live_segments = 0
-    totals.allocated_total = 0
+    totals.allocated_total = load_size(&core.shared.reused_bytes)  # (the NumPy handler's: see there)
     totals.peak_bytes = load_ssize(&core.books.peak_bytes)
     PyThread_acquire_lock(<PyThread_type_lock>core.slot.threads_lock, WAIT_LOCK)
     tc = core.slot.threads
@@ -245,6 +245,7 @@ cdef void shared_open(ArenaCore* core) noexcept nogil:
     cdef ThreadCache* tc
     core.shared.reserved_bytes = 0
     store_ssize(&core.shared.idle_bytes, 0)
+    store_size(&core.shared.reused_bytes, 0)
     PyThread_acquire_lock(<PyThread_type_lock>slot.threads_lock, WAIT_LOCK)
     tc = slot.threads
     while tc != NULL:

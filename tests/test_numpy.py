@@ -21,6 +21,7 @@ import re
 import sys
 import sysconfig
 import threading
+import time
 import tracemalloc
 import warnings
 from pathlib import Path
@@ -733,6 +734,50 @@ def test_the_peak_after_a_reset_or_purge_counts_no_block_kept_before(how):
     arena.close()
 
 
+@pytest.mark.skipif(FREE_THREADED, reason="the cache is the GIL's: a free-threaded build keeps none")
+def test_a_c_level_reset_without_the_gil_never_runs_inside_the_handler(cython_consumers):
+    # A kept block taken while another thread's arena_reset() (no GIL) reset the jemalloc arena
+    # went to an array and stayed in the cache of the new generation: negative books, the array
+    # overwritten by later ones, then a crash in jemalloc (an attack, 2026-12-06).  The reset of an
+    # arena that served NumPy now takes the GIL, which the handler's functions hold.
+    reset = cython_consumers["safety_consumer"].reset_core_without_the_gil
+    arena = arenalib.Arena()
+    stop = threading.Event()
+    resets = []
+
+    def resetter():
+        while not stop.is_set():
+            try:
+                reset(arena)
+                resets.append(1)
+            except BufferError:
+                pass
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=resetter)
+    thread.start()
+    seen = []
+    try:
+        with arena.numpy():
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline:
+                for i in range(500):
+                    x = np.empty(8)
+                    x[:] = i
+                    assert (x == i).all()
+                    del x
+                stats = arena.stats()
+                seen.append((stats["live_bytes"], stats["live_segments"]))
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert resets and min(seen) >= (0, 0)
+    assert (arena.stats()["live_bytes"], arena.stats()["live_segments"]) == (0, 0)
+    arena.close()
+
+
 def test_a_free_threaded_build_keeps_no_block(arena):
     with arena.numpy():
         x = np.zeros(100)
@@ -754,6 +799,7 @@ def test_blocks_kept_before_a_c_level_close_and_reopen_are_never_handed_out(cyth
     assert kept_bytes(arena) == KEPT_PER_BUCKET * kept_size(800)
     consumer.close_and_reopen(arena, consumer.KINDS["Arena"])
     assert kept_bytes(arena) == 0 and arena.stats()["live_bytes"] == 0
+    assert arena.stats()["allocated_total"] == 0  # (the handed-out-again count went with the open)
     other = arenalib.Arena()  # likely the slot the close gave back, warm
     with other.numpy():
         theirs = [np.full(100, float(i)) for i in range(2 * KEPT_PER_BUCKET)]
