@@ -128,9 +128,9 @@ cdef inline int arena_free(ArenaCore* core, void* ptr, size_t size) noexcept nog
 
 cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
     """Free every allocation at once and keep the arena open (no other thread may use it now).  An
-    arena object's core takes the GIL for a moment if tracemalloc traces its segments, and, with
-    the GIL (not on 3.13t), for the whole reset if its numpy() scopes ever ran: NumPy calls the
-    arena's handler from any thread that holds the GIL."""
+    arena object's core takes the GIL for a moment if tracemalloc traces its segments; an
+    arenalib.Arena's takes it for the whole reset on a GIL build (not on 3.13t), where the GIL is
+    what its Python-level users hold while they use its memory."""
     if arenalib_table_ptr == NULL:
         return ARENA_ECLOSED
     return (<ArenaTable*>arenalib_table_ptr).reset(core)

@@ -172,8 +172,6 @@ cdef struct SharedState:
     # The kept blocks' bytes handed out again since the open: allocations the threads' books miss
     # (shared_totals adds them).
     size_t reused_bytes
-    # A NumPy handler of this arena was made (GIL builds): a C-level reset takes the GIL first.
-    bint numpy_served
 
 
 cdef struct SlicingState:

@@ -323,12 +323,14 @@ cdef int arena_close_slow(ArenaCore* core) except -1:
 
 cdef int arena_reset_slow(ArenaCore* core) noexcept nogil:
     """arena_reset() of the C API: an arena object's core resets as its reset() does, the GIL
-    taken for the traces of its segments, if any (tracemalloc's, set_debug()'s), and, on a GIL
-    build, for the reset itself where the arena served NumPy arrays: the NumPy handler's functions
-    run with the GIL held and announce nothing else there (arenalib/_numpy.pxi)."""
+    taken for the traces of its segments, if any (tracemalloc's, set_debug()'s), and, for an
+    Arena's on a GIL build, for the reset itself.  Any thread may use an Arena, and on a GIL build
+    its Python-level users announce their accesses by holding the GIL alone (access_enter is
+    nothing there), so a reset without it ran inside them: an allocate(), fill() and free() loop
+    on one thread and arena_reset() without the GIL on another crashed in jemalloc within seconds,
+    and so did NumPy's small arrays (the handler's kept blocks; attacks of 2026-12-06)."""
     cdef int err
-    if (not FREE_THREADED and core.arena_object != NULL and core.kind == ARENA_KIND_SHARED
-            and load_flag(&core.shared.numpy_served)):
+    if not FREE_THREADED and core.arena_object != NULL and core.kind == ARENA_KIND_SHARED:
         err = _reset_with_gil(core)
     else:
         err = arena_reset_checked(core)

@@ -56,10 +56,10 @@
 # (idle_bytes), which the peak leaves out (shared_update_peak), and the bytes handed out again
 # (reused_bytes), which allocated_total adds (shared_totals); stats() takes the kept blocks out of
 # live_bytes and live_segments (numpy_read_books; it shows them as numpy_cached_bytes).  A C-level
-# reset without the GIL of an arena that served NumPy takes the GIL first on a GIL build
-# (arena_reset_slow): the handler's functions, which hold it, then never run during the reset
-# (a block taken while jemalloc reset its arena went to an array and, freed, to jemalloc twice:
-# an attack found it, 2026-12-06).  A block is handed out again only in the generation it was kept
+# reset without the GIL of an Arena takes the GIL first on a GIL build (arena_reset_slow): the
+# handler's functions, which hold it, then never run during the reset (a block taken while
+# jemalloc reset its arena went to an array and, freed, to jemalloc twice: an attack found it,
+# 2026-12-06).  A block is handed out again only in the generation it was kept
 # in and while the arena is open: a reset or close (any, C-level ones too) makes the whole cache
 # stale at once, with no list to walk.  A reset drops the blocks with the rest of the arena's
 # memory and books; a close leaves what is allocated to the slot as garbage, kept blocks included,
@@ -299,8 +299,6 @@ cdef object numpy_handler_of(ArenaBase arena):
     context.fallback = api.default_handler
     context.hugepages = api.thp_madvise and _numpy_wants_hugepages()
     context.big_lead = api.big_lead
-    if not FREE_THREADED:
-        store_flag(&arena._core.shared.numpy_served, True)  # (see the top of this file)
     context.arena = <PyObject*>arena
     if not FREE_THREADED and arena._numpy.cache == NULL:  # (none made: blocks go to the arena)
         arena._numpy.cache = <NumpyCache*>PyMem_RawCalloc(1, sizeof(NumpyCache))

@@ -366,6 +366,52 @@ def test_c_api_errors_come_from_the_one_table(cython_consumers, code):
             safety_consumer.raise_code(unknown)
 
 
+def test_a_c_level_reset_without_the_gil_never_runs_inside_python_level_use(cython_consumers):
+    # Any thread may use an Arena; on a GIL build its Python-level users hold the GIL and announce
+    # nothing else, so arena_reset() without the GIL ran inside an allocate(), fill() or free() of
+    # another thread and crashed in jemalloc within seconds (2026-12-06).  It now takes the GIL on
+    # a GIL build (3.13t: it waits for the accesses under way).  A segment a reset killed between
+    # its allocate and its use raises ArenaClosedError, and nothing else happens.
+    import time
+
+    reset = cython_consumers["safety_consumer"].reset_core_without_the_gil
+    arena = arenalib.Arena()
+    stop = threading.Event()
+    resets = []
+
+    def resetter():
+        while not stop.is_set():
+            try:
+                reset(arena)
+                resets.append(1)
+            except BufferError:  # (a fill's export, on 3.13t)
+                pass
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=resetter)
+    thread.start()
+    wrong = 0
+    try:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            for i in range(500):
+                try:
+                    seg = arena.allocate(64, zero=False)
+                    seg.fill(i & 255)
+                    wrong += seg[0] != i & 255 or seg[63] != i & 255
+                    seg.free()
+                except arenalib.ArenaClosedError:
+                    pass
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert resets and wrong == 0
+    assert (arena.stats()["live_bytes"], arena.stats()["live_segments"]) == (0, 0)
+    arena.close()
+
+
 def test_python_and_c_close_share_one_path(cython_consumers):
     """A ConfinedArena closed from another thread, or with a live export, is refused with the same
     exception by close() and by the C API's arena_close(), and stays open and intact either way."""
