@@ -111,6 +111,32 @@ def switching_every(seconds: float):
         sys.setswitchinterval(interval)
 
 
+@contextlib.contextmanager
+def resetting_without_the_gil(reset, arena):
+    """While the block runs, another thread calls ``reset(arena)`` (a C-level arena_reset() without
+    the GIL) over and over, threads switching every microsecond; yields the list of the resets that
+    went through (an export refuses one: BufferError)."""
+    stop = threading.Event()
+    resets: list[int] = []
+
+    def resetter():
+        while not stop.is_set():
+            try:
+                reset(arena)
+                resets.append(1)
+            except BufferError:
+                pass
+
+    with switching_every(1e-6):
+        thread = threading.Thread(target=resetter)
+        thread.start()
+        try:
+            yield resets
+        finally:
+            stop.set()
+            thread.join()
+
+
 def run_roles(*roles) -> None:
     """Run each of ``roles`` in a thread of its own, started together; the first error raised in
     any of them is raised here once all have finished."""

@@ -13,10 +13,19 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
-from support import FREEABLE_KINDS, KINDS, ROOT, assert_ok, run_python, run_threads
+from support import (
+    FREEABLE_KINDS,
+    KINDS,
+    ROOT,
+    assert_ok,
+    resetting_without_the_gil,
+    run_python,
+    run_threads,
+)
 
 import arenalib
 
@@ -372,27 +381,10 @@ def test_a_c_level_reset_without_the_gil_never_runs_inside_python_level_use(cyth
     # another thread and crashed in jemalloc within seconds (2026-12-06).  It now takes the GIL on
     # a GIL build (3.13t: it waits for the accesses under way).  A segment a reset killed between
     # its allocate and its use raises ArenaClosedError, and nothing else happens.
-    import time
-
-    reset = cython_consumers["safety_consumer"].reset_core_without_the_gil
     arena = arenalib.Arena()
-    stop = threading.Event()
-    resets = []
-
-    def resetter():
-        while not stop.is_set():
-            try:
-                reset(arena)
-                resets.append(1)
-            except BufferError:  # (a fill's export, on 3.13t)
-                pass
-
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    thread = threading.Thread(target=resetter)
-    thread.start()
     wrong = 0
-    try:
+    with resetting_without_the_gil(cython_consumers["safety_consumer"].reset_core_without_the_gil,
+                                   arena) as resets:
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
             for i in range(500):
@@ -403,10 +395,6 @@ def test_a_c_level_reset_without_the_gil_never_runs_inside_python_level_use(cyth
                     seg.free()
                 except arenalib.ArenaClosedError:
                     pass
-    finally:
-        stop.set()
-        thread.join()
-        sys.setswitchinterval(interval)
     assert resets and wrong == 0
     assert (arena.stats()["live_bytes"], arena.stats()["live_segments"]) == (0, 0)
     arena.close()

@@ -29,7 +29,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from numpy._core.multiarray import get_handler_name
-from support import ROOT, SANITIZED, MiB, assert_ok, run_python, run_threads, settled_rss, slots_in_use
+from support import (
+    ROOT,
+    SANITIZED,
+    MiB,
+    assert_ok,
+    resetting_without_the_gil,
+    run_python,
+    run_threads,
+    settled_rss,
+    slots_in_use,
+)
 
 import arenalib
 from arenalib import ArenaClosedError, UnsupportedOperation
@@ -738,41 +748,21 @@ def test_the_peak_after_a_reset_or_purge_counts_no_block_kept_before(how):
 def test_a_c_level_reset_without_the_gil_never_runs_inside_the_handler(cython_consumers):
     # A kept block taken while another thread's arena_reset() (no GIL) reset the jemalloc arena
     # went to an array and stayed in the cache of the new generation: negative books, the array
-    # overwritten by later ones, then a crash in jemalloc (an attack, 2026-12-06).  The reset of an
-    # arena that served NumPy now takes the GIL, which the handler's functions hold.
-    reset = cython_consumers["safety_consumer"].reset_core_without_the_gil
+    # overwritten by later ones, then a crash in jemalloc (an attack, 2026-12-06).  An Arena's
+    # C-level reset now takes the GIL, which the handler's functions hold.
     arena = arenalib.Arena()
-    stop = threading.Event()
-    resets = []
-
-    def resetter():
-        while not stop.is_set():
-            try:
-                reset(arena)
-                resets.append(1)
-            except BufferError:
-                pass
-
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    thread = threading.Thread(target=resetter)
-    thread.start()
     seen = []
-    try:
-        with arena.numpy():
-            deadline = time.monotonic() + 2
-            while time.monotonic() < deadline:
-                for i in range(500):
-                    x = np.empty(8)
-                    x[:] = i
-                    assert (x == i).all()
-                    del x
-                stats = arena.stats()
-                seen.append((stats["live_bytes"], stats["live_segments"]))
-    finally:
-        stop.set()
-        thread.join()
-        sys.setswitchinterval(interval)
+    with resetting_without_the_gil(cython_consumers["safety_consumer"].reset_core_without_the_gil,
+                                   arena) as resets, arena.numpy():
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            for i in range(500):
+                x = np.empty(8)
+                x[:] = i
+                assert (x == i).all()
+                del x
+            stats = arena.stats()
+            seen.append((stats["live_bytes"], stats["live_segments"]))
     assert resets and min(seen) >= (0, 0)
     assert (arena.stats()["live_bytes"], arena.stats()["live_segments"]) == (0, 0)
     arena.close()
