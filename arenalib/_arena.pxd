@@ -130,7 +130,7 @@ cdef class ArenaBase(SegmentOwner):
 
     cdef int _open(self, int kind, object max_bytes, size_t chunk_size=*) except -1
     cdef Segment _allocate(self, Py_ssize_t size, bint zero, size_t align,
-                           const ArenaMark* frame=*, const char* contents=*, Py_ssize_t copied=*)
+                           const ArenaMark* frame, const char* contents, Py_ssize_t copied)
     cdef int _raise(self, int code, str context) except -1
     cdef int _close(self, bint deferred=*) except -1
     cdef int _reset(self) except -1

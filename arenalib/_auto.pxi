@@ -126,4 +126,4 @@ def allocate(size, *, zero=True, align=None):
     whichever thread drops it; seg.free() or ``with seg:`` give it back earlier."""
     cdef bint fill = parse_flag(zero, "zero")  # (the flags first, as ArenaBase.allocate())
     cdef size_t alignment = 1 if align is None else parse_align(align)
-    return auto_arena_now()._allocate(_parse_size(size, "size"), fill, alignment)
+    return auto_arena_now()._allocate(_parse_size(size, "size"), fill, alignment, NULL, NULL, -1)

@@ -349,7 +349,7 @@ cdef class Frame:
             raise ValueError("allocate() of a frame that is not open")
         cdef bint fill = parse_flag(zero, "zero")  # (the flags first, as ArenaBase.allocate())
         cdef size_t alignment = 1 if align is None else parse_align(align)
-        return self._arena._allocate(_parse_size(size, "size"), fill, alignment, &self._mark)
+        return self._arena._allocate(_parse_size(size, "size"), fill, alignment, &self._mark, NULL, -1)
 
     def __reduce__(self):
         raise TypeError("a Frame cannot be pickled")

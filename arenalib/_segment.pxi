@@ -498,6 +498,11 @@ cdef inline void _count_export(Segment root, Lifetime* life, Py_ssize_t delta) n
 
 
 cdef Segment make_segment(SegmentOwner arena, Py_ssize_t size, bint keep=True):
+    """new_segment(), out of line for arenalib's other modules."""
+    return new_segment(arena, size, keep)
+
+
+cdef inline Segment new_segment(SegmentOwner arena, Py_ssize_t size, bint keep):
     """A new root segment of ``arena``, dead until its caller sets ``_ptr`` and ``_generation``.
 
     keep=False leaves ``_keeper`` to the caller (None meanwhile): the caller keeps the arena

@@ -89,7 +89,7 @@ cdef Segment _allocate_from(ArenaBase arena, object data, object align):
                                   source.len)
             _check_still_alive(&source)
         else:
-            seg = arena._allocate(source.len, False, alignment)
+            seg = arena._allocate(source.len, False, alignment, NULL, NULL, -1)
             _check_still_alive(&source)
             seg._pin(&token)
             PyBuffer_ToContiguous(seg._ptr, &source, source.len, b"C")
@@ -97,6 +97,16 @@ cdef Segment _allocate_from(ArenaBase arena, object data, object align):
     finally:
         PyBuffer_Release(&source)
     return seg
+
+
+cdef inline Segment allocate_ascii(ArenaBase arena, object text, Py_ssize_t terminator):
+    """A new segment of ``arena`` holding the characters of ``text``, a compact ASCII str (they are
+    its UTF-8: read in place, no copy), and ``terminator`` NUL bytes after them.  The caller keeps
+    ``text`` alive."""
+    cdef Py_ssize_t length = PyUnicode_GET_LENGTH(text)  # (plus a NUL: no overflow, a str is smaller)
+    # Copied, and the NUL written, as the block is bound to the segment (see ArenaBase._allocate).
+    return arena._allocate(length + terminator, False, 1, NULL, <const char*>PyUnicode_DATA(text),
+                           length)
 
 
 cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, object nul):
@@ -109,13 +119,9 @@ cdef Segment _allocate_string(ArenaBase arena, object text, object encoding, obj
     if not isinstance(text, str):  # (a subclass's own encode() is not called: its str is encoded)
         raise TypeError(f"allocate_string() needs a str, not {type(text).__name__}")
     if encoding == "utf-8" or encoding == "utf8":
-        # str's own UTF-8 (an ASCII string's very characters, read in place: the call costs ~20
-        # instructions of ~300; cached in it otherwise): no copy.
         if PyUnicode_IS_COMPACT_ASCII(text):
-            data = <const char*>PyUnicode_DATA(text)
-            length = PyUnicode_GET_LENGTH(text)
-        else:
-            data = PyUnicode_AsUTF8AndSize(text, &length)
+            return allocate_ascii(arena, text, terminator)
+        data = PyUnicode_AsUTF8AndSize(text, &length)  # str's own UTF-8, cached in it: no copy
         encoded = text  # what keeps ``data``
     else:
         if terminated:
