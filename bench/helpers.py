@@ -7,7 +7,11 @@ ops per inner batch, the garbage collector off), per op at 64 B, 4 KiB and 64 Ki
 * ``cp(src, 0, seg, 0, n)`` (``cp = arenalib.copy``) against ``mv[0:n] = src``, ``mv`` a memoryview of
   the same segment (memoryview slice assignment, the cheapest copy into a buffer at an offset);
 * ``mm(other)`` (``mm = seg.mismatch``) and ``seg == other`` (equal contents, so the whole of both is
-  compared) against ``a == b``, two distinct bytes objects of equal contents;
+  compared) against ``a == b``, two distinct bytes objects of equal contents; in each pair the two
+  buffers lie alike in a 64-byte line (_bytes_placed): past ~512 B memcmp's time depends on that
+  (glibc's, here: 1000 B 9.6 ns alike, 11.9 ns 16 bytes apart; 4 KiB 37 against 47), and malloc
+  placed the peer's bytes differently from run to run (``==`` at 1000 B: 1.17x in one run, 1.23x in
+  the next, the same code);
 * ``hx()`` (``hx = seg.hex``) against ``bh()`` (``bh = b.hex``);
 * ``st(s)`` (``st = arena.allocate_string``, NUL included) against ``s.encode()``, ``s`` an ASCII str;
 * ``al(n)`` (``al = arenalib.allocate``: a zeroed automatic segment, freed as it is dropped) against
@@ -32,6 +36,8 @@ its own peer.  The target of issue 27: each helper <= 1.2x its peer.
 """
 
 from __future__ import annotations
+
+import sys
 
 import roundtrip
 from _common import Config, Progress, fmt_ns, fmt_size, run_standalone, same_round_ratio, summarize, table
@@ -61,6 +67,23 @@ PAIRS = {
 }
 
 
+# Where a bytes object's data begins in it (its header before ob_sval; CPython 3.10-3.13).
+_BYTES_DATA = sys.getsizeof(b"") - 1
+
+
+def _bytes_placed(n: int, like: int) -> bytes:
+    """n bytes of 0x5a whose data lies where the address ``like`` does in a 64-byte line (both
+    16-byte aligned, as malloc's, pymalloc's and jemalloc's blocks here are), or the last of 256
+    tries if none does."""
+    tried = []  # kept alive meanwhile: each try lands somewhere new
+    for _ in range(256):
+        b = bytes(bytearray(b"\x5a" * n))
+        if (id(b) + _BYTES_DATA - like) % 64 == 0:
+            return b
+        tried.append(b)
+    return tried[-1]
+
+
 def candidates(slicing, confined) -> list[roundtrip.Candidate]:
     import arenalib
 
@@ -68,6 +91,11 @@ def candidates(slicing, confined) -> list[roundtrip.Candidate]:
         seg = confined.allocate(n, zero=False)
         seg[:] = b"\x5a" * n
         return seg
+
+    def compared(n, name, use):
+        """The names of a comparison of a segment with a bytes placed alike (_bytes_placed)."""
+        seg = segment(n)
+        return {name: use(seg), "other": _bytes_placed(n, seg.address)}
 
     reset = "reset()"
     return [
@@ -82,11 +110,12 @@ def candidates(slicing, confined) -> list[roundtrip.Candidate]:
                             lambda n: {"mv": memoryview(segment(n)), "src": b"\x33" * n, "n": n},
                             teardown=lambda env: env["mv"].release()),
         roundtrip.Candidate("mismatch", PAIRS["mismatch"][0], "arenalib", "mm(other)",
-                            lambda n: {"mm": segment(n).mismatch, "other": b"\x5a" * n}),
+                            lambda n: compared(n, "mm", lambda seg: seg.mismatch)),
         roundtrip.Candidate("equals", PAIRS["equals"][0], "arenalib", "seg == other",
-                            lambda n: {"seg": segment(n), "other": b"\x5a" * n}),
+                            lambda n: compared(n, "seg", lambda seg: seg)),
         roundtrip.Candidate("bytes ==", "bytes ==", "peer", "a == b",
-                            lambda n: {"a": b"\x5a" * n, "b": bytes(bytearray(b"\x5a" * n))}),
+                            lambda n: (lambda a: {"a": a, "b": _bytes_placed(n, id(a) + _BYTES_DATA)})(
+                                b"\x5a" * n)),
         roundtrip.Candidate("bytearray_equals", INFO_PAIRS["bytearray_equals"][0], "reference", "a == b",
                             lambda n: {"a": bytearray(b"\x5a" * n), "b": b"\x5a" * n}),
         roundtrip.Candidate("equals_segment", INFO_PAIRS["equals_segment"][0], "arenalib", "seg == seg2",
