@@ -553,7 +553,8 @@ cdef class ArenaBase(SegmentOwner):
             self._raise(err, f"cannot close {type(self).__name__} (close(deferred=True) closes it now and "
                              "frees the memory when the last export goes)"
                         if err == ARENA_EEXPORTED else f"cannot close {type(self).__name__}")
-        self._untrack_all()
+        if self._traced is not None or self._debug_blocks is not None:  # (no call for the others)
+            self._untrack_all()
         if FREE_THREADED:
             shared_drop_anchor(self)
         return 0
