@@ -658,6 +658,42 @@ def test_context_method_descriptor_refuses_an_object_that_is_not_an_arena():
     assert assert_ok(result).strip() == "refused"
 
 
+def test_context_method_descriptor_follows_the_mro_not_the_layout():
+    # Its instance check walks the primary bases only for static types (src/with.h): a class whose
+    # metaclass leaves ArenaBase out of the MRO, though ArenaBase is its layout's base, is refused
+    # as isinstance() and the method descriptor refuse it.
+    result = run_python("""
+        import arenalib
+        enter = vars(arenalib.ArenaBase)["__enter__"]
+        exit_ = vars(arenalib.ArenaBase)["__exit__"]
+        kept = []
+
+        class NoBaseInMro(type):
+            def mro(cls):
+                return (cls, object)
+
+        class Evil(arenalib.ArenaBase, metaclass=NoBaseInMro):
+            def __del__(self):
+                kept.append(self)  # the half-made instance, kept past its refused construction
+
+        try:
+            Evil()
+        except TypeError:
+            pass
+        evil = kept[0]
+        assert Evil.__base__ is arenalib.ArenaBase and not isinstance(evil, arenalib.ArenaBase)
+        for descriptor in (enter, exit_):
+            try:
+                type(descriptor).__get__(descriptor, evil, None)  # as the with statement binds
+            except TypeError:
+                pass
+            else:
+                raise SystemExit("bound to an object outside ArenaBase's MRO")
+        print("refused")
+        """)
+    assert assert_ok(result).strip() == "refused"
+
+
 def test_bound_context_methods_keep_their_arena(kind):
     exits = [kind().__exit__ for _ in range(50)]  # more than are kept for reuse
     arenas = [weakref.ref(e.__self__) for e in exits]

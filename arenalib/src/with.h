@@ -61,14 +61,17 @@ static PyObject *arenalib_bound_call(PyObject *callable, PyObject *const *args, 
     return result;
 }
 
-/* PyObject_TypeCheck(obj, type), its common answer without a call: the chain of primary bases
-   (each in the MRO) first, then the whole MRO (PyType_IsSubtype walked ConfinedArena's, ~17
-   instructions a bind, two binds a with statement). */
+/* PyObject_TypeCheck(obj, type), its common answer without a call: a static type's chain of
+   primary bases is in its MRO, so arenalib's own classes are answered by that walk (the full MRO:
+   PyType_IsSubtype, ~17 instructions a bind, two binds a with statement).  A heap type's MRO is
+   whatever its metaclass's mro() made it, which may leave a base out: the full test. */
 static int arenalib_instance_of(PyObject *obj, PyTypeObject *type) {
-    PyTypeObject *t;
-    for (t = Py_TYPE(obj); t != NULL; t = t->tp_base)
-        if (t == type)
-            return 1;
+    PyTypeObject *t = Py_TYPE(obj);
+    if (!(t->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        for (; t != NULL; t = t->tp_base)
+            if (t == type)
+                return 1;
+    }
     return PyType_IsSubtype(Py_TYPE(obj), type);
 }
 
