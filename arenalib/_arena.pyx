@@ -87,6 +87,11 @@ def set_debug(bint enabled):
     ResourceWarning, and a BufferError of a close, reset or rewind that live exports refuse,
     name them."""
     global _debug, _debug_entries
+    if enabled:
+        # Imported here, on the thread that turns debug mode on: a first import inside an arena's
+        # construction, racing os.fork() on another thread, left the child waiting for ever on the
+        # module lock the parent's importing thread held at the fork.
+        import traceback  # noqa: F401
     _debug = enabled
     _debug_entries = _debug_entries or enabled
 

@@ -998,6 +998,23 @@ def test_debug_mode_names_creation_site(kind):
     assert "test_arenas.py" in str(record[0].message)
 
 
+def test_debug_mode_imports_what_it_records_with_when_turned_on():
+    # An arena made in debug mode records its creation stack with traceback.  Were traceback first
+    # imported there, a fork on another thread mid-import left the child waiting on the parent's
+    # module lock for ever (found with fork + set_debug + scopes on 3.13t): set_debug(True)
+    # imports it first, on its caller's thread.
+    result = run_python("""
+        import sys
+        import arenalib
+        assert "traceback" not in sys.modules
+        arenalib.set_debug(False)
+        assert "traceback" not in sys.modules
+        arenalib.set_debug(True)
+        print("traceback" in sys.modules)
+        """)
+    assert assert_ok(result).strip() == "True"
+
+
 def test_no_creation_site_without_debug(kind):
     a = kind()
     with pytest.warns(ResourceWarning) as record:
