@@ -319,7 +319,7 @@ cdef class ArenaBase(SegmentOwner):
             access_exit(token)
             if err == ARENA_EORDER:
                 raise ValueError("allocate() of a frame that is not the innermost one open "
-                                 "(or that was left)")
+                                 "(a frame or mark made after it is open, or it was left)")
             self._raise(err, f"cannot allocate {size} bytes (align={align})")
         cdef bint anchored = note_allocation(&self._core, &anchor)
         if not owned:
@@ -747,7 +747,7 @@ cdef extern from "src/entries.h":
                                        arenalib_one_fn allocate_from,
                                        arenalib_one_fn allocate_string) except -1
     int arenalib_frame_entries_install(type frame_type, arenalib_size_zero_fn allocate,
-                                       arenalib_self_fn exit_frame) except -1
+                                       arenalib_one_fn exit_frame) except -1
     int arenalib_frame_function_install(dict globals, arenalib_self_fn impl) except -1
 
 

@@ -163,10 +163,14 @@ cdef str _MARK_PROBLEMS = (
 cdef int _raise_mark_error(SlicingArena arena, int err, str doing) except -1:
     if err == ARENA_ESTALEMARK:
         raise ValueError(f"cannot {doing}: {_MARK_PROBLEMS}")
+    # A frame whose exit is refused is left all the same, with nothing rewound (_frame_leave).
+    left = "leave the frame" == doing
     if err == ARENA_EORDER:
         raise ValueError(
             f"cannot {doing}: a frame entered after it is still open (frames must be left in the "
-            "reverse order they were entered, which interleaved tasks on one thread break)")
+            "reverse order they were entered, which interleaved tasks on one thread break)"
+            + ("; it is left with nothing rewound, and its segments die when that frame is left"
+               if left else ""))
     cdef Py_ssize_t abandoned, held, outermost
     if err == ARENA_ELIMIT:
         abandoned = frames_abandoned(&arena._core.life, &held, &outermost)
@@ -183,7 +187,9 @@ cdef int _raise_mark_error(SlicingArena arena, int err, str doing) except -1:
     if err == ARENA_EEXPORTED:
         raise BufferError(
             f"cannot {doing}: a buffer export (memoryview, NumPy array ...) of a segment it would "
-            "kill is alive; release it first")
+            "kill is alive; " + ("it is left with nothing rewound, and its segments die at the first "
+                                 "mark, rewind or frame exit after the export is released" if left
+                                 else "release it first"))
     return arena._raise(err, f"cannot {doing}")
 
 
@@ -261,7 +267,20 @@ cdef Mark arena_mark_object(SlicingArena arena):
     cdef int err = _mark_checked(arena, False, &mark._mark)
     if err:
         _raise_mark_error(arena, err, "mark")
+    if arena._traced is not None:
+        _sync_after_push(arena, &mark._mark, False)
     return mark
+
+
+cdef int _sync_after_push(SlicingArena arena, const ArenaMark* mark, bint frame) except -1:
+    """Untrack the blocks of the abandoned frames a push let go of.  Should that fail (MemoryError),
+    the push is undone before the error propagates: its caller gets no mark, or no frame to leave."""
+    try:
+        arena._sync_traced()
+    except BaseException:
+        _rewind_checked(arena, mark, frame)
+        raise
+    return 0
 
 
 cdef int arena_rewind_object(SlicingArena arena, object mark) except -1:
@@ -307,7 +326,10 @@ cdef inline bint _frame_claim(Frame frame, Py_ssize_t expected) noexcept:
 cdef class Frame:
     """``with arena.frame() as f:`` marks on entry and rewinds on exit: every segment carved in the
     frame dies (its use raises ArenaClosedError), the memory is carved again.  Frames nest; only the
-    innermost may be left.  ``f.allocate()`` allocates in the frame."""
+    innermost may be left (an exit out of order, or while an export of one of its segments lives,
+    is refused and leaves the frame abandoned: it goes with a later rewind below it, or with the
+    next mark or frame exit once nothing holds it).  A frame is
+    entered once.  ``f.allocate()`` allocates in the frame."""
     cdef ArenaMark _mark
     cdef SlicingArena _arena
     # FRAME_NEW, FRAME_ENTERED, FRAME_LEFT, FRAME_BUSY: read and set atomically, as a Frame object
@@ -323,6 +345,7 @@ cdef class Frame:
         return self._arena
 
     def __enter__(self):
+        """Push the frame's mark on its arena's stack: ValueError for a frame entered before."""
         if self._arena is None:  # made by Frame.__new__(Frame): every other method needs an entry
             raise TypeError("this Frame belongs to no arena; make frames with SlicingArena.frame()")
         if not _frame_claim(self, FRAME_NEW):
@@ -331,16 +354,33 @@ cdef class Frame:
         store_frame_state(&self._state, FRAME_NEW if err else FRAME_ENTERED)
         if err:
             _raise_mark_error(self._arena, err, "enter a frame")
+        if self._arena._traced is not None:
+            try:
+                _sync_after_push(self._arena, &self._mark, True)
+            except BaseException:
+                store_frame_state(&self._state, FRAME_LEFT)
+                raise
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        """Leave the frame: rewind to its mark.  An exception of the block propagates unchanged,
+        with a refused exit noted on it; with none, the refusal raises."""
         # The with statement's call (three positional arguments) goes to _frame_exit() straight
         # (src/entries.h); this wrapper serves every other call.
-        return _frame_exit(self)
+        return _frame_exit(self, exc)
+
+    def __repr__(self):
+        if self._arena is None:
+            return "<arenalib.Frame of no arena>"
+        cdef Py_ssize_t state = load_frame_state(&self._state)
+        where = f" at depth {self._mark.depth}" if state != FRAME_NEW else ""
+        said = {FRAME_NEW: "not entered", FRAME_ENTERED: "open", FRAME_LEFT: "left"}.get(
+            state, "being entered or left")
+        return f"<arenalib.Frame{where} of SlicingArena {id(self._arena):#x}, {said}>"
 
     def allocate(self, size, *, zero=True, align=None):
         """A new Segment in this frame (as SlicingArena.allocate()); the frame must be the
-        innermost one open."""
+        innermost level of marks: no frame or mark made after it open."""
         # allocate(size) and allocate(size, zero=z) go to _frame_allocate() straight (src/entries.h).
         return self._allocate(size, zero, align)
 
@@ -355,31 +395,62 @@ cdef class Frame:
         raise TypeError("a Frame cannot be pickled")
 
 
-cdef object _frame_exit(object obj):
-    """Frame.__exit__(): rewind to the frame's mark; a frame whose exit the rule refuses is left
-    abandoned (see _frames.pxd)."""
+cdef enum:
+    FRAME_NOT_OPEN = -1000  # _frame_leave(): the frame was never entered, or was left
+
+
+cdef object _frame_exit(object obj, object exc):
+    """Frame.__exit__(): leave the frame (_frame_leave).  A refusal raises, unless the block
+    raises already: its exception then propagates with the refusal noted on it (as Segment's and
+    ArenaBase's __exit__ do with a failed free or close)."""
     cdef Frame self = <Frame>obj
+    cdef int err = _frame_leave(self)
+    if err == ARENA_OK:
+        self._arena._sync_traced()
+        return False
+    if exc is None or isinstance(exc, GeneratorExit):
+        _raise_leave_error(self, err)  # (a generator's close() swallows GeneratorExit and its notes)
+    try:
+        _raise_leave_error(self, err)
+    except Exception as leave_error:
+        _add_note(exc, f"and leaving the frame failed: {leave_error!r}")
+    return False
+
+
+cdef int _frame_leave(Frame self) noexcept:
+    """Rewind to the frame's mark: ARENA_OK, or an error code (FRAME_NOT_OPEN ...).  A frame whose
+    exit the rule refuses is left abandoned (see _frames.pxd)."""
     if load_frame_state(&self._state) != FRAME_ENTERED:  # (never, for a Frame of no arena)
-        raise ValueError("this frame is not open")
+        return FRAME_NOT_OPEN
     cdef ArenaCore* core = &self._arena._core
     cdef int err = ARENA_OK
     if owned_by_another(&core.life):
-        raise _wrong_thread_error(self._arena)  # before reading what its owner moves with no lock
+        return ARENA_EWRONGTHREAD  # before reading what its owner moves with no lock
     if not _frame_claim(self, FRAME_ENTERED):  # (another thread is leaving it, or left it)
-        raise ValueError("this frame is not open")
-    # A reset or close since made everything in it dead already: nothing to rewind.
+        return FRAME_NOT_OPEN
+    # A reset or close since made everything in it dead already: nothing to rewind.  So does one
+    # of another thread that lands as the rewind runs (with the GIL off), which then finds the
+    # mark used up or the arena closed.
     if core.open and self._mark.generation == life_generation(&core.life):
         err = _rewind_checked(self._arena, &self._mark, True)
+        if ((err == ARENA_ESTALEMARK or err == ARENA_ECLOSED)
+                and (not core.open or self._mark.generation != life_generation(&core.life))):
+            err = ARENA_OK
     # Left unless the call could not judge it (another thread's confined arena, ...): a frame
     # the rule refused is abandoned, and goes with the next rewind below it.
     if err == ARENA_OK or err == ARENA_EORDER or err == ARENA_EEXPORTED or err == ARENA_ESTALEMARK:
         store_frame_state(&self._state, FRAME_LEFT)
     else:
         store_frame_state(&self._state, FRAME_ENTERED)
-    if err:
-        _raise_mark_error(self._arena, err, "leave the frame")
-    self._arena._sync_traced()
-    return False
+    return err
+
+
+cdef int _raise_leave_error(Frame self, int err) except -1:
+    if err == FRAME_NOT_OPEN:
+        raise ValueError("this frame is not open")
+    if err == ARENA_EWRONGTHREAD:
+        raise _wrong_thread_error(self._arena)
+    return _raise_mark_error(self._arena, err, "leave the frame")
 
 
 cdef object _frame_allocate(object obj, object size, object zero):
@@ -388,13 +459,14 @@ cdef object _frame_allocate(object obj, object size, object zero):
 
 
 cdef bint frame_is_innermost(Lifetime* life, const ArenaMark* frame) noexcept nogil:
-    """Whether ``frame``'s level is the innermost open frame (Frame.allocate() carves there).  Read
+    """Whether ``frame``'s level is the innermost level of marks (Frame.allocate() carves there: a
+    carve under a plain mark made after the frame would die at that mark's rewind).  Read
     with no lock, while another thread may push or pop on a shared arena: the caller read the
     stack's version before, and carves again if it moved (SlicingArena._allocate)."""
     cdef FrameStack* stack = load_frames(&life.frames)
     return (stack != NULL and frame.generation == life_generation(life)
             and load_ssize(&stack.top_frame) == frame.depth
-            and frame.depth <= load_depth(&stack.depth)
+            and frame.depth == load_depth(&stack.depth)
             and load_u64(&frame_level(stack, frame.depth).stamp) == frame.serial)
 
 
@@ -462,7 +534,11 @@ cdef class _ThreadFrames:
 cdef SlicingArena _thread_frame_arena(object chunk_size):
     """The calling thread's frame arena, made on first use (or after its close)."""
     cdef SlicingArena arena
-    if (not FREE_THREADED and chunk_size is None and _last_frames != NULL
+    cdef Py_ssize_t size = -1  # (none asked for)
+    if chunk_size is not None:
+        # First: its __index__ may use (or close) this thread's frame arena.
+        size = _parse_size(chunk_size, "chunk_size")
+    elif (not FREE_THREADED and _last_frames != NULL
             and _last_thread_state == PyThreadState_GetID(PyThreadState_Get())):
         arena = (<_ThreadFrames>_last_frames).arena
         if arena._core.open:
@@ -473,21 +549,32 @@ cdef SlicingArena _thread_frame_arena(object chunk_size):
     cdef dict state = <dict>state_dict
     cdef _ThreadFrames frames = state.get(_FRAMES_KEY)
     if frames is not None and frames.arena._core.open:
-        arena = frames.arena
-        if (chunk_size is not None
-                and _parse_size(chunk_size, "chunk_size") != <Py_ssize_t>arena._core.slicing.chunk_size):
-            raise ValueError(
-                f"this thread's frame arena has chunk_size={arena._core.slicing.chunk_size} already "
-                "(it is chosen once, by the thread's first call)")
-        _remember_frames(frames)
-        return arena
-    arena = SlicingArena(chunk_size=FRAME_CHUNK_SIZE if chunk_size is None else chunk_size)
+        return _kept_frame_arena(frames, size)
+    arena = SlicingArena(chunk_size=FRAME_CHUNK_SIZE if size < 0 else size)
     arena._core.life.owner = thread_ident()  # confined: only this thread uses it or its segments
     if frames is None:
         frames = _ThreadFrames.__new__(_ThreadFrames)
         frames.pid = getpid()
-        state[_FRAMES_KEY] = frames
+    # The objects made above may have started a GC whose finalizer asked for this thread's frame
+    # arena: the one that call made stands (replacing it would close it under its segments).
+    cdef _ThreadFrames made = state.get(_FRAMES_KEY)
+    if made is not None and made.arena is not None and made.arena._core.open:
+        arena.close()
+        return _kept_frame_arena(made, size)
+    state[_FRAMES_KEY] = frames
     frames.arena = arena
+    _remember_frames(frames)
+    return arena
+
+
+cdef SlicingArena _kept_frame_arena(_ThreadFrames frames, Py_ssize_t size):
+    """The thread's open frame arena in ``frames``, if ``size`` (-1: any) is its chunk size."""
+    cdef SlicingArena arena = frames.arena
+    if size >= 0 and size != <Py_ssize_t>arena._core.slicing.chunk_size:
+        raise ValueError(
+            f"this thread's frame arena has chunk_size={arena._core.slicing.chunk_size} already "
+            "(it is chosen by the call that makes the arena: the thread's first, or the first after "
+            "its close)")
     _remember_frames(frames)
     return arena
 
@@ -501,8 +588,8 @@ cdef inline void _remember_frames(_ThreadFrames frames) noexcept:
 
 def frame_arena(*, chunk_size=None):
     """The calling thread's frame arena: a SlicingArena confined to the thread, made on first use
-    with ``chunk_size`` (default 64 KiB, settable by the thread's first call only), closed when the
-    thread ends.  arenalib.frame() pushes frames on it."""
+    (or the first after its close) with ``chunk_size`` (default 64 KiB; a later call asking for
+    another raises ValueError), closed when the thread ends.  arenalib.frame() pushes frames on it."""
     return _thread_frame_arena(chunk_size)
 
 

@@ -375,20 +375,98 @@ def test_tracemalloc_sees_rewound_blocks_freed(arena):
         tracemalloc.stop()
 
 
+@pytest.mark.parametrize("push", ["mark", "frame"])
+def test_tracemalloc_sees_the_blocks_of_abandoned_frames_a_push_lets_go_freed(arena, push):
+    tracemalloc.start()
+    try:
+        domain = tracemalloc.DomainFilter(True, arenalib.TRACEMALLOC_DOMAIN)
+
+        def traced():
+            return sum(t.size for t in tracemalloc.take_snapshot().filter_traces([domain]).traces)
+
+        frame = arena.frame()
+        frame.__enter__()
+        seg = frame.allocate(100_000)
+        view = memoryview(seg)
+        with pytest.raises(BufferError):
+            frame.__exit__(None, None, None)  # refused: the frame is abandoned, its segment alive
+        assert traced() == 100_000
+        view.release()
+        if push == "mark":
+            arena.mark()  # lets the abandoned frame go
+        else:
+            arena.frame().__enter__()
+        assert not seg.alive and arena.stats()["live_bytes"] == 0
+        assert traced() == 0
+    finally:
+        tracemalloc.stop()
+
+
 # -- frames ------------------------------------------------------------------------------------------
 
-def test_a_frame_kills_its_segments_at_exit(arena):
-    outside = arena.allocate(16).fill(9)
-    with arena.frame() as f:
-        assert f.arena is arena
-        inner = f.allocate(100, zero=False).fill(1)
-        also = arena.allocate(50).fill(2)  # the arena's allocate carves in its innermost frame too
-        assert arena.stats()["marks"] == 1
-    assert_dead(inner)
-    assert_dead(also)
-    assert outside.tobytes() == bytes([9]) * 16
-    assert arena.stats()["marks"] == 0
-    assert arena.stats()["live_segments"] == 1
+def test_a_frames_repr_says_where_it_stands(arena):
+    frame = arena.frame()
+    assert repr(frame) == f"<arenalib.Frame of SlicingArena {id(arena):#x}, not entered>"
+    with frame:
+        with arena.frame() as inner:
+            assert repr(inner) == f"<arenalib.Frame at depth 2 of SlicingArena {id(arena):#x}, open>"
+    assert repr(inner).endswith(", left>") and repr(frame).startswith("<arenalib.Frame at depth 1 ")
+    assert repr(Frame.__new__(Frame)) == "<arenalib.Frame of no arena>"
+
+
+def test_a_refused_exit_is_noted_on_the_blocks_own_exception(arena):
+    """As a file's or Segment's __exit__: the block's exception propagates, the refusal noted on it."""
+    with pytest.raises(KeyError) as info:
+        with arena.frame() as f:
+            view = memoryview(f.allocate(8).fill(1))
+            raise KeyError("the block's own")
+    notes = getattr(info.value, "__notes__", [])
+    assert len(notes) == 1 and "leaving the frame failed" in notes[0] and "BufferError" in notes[0]
+    assert "nothing rewound" in notes[0]
+    assert bytes(view) == b"\x01" * 8  # the refusal changed nothing
+    view.release()
+    arena.mark()  # the abandoned frame goes
+    assert arena.stats()["marks"] == 1 and arena.stats()["live_segments"] == 0
+    with pytest.raises(BufferError, match="nothing rewound"):  # and without an exception: raised
+        with arena.frame() as f:
+            view = memoryview(f.allocate(8))
+    view.release()
+
+
+def _frames_until_stopped(arena, stop, errors, closing):
+    """Enter and leave empty frames of ``arena`` until ``stop``, or its close; errors to ``errors``."""
+    while not stop.is_set():
+        try:
+            with arena.frame():
+                pass
+        except ArenaClosedError:
+            if not closing:
+                errors.append("closed")
+            return  # closed: no frame can be entered (and the exit raised nothing)
+        except Exception as exc:  # any error of the exit is the failure
+            errors.append(repr(exc))
+
+
+@pytest.mark.parametrize("what", ["reset", "close"])
+def test_a_frame_left_as_another_thread_resets_or_closes_its_arena_says_nothing(what):
+    """A reset or close that lands while a frame is being left made its segments dead already: the
+    exit rewinds nothing and raises nothing, as when it lands before the exit (with the GIL off the
+    two ran at once: the exit raised ValueError or ArenaClosedError)."""
+    errors = []
+    for _ in range(20 if what == "close" else 1):
+        arena = SlicingArena()
+        stop = threading.Event()
+        thread = threading.Thread(target=_frames_until_stopped, args=(arena, stop, errors, what == "close"))
+        thread.start()
+        deadline = time.monotonic() + (0.5 if what == "reset" else 0.02)
+        while time.monotonic() < deadline:
+            arena.reset()
+        if what == "close":
+            arena.close()
+        stop.set()
+        thread.join()
+        arena.close()
+    assert errors == []
 
 
 def test_frames_nest_and_a_thousand_push_and_pop(arena):
@@ -488,6 +566,21 @@ def test_only_the_innermost_frame_allocates(arena):
                 outer.allocate(8)
             inner.allocate(8)
         outer.allocate(8)
+
+
+def test_a_frame_under_a_plain_mark_does_not_allocate(arena):
+    """A segment of frame f carved while a mark made after f is open would land in the mark's level
+    and die at its rewind with f still open: refused, as under a nested frame."""
+    with arena.frame() as f:
+        kept = f.allocate(8).fill(1)
+        m = arena.mark()
+        with pytest.raises(ValueError, match="not the innermost"):
+            f.allocate(8)
+        in_mark = arena.allocate(8).fill(2)  # the arena's own allocate carves under the mark
+        arena.rewind(m)
+        assert_dead(in_mark)
+        assert bytes(kept) == b"\x01" * 8
+        assert bytes(f.allocate(8).fill(3)) == b"\x03" * 8  # innermost again
 
 
 @pytest.mark.parametrize("when", ["before", "in __index__"])
@@ -914,6 +1007,42 @@ def test_a_closed_frame_arena_is_made_anew(main_frame_arena_closed):
         assert f.arena is not first and not f.arena.closed
 
 
+def test_frame_arenas_chunk_size_is_read_before_the_arena_is_looked_up(main_frame_arena_closed):
+    """Its __index__ may close the thread's frame arena, or make it: the call still answers with
+    the thread's one open frame arena (it returned the closed one, or closed the one the
+    __index__ made under its segments)."""
+    first = arenalib.frame_arena()
+
+    class Closes:
+        def __index__(self):
+            first.close()
+            return 1 << 16
+
+    got = arenalib.frame_arena(chunk_size=Closes())
+    assert got is not first and not got.closed and got is arenalib.frame_arena()
+    results = []
+
+    def in_a_new_thread():
+        made = []
+
+        class Makes:
+            def __index__(self):
+                made.append(arenalib.frame_arena())
+                made.append(made[0].allocate(8).fill(7))
+                return 8192
+
+        with pytest.raises(ValueError, match="chunk_size=65536 already"):
+            arenalib.frame_arena(chunk_size=Makes())
+        results.append((arenalib.frame_arena() is made[0], made[1].alive, bytes(made[1])))
+        made[0].close()
+        made.clear()
+
+    thread = threading.Thread(target=in_a_new_thread)
+    thread.start()
+    thread.join()
+    assert results == [(True, True, b"\x07" * 8)]
+
+
 # -- the C API ---------------------------------------------------------------------------------------
 
 def test_c_mark_carve_rewind_reuses_one_address(consumer, arena):
@@ -1020,7 +1149,9 @@ class FramesMachine(RuleBasedStateMachine):
         open_frames = [f for f in self.frames if f[3] == "open" and f[4] == self.generation]
         if open_frames and through % 3 == 0:
             f = open_frames[through % len(open_frames)]
-            innermost = not any(g[1] > f[1] and self._in_stack(g) for g in self.frames)
+            # Innermost: no frame and no plain mark above it (a carve would land in that level).
+            innermost = (not any(g[1] > f[1] and self._in_stack(g) for g in self.frames)
+                         and not any(m[3] and m[1] > f[1] for m in self.marks))
             if not innermost:
                 with pytest.raises(ValueError, match="not the innermost"):
                     f[0].allocate(size)

@@ -11,7 +11,7 @@
      allocate(size) and allocate(size, zero=z) of an arena (ArenaBase) or a Frame, the keyword
      name the interned "zero" a call site passes: impl(self, size, zero);
      allocate_from(data) and allocate_string(s) of an arena: impl(self, data);
-     Frame.__exit__(t, v, tb), positional: impl(self).
+     Frame.__exit__(t, v, tb), positional: impl(self, v).
 
    CPython reads ml_meth on every call (method descriptors, bound builtin methods and _with.pxi's
    bound methods alike), so the entry serves them all.
@@ -66,13 +66,13 @@ ARENALIB_ONE_ENTRY(arenalib_arena_allocate_from)
 ARENALIB_ONE_ENTRY(arenalib_arena_allocate_string)
 ARENALIB_SIZE_ZERO_ENTRY(arenalib_frame_allocate)
 
-static arenalib_self_fn arenalib_frame_exit_impl;
+static arenalib_one_fn arenalib_frame_exit_impl;
 static _PyCFunctionFastWithKeywords arenalib_frame_exit_wrapper;
 
 static PyObject *arenalib_frame_exit_entry(PyObject *self, PyObject *const *args,
                                            Py_ssize_t nargs, PyObject *kwnames) {
     if (nargs == 3 && kwnames == NULL)
-        return arenalib_frame_exit_impl(self);
+        return arenalib_frame_exit_impl(self, args[1]);
     return arenalib_frame_exit_wrapper(self, args, nargs, kwnames);
 }
 
@@ -115,7 +115,7 @@ static int arenalib_arena_entries_install(PyTypeObject *arena_type, arenalib_siz
 
 /* Give Frame's allocate and __exit__ their entries (once, at start-up). */
 static int arenalib_frame_entries_install(PyTypeObject *frame_type, arenalib_size_zero_fn allocate,
-                                          arenalib_self_fn exit_frame) {
+                                          arenalib_one_fn exit_frame) {
     arenalib_frame_allocate_impl = allocate;
     arenalib_frame_exit_impl = exit_frame;
     if (arenalib_entry_take(frame_type, "allocate", (void *)arenalib_frame_allocate_entry,
