@@ -289,8 +289,13 @@ cdef int arena_rewind_object(SlicingArena arena, object mark) except -1:
         raise TypeError(f"rewind() takes a Mark from SlicingArena.mark(), not {type(mark).__name__}")
     cdef Mark m = <Mark>mark
     if m._arena is not arena:
-        raise ValueError(f"cannot rewind: {_MARK_PROBLEMS}")
+        raise ValueError("cannot rewind: the mark is of another arena")
     cdef int err = _rewind_checked(arena, &m._mark, False)
+    if err == ARENA_ESTALEMARK:
+        # (A mark of this arena, told apart by its generation: the one it was made in, or not.)
+        raise ValueError("cannot rewind: the mark is used up, by " + (
+            "a rewind to it or to an earlier mark" if m._mark.generation == life_generation(&arena._core.life)
+            else "a reset or close of its arena"))
     if err:
         _raise_mark_error(arena, err, "rewind")
     arena._sync_traced()
