@@ -268,17 +268,20 @@ cdef Mark arena_mark_object(SlicingArena arena):
     if err:
         _raise_mark_error(arena, err, "mark")
     if arena._traced is not None:
-        _sync_after_push(arena, &mark._mark, False)
+        _sync_after_push(arena, &mark._mark, NULL)
     return mark
 
 
-cdef int _sync_after_push(SlicingArena arena, const ArenaMark* mark, bint frame) except -1:
+cdef int _sync_after_push(SlicingArena arena, const ArenaMark* mark, Py_ssize_t* frame_state) except -1:
     """Untrack the blocks of the abandoned frames a push let go of.  Should that fail (MemoryError),
-    the push is undone before the error propagates: its caller gets no mark, or no frame to leave."""
+    the push is undone before the error propagates: its caller gets no mark, or no frame to leave
+    (``frame_state``: the frame's, then left)."""
     try:
         arena._sync_traced()
     except BaseException:
-        _rewind_checked(arena, mark, frame)
+        _rewind_checked(arena, mark, frame_state != NULL)
+        if frame_state != NULL:
+            store_frame_state(frame_state, FRAME_LEFT)
         raise
     return 0
 
@@ -360,11 +363,7 @@ cdef class Frame:
         if err:
             _raise_mark_error(self._arena, err, "enter a frame")
         if self._arena._traced is not None:
-            try:
-                _sync_after_push(self._arena, &self._mark, True)
-            except BaseException:
-                store_frame_state(&self._state, FRAME_LEFT)
-                raise
+            _sync_after_push(self._arena, &self._mark, &self._state)
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -410,9 +409,14 @@ cdef object _frame_exit(object obj, object exc):
     ArenaBase's __exit__ do with a failed free or close)."""
     cdef Frame self = <Frame>obj
     cdef int err = _frame_leave(self)
-    if err == ARENA_OK:
-        self._arena._sync_traced()
-        return False
+    if err:
+        return _frame_exit_refused(self, err, exc)
+    self._arena._sync_traced()
+    return False
+
+
+cdef object _frame_exit_refused(Frame self, int err, object exc):
+    """_frame_exit() of a refused exit (out of the common path: its try block costs there)."""
     if exc is None or isinstance(exc, GeneratorExit):
         _raise_leave_error(self, err)  # (a generator's close() swallows GeneratorExit and its notes)
     try:

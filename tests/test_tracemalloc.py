@@ -96,9 +96,11 @@ def test_region_is_traced_by_tracemalloc():
 
 @pytest.mark.skipif(bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
                     reason="a free-threaded build's collector does not run at the allocation this needs")
-def test_a_finalizer_that_resets_while_a_block_is_traced_leaves_a_dead_segment_not_an_error(tracing):
+def test_a_finalizer_that_resets_while_a_block_is_traced_leaves_a_dead_segment_not_an_error(tracing,
+                                                                                          consumer):
     # Tracing a carve first untracks what rewinds killed, which makes objects: a GC there may run a
     # finalizer that resets the arena (untracking everything).  The carve's trace must see that.
+    # (The rewind its sync has to catch up with is the C API's: Python's own sync as they go.)
     a = arenalib.SlicingArena()
     try:
         class Bomb:
@@ -109,13 +111,11 @@ def test_a_finalizer_that_resets_while_a_block_is_traced_leaves_a_dead_segment_n
                 if not a.closed:
                     a.reset()
 
-        outer = a.frame()
-        outer.__enter__()
-        view = memoryview(outer.allocate(16))  # traced with a frame stamp
-        with pytest.raises(BufferError):
-            outer.__exit__(None, None, None)  # exported: refused, the frame abandoned
-        view.release()
-        a.mark()  # pops the abandoned frame: a rewind the traces have not seen
+        mark = consumer.mark(a)
+        carved = [a.allocate(16) for _ in range(3)]  # traced with a frame stamp
+        assert consumer.rewind(a, mark) == 0  # a rewind the traces have not seen
+        del carved  # (their objects are kept for the next segments: no GC before the carve below)
+        gc.collect()  # (an empty generation 0: the Bomb is not collected before the carve)
         Bomb()
         junk = [[] for _ in range(100)]  # generation 0 past the threshold below
         old = gc.get_threshold()
