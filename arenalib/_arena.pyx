@@ -317,9 +317,13 @@ cdef class ArenaBase(SegmentOwner):
             # Carved at a level now unknown: the block stays carved, dead, until a rewind or reset.
         if err:
             access_exit(token)
+            if err == ARENA_EORDER and frame.generation != life_generation(life):
+                raise ValueError("allocate() of a frame whose arena was reset since it was entered "
+                                 "(everything carved in it died)")
             if err == ARENA_EORDER:
-                raise ValueError("allocate() of a frame that is not the innermost one open "
-                                 "(a frame or mark made after it is open, or it was left)")
+                raise ValueError("allocate() of a frame that is not the innermost one open (a frame "
+                                 "or mark made after it is open, or a frame whose exit was refused "
+                                 "is kept above it, or it was left)")
             self._raise(err, f"cannot allocate {size} bytes (align={align})")
         cdef bint anchored = note_allocation(&self._core, &anchor)
         if not owned:
@@ -496,6 +500,10 @@ cdef class ArenaBase(SegmentOwner):
         for i in range(len(stamps)):
             flags[i] = not frame_stamp_alive(life, <uint64_t>(<tuple>stamps[i])[1])
         access_exit(token)
+        if self._traced_framed is not framed:
+            # A finalizer reset or closed the arena meanwhile (untracking all it traced) and may
+            # trace anew: a block now at one of these addresses is another one, alive.
+            return 0
         for i in range(len(stamps)):
             if flags[i]:
                 address = (<tuple>stamps[i])[0]

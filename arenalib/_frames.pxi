@@ -377,7 +377,8 @@ cdef class Frame:
         if self._arena is None:
             return "<arenalib.Frame of no arena>"
         cdef Py_ssize_t state = load_frame_state(&self._state)
-        where = f" at depth {self._mark.depth}" if state != FRAME_NEW else ""
+        # (Being entered, its depth is not written yet.)
+        where = f" at depth {self._mark.depth}" if state == FRAME_ENTERED or state == FRAME_LEFT else ""
         said = {FRAME_NEW: "not entered", FRAME_ENTERED: "open", FRAME_LEFT: "left"}.get(
             state, "being entered or left")
         return f"<arenalib.Frame{where} of SlicingArena {id(self._arena):#x}, {said}>"
@@ -417,8 +418,10 @@ cdef object _frame_exit(object obj, object exc):
 
 cdef object _frame_exit_refused(Frame self, int err, object exc):
     """_frame_exit() of a refused exit (out of the common path: its try block costs there)."""
-    if exc is None or isinstance(exc, GeneratorExit):
-        _raise_leave_error(self, err)  # (a generator's close() swallows GeneratorExit and its notes)
+    if not isinstance(exc, BaseException) or isinstance(exc, GeneratorExit):
+        # No exception of the block (or a call by hand with something else), or a generator's
+        # close(), which swallows GeneratorExit and its notes.
+        _raise_leave_error(self, err)
     try:
         _raise_leave_error(self, err)
     except Exception as leave_error:

@@ -447,6 +447,12 @@ def _frames_until_stopped(arena, stop, errors, closing):
             errors.append(repr(exc))
 
 
+def test_an_exit_by_hand_with_no_exception_says_why_it_is_refused(arena):
+    for exc in (None, "x", 1, ValueError):  # (only an exception instance takes a note)
+        with pytest.raises(ValueError, match="this frame is not open"):
+            arena.frame().__exit__(None, exc, None)
+
+
 @pytest.mark.parametrize("what", ["reset", "close"])
 def test_a_frame_left_as_another_thread_resets_or_closes_its_arena_says_nothing(what):
     """A reset or close that lands while a frame is being left made its segments dead already: the
@@ -608,8 +614,10 @@ def test_a_frame_of_a_closed_arena_allocates_nothing_and_says_closed(when):
 
 def test_a_frame_of_an_arena_reset_under_it_is_a_frame_left(arena):
     with arena.frame() as frame:
+        seg = frame.allocate(8)
         arena.reset()
-        with pytest.raises(ValueError, match="not the innermost"):
+        assert_dead(seg)
+        with pytest.raises(ValueError, match="reset since it was entered"):
             frame.allocate(8)
 
 

@@ -135,6 +135,46 @@ def test_a_finalizer_that_resets_while_a_block_is_traced_leaves_a_dead_segment_n
 
 @pytest.mark.skipif(bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
                     reason="a free-threaded build's collector does not run at the allocation this needs")
+def test_a_finalizer_that_resets_and_carves_during_a_sync_keeps_the_new_blocks_trace(tracing):
+    # mark() syncs the traces with the rewinds (here: an abandoned frame it lets go); the sync makes
+    # objects, so a GC may reset the arena and carve a block at an address the sync found dead.
+    # It untracked that live block (helper 60).
+    a = arenalib.SlicingArena(chunk_size=4096)
+    kept = []
+    try:
+        class Bomb:
+            def __init__(self):
+                self.me = self
+
+            def __del__(self):
+                if not kept:
+                    a.reset()
+                    kept.append(a.allocate(64))
+
+        frame = a.frame()
+        frame.__enter__()
+        view = memoryview(frame.allocate(64))
+        with pytest.raises(BufferError):
+            frame.__exit__(None, None, None)  # abandoned, its block traced
+        view.release()
+        gc.collect()
+        Bomb()
+        old = gc.get_threshold()
+        gc.set_threshold(1)
+        try:
+            a.mark()
+        finally:
+            gc.set_threshold(*old)
+        assert kept and kept[0].alive
+        assert [t.size for t in arenalib_traces()] == [64]
+    finally:
+        kept.clear()
+        gc.collect()
+        a.close()
+
+
+@pytest.mark.skipif(bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+                    reason="a free-threaded build's collector does not run at the allocation this needs")
 def test_a_finalizer_that_rewinds_past_a_block_being_traced_leaves_no_trace_of_it(tracing):
     # The trace's sync of earlier rewinds makes objects: a GC there ran a finalizer that rewound past
     # the block being traced, whose own sync came before the block was in the table.  The dead block
