@@ -336,8 +336,8 @@ cdef class Frame:
     frame dies (its use raises ArenaClosedError), the memory is carved again.  Frames nest; only the
     innermost may be left (an exit out of order, or while an export of one of its segments lives,
     is refused and leaves the frame abandoned: it goes with a later rewind below it, or with the
-    next mark or frame exit once nothing holds it).  A frame is
-    entered once.  ``f.allocate()`` allocates in the frame."""
+    next mark or frame exit once nothing holds it).  A frame is entered once.  ``f.allocate()``
+    allocates in the frame."""
     cdef ArenaMark _mark
     cdef SlicingArena _arena
     # FRAME_NEW, FRAME_ENTERED, FRAME_LEFT, FRAME_BUSY: read and set atomically, as a Frame object
