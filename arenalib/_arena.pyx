@@ -756,6 +756,7 @@ cdef extern from "src/entries.h":
                                        arenalib_one_fn allocate_string) except -1
     int arenalib_frame_entries_install(type frame_type, arenalib_size_zero_fn allocate,
                                        arenalib_one_fn exit_frame) except -1
+    int arenalib_segment_entries_install(type segment_type, arenalib_one_fn fill) except -1
     int arenalib_frame_function_install(dict globals, arenalib_self_fn impl) except -1
 
 
@@ -784,6 +785,7 @@ cdef int _entries_init() except -1:
     arenalib_arena_entries_install(ArenaBase, _arena_allocate, _arena_allocate_from,
                                    _arena_allocate_string)
     arenalib_frame_entries_install(Frame, _frame_allocate, _frame_exit)
+    arenalib_segment_entries_install(Segment, _segment_fill)
     arenalib_frame_function_install(globals(), _frame_new)
     return 0
 

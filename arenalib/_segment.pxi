@@ -249,14 +249,8 @@ cdef class Segment:
 
     def fill(self, value):
         """Set every byte to ``value`` (an int in range(0, 256)); returns the segment."""
-        if self._readonly:
-            _refuse_write(self)
-        cdef int byte = <int>_as_byte(value)
-        cdef void* token
-        self._pin(&token)
-        memset(self._ptr, byte, <size_t>self._size)
-        self._unpin(token)
-        return self
+        # fill(value) goes to _segment_fill() straight (src/entries.h).
+        return _segment_fill(self, value)
 
     def tobytes(self):
         """A bytes copy of the whole segment."""

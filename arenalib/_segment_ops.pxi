@@ -13,7 +13,7 @@ from cpython.buffer cimport (
 )
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.number cimport PyIndex_Check
-from libc.string cimport memchr, memcpy, memmove
+from libc.string cimport memchr, memcpy, memmove, memset
 
 from arenalib._abi cimport load_life_owner, thread_ident
 
@@ -200,6 +200,19 @@ cdef int _segment_setitem(Segment seg, object key, object value) except -1:
     finally:
         PyBuffer_Release(&source)
     return 0
+
+
+cdef object _segment_fill(object obj, object value):
+    """Segment.fill(value)."""
+    cdef Segment seg = <Segment>obj
+    if seg._readonly:
+        _refuse_write(seg)
+    cdef int byte = <int>_as_byte(value)
+    cdef void* token
+    seg._pin(&token)
+    memset(seg._ptr, byte, <size_t>seg._size)
+    seg._unpin(token)
+    return seg
 
 
 cdef Segment _segment_slice(Segment seg, object offset, object size):

@@ -6,6 +6,7 @@ import array
 import copy
 import ctypes
 import hashlib
+import inspect
 import io
 import os
 import pickle
@@ -138,6 +139,30 @@ def test_fill_returns_segment(arena):
     seg.fill(np.uint8(9))
     assert seg.tobytes() == b"\x09" * 100
     arena.allocate(0).fill(3)  # an empty segment can be filled
+
+
+def test_fill_takes_every_call_shape(arena):
+    # fill(value) skips Cython's argument parsing (src/entries.h); every other call shape, and
+    # every error, is Cython's wrapper's.
+    seg = arena.allocate(6)
+    assert seg.fill(value=5) is seg
+    assert seg.tobytes() == b"\x05" * 6
+    assert seg.fill(True).tobytes() == b"\x01" * 6  # not an exact int: the general path
+    with pytest.raises(TypeError):
+        seg.fill()
+    with pytest.raises(TypeError):
+        seg.fill(1, 2)
+    with pytest.raises(TypeError, match="valu"):
+        seg.fill(valu=1)
+    assert seg.tobytes() == b"\x01" * 6
+    assert str(inspect.signature(seg.fill)) == "(value)"
+    ro = arena.allocate(3).fill(4).readonly()
+    with pytest.raises(TypeError):
+        ro.fill(1)
+    assert ro.tobytes() == b"\x04" * 3
+    arena.close()
+    with pytest.raises(ArenaClosedError):
+        seg.fill(1)
 
 
 @pytest.mark.parametrize("value", [-1, 256, 1000, 2**70, -(2**70)])

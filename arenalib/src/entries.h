@@ -11,7 +11,8 @@
      allocate(size) and allocate(size, zero=z) of an arena (ArenaBase) or a Frame, the keyword
      name the interned "zero" a call site passes: impl(self, size, zero);
      allocate_from(data) and allocate_string(s) of an arena: impl(self, data);
-     Frame.__exit__(t, v, tb), positional: impl(self, v).
+     Frame.__exit__(t, v, tb), positional: impl(self, v);
+     Segment.fill(value), positional: impl(self, value).
 
    CPython reads ml_meth on every call (method descriptors, bound builtin methods and _with.pxi's
    bound methods alike), so the entry serves them all.
@@ -65,6 +66,7 @@ ARENALIB_SIZE_ZERO_ENTRY(arenalib_arena_allocate)
 ARENALIB_ONE_ENTRY(arenalib_arena_allocate_from)
 ARENALIB_ONE_ENTRY(arenalib_arena_allocate_string)
 ARENALIB_SIZE_ZERO_ENTRY(arenalib_frame_allocate)
+ARENALIB_ONE_ENTRY(arenalib_segment_fill)
 
 static arenalib_one_fn arenalib_frame_exit_impl;
 static _PyCFunctionFastWithKeywords arenalib_frame_exit_wrapper;
@@ -124,6 +126,13 @@ static int arenalib_frame_entries_install(PyTypeObject *frame_type, arenalib_siz
                                    &arenalib_frame_exit_wrapper) < 0)
         return -1;
     return 0;
+}
+
+/* Give Segment's fill its entry (once, at start-up). */
+static int arenalib_segment_entries_install(PyTypeObject *segment_type, arenalib_one_fn fill) {
+    arenalib_segment_fill_impl = fill;
+    return arenalib_entry_take(segment_type, "fill", (void *)arenalib_segment_fill_entry,
+                               &arenalib_segment_fill_wrapper);
 }
 
 /* arenalib.frame()'s METH_FASTCALL twin: the function's name, module and docstring (its text
