@@ -125,7 +125,7 @@ cdef class ArenaBase(SegmentOwner):
         dict _traced            # addresses of the blocks reported to tracemalloc (-> 0) ...
         dict _traced_framed     # ... and those carved under a mark (-> their frame stamp)
         Py_ssize_t _traced_rewinds  # the arena's rewinds when _traced_framed was last swept
-        dict _debug_blocks      # set_debug(True): address -> [size, where allocated, exports]
+        dict _debug_blocks      # set_debug(True): address -> [size, where allocated, exports, frame stamp]
         NumpyBooks _numpy       # its numpy() scopes' arrays (_numpy.pxi)
 
     cdef int _open(self, int kind, object max_bytes, size_t chunk_size=*) except -1

@@ -40,7 +40,7 @@ from arenalib._abi cimport (
     FREE_THREADED, ArenaCore, ArenaSlot, Books, InlineState, Lifetime, owned_by_another, store_flag,
 )
 from arenalib._jemalloc cimport JEMALLOC_VERSION, je_dallocx
-from arenalib._frames cimport frame_stamp_alive, frame_stamp_now, frames_version
+from arenalib._frames cimport frame_stamp_alive, frame_stamp_depth, frame_stamp_now, frames_version
 from arenalib._table cimport ARENA_EBUSY, ARENA_EEXPORTED, ARENA_EORDER, ARENA_OK, ArenaMark
 from arenalib.fast cimport arena_allocate, arena_free, arena_open
 
@@ -111,8 +111,10 @@ cdef void _add_note(object exc, str note) noexcept:
         pass  # an exception that refuses notes keeps propagating as it is
 
 
-cdef int _debug_note_allocation(ArenaBase arena, size_t address, Py_ssize_t size) except -1:
-    """Debug mode: remember where the segment at ``address`` was allocated ([size, stack, exports])."""
+cdef int _debug_note_allocation(ArenaBase arena, size_t address, Py_ssize_t size,
+                                uint64_t stamp) except -1:
+    """Debug mode: remember where the segment at ``address`` was allocated ([size, stack, exports,
+    the frame stamp it was carved under])."""
     import traceback
     if arena._debug_blocks is None:
         # Made once and then only cleared, never dropped: other threads read the field unlocked
@@ -122,7 +124,7 @@ cdef int _debug_note_allocation(ArenaBase arena, size_t address, Py_ssize_t size
                 arena._debug_blocks = {}
                 store_flag(&arena._core.object_books, True)
     # Called from C: the innermost Python frame is the one that allocated.
-    arena._debug_blocks[address] = [size, "".join(traceback.format_stack()), 0]
+    arena._debug_blocks[address] = [size, "".join(traceback.format_stack()), 0, stamp]
     return 0
 
 
@@ -137,7 +139,7 @@ cdef int _note_block(ArenaBase arena, size_t address, size_t size, uint64_t stam
         if arena._traced is not None:
             arena._trace(address, size, True, stamp, generation)
         if _debug:
-            _debug_note_allocation(arena, address, size)
+            _debug_note_allocation(arena, address, size, stamp)
     except (MemoryError, RecursionError):
         pass
     return 0
@@ -169,15 +171,19 @@ cdef int debug_note_export(Segment root, Py_ssize_t delta) except -1:
     return 0
 
 
-cdef str exported_segments(ArenaBase arena):
-    """The exported segments of ``arena``, named for an error message (debug mode only)."""
+cdef str exported_segments(ArenaBase arena, Py_ssize_t depth=-1):
+    """The exported segments of ``arena``, named for an error message (debug mode only); with a
+    ``depth``, only those carved under a mark of that depth or deeper (what a rewind to it kills)."""
+    cdef str unnamed = " (arenalib.set_debug(True) names the segments)"
     if not arena._debug_blocks:
-        return " (arenalib.set_debug(True) names the segments)"
+        return unnamed
     # A copy, made in one call: other threads allocate and free meanwhile (and a dict changed
     # under its iterator raises).
     shown = [f"\n  a segment of {size} bytes at {address:#x} ({exports} export(s)), allocated at:\n"
-             f"{stack}" for address, (size, stack, exports) in arena._debug_blocks.copy().items()
-             if exports > 0]
+             f"{stack}" for address, (size, stack, exports, stamp) in arena._debug_blocks.copy().items()
+             if exports > 0 and (depth < 0 or (stamp != 0 and frame_stamp_depth(stamp) >= depth))]
+    if not shown:  # (allocated before debug mode was on)
+        return unnamed
     more = len(shown) - DEBUG_SHOWN
     return "".join(shown[:DEBUG_SHOWN]) + (f"\n  and {more} more" if more > 0 else "")
 

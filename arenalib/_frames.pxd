@@ -71,13 +71,17 @@ cdef inline uint64_t frames_version(Lifetime* life) noexcept nogil:
     return load_u64(&stack.serial) if stack != NULL else 0
 
 
+cdef inline Py_ssize_t frame_stamp_depth(uint64_t stamp) noexcept nogil:
+    """The depth of the level a stamp is of."""
+    return <Py_ssize_t>(stamp & ((1 << FRAME_DEPTH_BITS) - 1))
+
+
 cdef inline bint frame_stamp_alive(Lifetime* life, uint64_t stamp) noexcept nogil:
     """Whether a segment of ``stamp`` (whose arena's generation is still its own) is alive."""
     if stamp == 0:
         return True
     cdef FrameStack* stack = load_frames(&life.frames)
-    cdef Py_ssize_t depth = <Py_ssize_t>(stamp & ((1 << FRAME_DEPTH_BITS) - 1))
-    return stack != NULL and load_u64(&frame_level(stack, depth).stamp) == stamp
+    return stack != NULL and load_u64(&frame_level(stack, frame_stamp_depth(stamp)).stamp) == stamp
 
 
 cdef inline FrameLevel* frame_level_of(Lifetime* life, uint64_t stamp) noexcept nogil:
@@ -85,7 +89,7 @@ cdef inline FrameLevel* frame_level_of(Lifetime* life, uint64_t stamp) noexcept 
     The stack outlives every segment's exports (a close while they live keeps it: _frames.pxi)."""
     if stamp == 0:
         return NULL
-    return frame_level(life.frames, <Py_ssize_t>(stamp & ((1 << FRAME_DEPTH_BITS) - 1)))
+    return frame_level(life.frames, frame_stamp_depth(stamp))
 
 
 # -- push ------------------------------------------------------------------------------------------

@@ -160,7 +160,9 @@ cdef str _MARK_PROBLEMS = (
     "it is of another arena, or used up by a rewind to it or to an earlier mark, a reset or a close")
 
 
-cdef int _raise_mark_error(SlicingArena arena, int err, str doing) except -1:
+cdef int _raise_mark_error(SlicingArena arena, int err, str doing, Py_ssize_t depth=-1) except -1:
+    """Raise for error ``err`` of a mark, rewind or frame; ``depth``: the level a rewind's mark is
+    of, whose exported segments debug mode names."""
     if err == ARENA_ESTALEMARK:
         raise ValueError(f"cannot {doing}: {_MARK_PROBLEMS}")
     # A frame whose exit is refused is left all the same, with nothing rewound (_frame_leave).
@@ -189,7 +191,8 @@ cdef int _raise_mark_error(SlicingArena arena, int err, str doing) except -1:
             f"cannot {doing}: a buffer export (memoryview, NumPy array ...) of a segment it would "
             "kill is alive; " + ("it is left with nothing rewound, and its segments die at the first "
                                  "mark, rewind or frame exit after the export is released" if left
-                                 else "release it first"))
+                                 else "release it first")
+            + (exported_segments(arena, depth) if depth >= 0 else ""))
     return arena._raise(err, f"cannot {doing}")
 
 
@@ -300,7 +303,7 @@ cdef int arena_rewind_object(SlicingArena arena, object mark) except -1:
             "a rewind to it or to an earlier mark" if m._mark.generation == life_generation(&arena._core.life)
             else "a reset or close of its arena"))
     if err:
-        _raise_mark_error(arena, err, "rewind")
+        _raise_mark_error(arena, err, "rewind", m._mark.depth)
     arena._sync_traced()
     return 0
 
@@ -462,7 +465,7 @@ cdef int _raise_leave_error(Frame self, int err) except -1:
         raise ValueError("this frame is not open")
     if err == ARENA_EWRONGTHREAD:
         raise _wrong_thread_error(self._arena)
-    return _raise_mark_error(self._arena, err, "leave the frame")
+    return _raise_mark_error(self._arena, err, "leave the frame", self._mark.depth)
 
 
 cdef object _frame_allocate(object obj, object size, object zero):

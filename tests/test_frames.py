@@ -222,6 +222,41 @@ def test_a_live_export_of_a_segment_the_rewind_would_kill_refuses_it_changing_no
     kept_view.release()
 
 
+def allocate_exported_in_debug_mode(arena, size):
+    return arena.allocate(size).fill(2)
+
+
+def test_a_refused_rewind_names_in_debug_mode_the_exported_segments_it_would_kill(arena):
+    before = arena.allocate(11)  # exported, but carved before the mark: not named
+    outer = arena.mark()
+    arenalib.set_debug(True)
+    try:
+        above = arena.allocate(12)  # above the outer mark, below the inner one
+        inner = arena.mark()
+        doomed = allocate_exported_in_debug_mode(arena, 13)
+        first = arena.allocate(11)
+    finally:
+        arenalib.set_debug(False)
+    views = [memoryview(seg) for seg in (before, doomed, above)]
+    del first  # unexported: not named
+    with pytest.raises(BufferError) as refused:
+        arena.rewind(inner)
+    message = str(refused.value)
+    assert "a segment of 13 bytes" in message and "allocate_exported_in_debug_mode" in message
+    assert "12 bytes" not in message and "11 bytes" not in message
+    with pytest.raises(BufferError) as refused:
+        arena.rewind(outer)
+    assert "12 bytes" in str(refused.value) and "13 bytes" in str(refused.value)
+    assert "11 bytes" not in str(refused.value)
+    with pytest.raises(BufferError) as refused, arena.frame():
+        frame_view = memoryview(allocate_exported_in_debug_mode(arena, 14))
+    assert "set_debug(True) names" in str(refused.value)  # carved outside debug mode: unnamed
+    for view in views + [frame_view]:
+        view.release()
+    arena.rewind(outer)
+    assert before.alive and not above.alive and not doomed.alive
+
+
 def test_an_export_of_a_slice_counts_for_its_root(arena):
     mark = arena.mark()
     root = arena.allocate(100).fill(1)
