@@ -251,7 +251,7 @@ def test_a_refused_rewind_names_in_debug_mode_the_exported_segments_it_would_kil
     with pytest.raises(BufferError) as refused, arena.frame():
         frame_view = memoryview(allocate_exported_in_debug_mode(arena, 14))
     assert "set_debug(True) names" in str(refused.value)  # carved outside debug mode: unnamed
-    for view in views + [frame_view]:
+    for view in [*views, frame_view]:
         view.release()
     arena.rewind(outer)
     assert before.alive and not above.alive and not doomed.alive
