@@ -39,6 +39,13 @@ cdef extern from "arenalib/platform.h":
     # acquire (a level's block is made before the depth reaches it).
     Py_ssize_t load_depth "arenalib_load_acquire"(Py_ssize_t* depth) noexcept nogil
     void store_depth "arenalib_store_release"(Py_ssize_t* depth, Py_ssize_t value) noexcept nogil
+    # The stack's serial, its version: stored last by every mark and rewind, with release, and read
+    # first by a carve, with acquire, so that a carve that reads the new version reads the depth
+    # and stamps that go with it.  (Stored before the depth, a carve read the new version with the
+    # old depth, took the stamp of the level below the new mark, and its check after the carve
+    # passed: the segment outlived that mark's rewind, and the next carve overwrote it.)
+    uint64_t load_version "arenalib_load_acquire"(uint64_t* serial) noexcept nogil
+    void store_version "arenalib_store_release"(uint64_t* serial, uint64_t value) noexcept nogil
 
 cdef enum:
     FRAME_NEEDS_BLOCK = -1    # frames_push(): the level's block is not made yet (the slow path makes it)
@@ -60,7 +67,7 @@ cdef inline uint64_t frame_stamp_now(Lifetime* life, uint64_t* version) noexcept
     if stack == NULL:
         version[0] = 0
         return 0
-    version[0] = load_u64(&stack.serial)
+    version[0] = load_version(&stack.serial)
     cdef Py_ssize_t depth = load_depth(&stack.depth)
     return load_u64(&frame_level(stack, depth).stamp) if depth else 0
 
@@ -68,7 +75,7 @@ cdef inline uint64_t frame_stamp_now(Lifetime* life, uint64_t* version) noexcept
 cdef inline uint64_t frames_version(Lifetime* life) noexcept nogil:
     """Moved by every mark and rewind: unchanged across a carve, the stamp read before it holds."""
     cdef FrameStack* stack = load_frames(&life.frames)
-    return load_u64(&stack.serial) if stack != NULL else 0
+    return load_version(&stack.serial) if stack != NULL else 0
 
 
 cdef inline Py_ssize_t frame_stamp_depth(uint64_t stamp) noexcept nogil:
@@ -111,8 +118,8 @@ cdef inline void _push(ArenaCore* core, FrameStack* stack, bint frame, ArenaMark
         store_ssize(&stack.top_frame, depth)  # read unlocked by frame_is_innermost
     else:
         level.outer_frame = -1
-    store_u64(&stack.serial, serial)
     store_depth(&stack.depth, depth)
+    store_version(&stack.serial, serial)  # (last: see store_version)
     out.arena = core.serial
     out.generation = core.life.generation
     out.serial = stamp
@@ -190,8 +197,8 @@ cdef inline void frames_pop_to(ArenaCore* core, FrameStack* stack, Py_ssize_t de
         store_ssize(&stack.top_frame, frame_level(stack, stack.top_frame).outer_frame)
     stack.rewinds += 1
     frames_limit(stack)
-    store_u64(&stack.serial, serial)
     store_depth(&stack.depth, depth - 1)
+    store_version(&stack.serial, serial)
 
 
 cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark, bint exit_frame,
@@ -228,8 +235,8 @@ cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark, bint 
             if exit_frame:
                 store_ssize(&stack.top_frame, level.outer_frame)
             stack.rewinds += 1
-            store_u64(&stack.serial, serial)
             store_depth(&stack.depth, depth - 1)
+            store_version(&stack.serial, serial)
             if stack.abandoned:
                 _pop_abandoned(core, stack)  # (as frames_rewind() does: refused frames under it)
             err = ARENA_OK

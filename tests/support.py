@@ -17,11 +17,13 @@ import sys
 import sysconfig
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import arenalib
+from arenalib import ArenaClosedError
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -280,3 +282,31 @@ def build_test_consumers(directory: Path) -> dict:
             "stale_consumer": load_extension(build, "arenalib_consumer_fast"),
             "stale_table_consumer": load_extension(build, "arenalib_consumer"),
             "stale_handoff_consumer": load_extension(build, "stale_handoff_consumer")}
+
+
+def overlapping_live_carves(arena, seconds):
+    """Carve 16 B segments filled 0x11 from ``arena`` for ``seconds`` while another thread marks,
+    carves and rewinds; the first carve found alive at the address of another live one, or holding
+    bytes that are not its own (None if none).  A carve made after another thread's mark must die
+    at that mark's rewind: if it stays alive, a later carve lands on top of it."""
+    kept = []  # (segment, address), the last 64
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            seg = arena.allocate(16, zero=False).fill(0x11)
+            address = seg.address
+        except ArenaClosedError:
+            continue  # carved under the other thread's mark, rewound already
+        alive_at = {a for k, a in kept if k.alive}  # (liveness only ever ends: see below)
+        if seg.alive and address in alive_at:
+            # Both were alive at once: seg from its carve on, the other until alive_at was read.
+            return seg
+        for k, _ in kept:
+            try:
+                if k.tobytes() != b"\x11" * 16:
+                    return k
+            except ArenaClosedError:
+                pass
+        kept.append((seg, address))
+        del kept[:-64]
+    return None

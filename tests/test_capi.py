@@ -22,6 +22,7 @@ from support import (
     KINDS,
     ROOT,
     assert_ok,
+    overlapping_live_carves,
     resetting_without_the_gil,
     run_python,
     run_threads,
@@ -575,6 +576,24 @@ def test_python_calls_wait_for_c_threads_carving_the_same_slicing_arena(cython_c
             safety_consumer.stop_carving()
             for carver in carvers:
                 carver.join()
+
+
+def test_a_python_carve_beside_c_marks_dies_with_the_mark_it_was_carved_under(cython_consumers):
+    """A C thread without the GIL marks, carves and rewinds a SlicingArena that Python carves from:
+    a Python carve made after a C mark dies at its rewind, and never stays alive under the next
+    carve (with the GIL as without it: 3 runs of 3 on 3.11 overwrote live segments; helper 62)."""
+    safety_consumer = cython_consumers["safety_consumer"]
+    safety_consumer.stop_carving(False)
+    with arenalib.SlicingArena(chunk_size=4096) as arena:
+        carver = threading.Thread(target=safety_consumer.carve_until_stopped,
+                                  args=(arena, 16, 1 << 62, True))
+        carver.start()
+        try:
+            found = overlapping_live_carves(arena, 2.0)
+        finally:
+            safety_consumer.stop_carving()
+            carver.join()
+        assert found is None
 
 
 FORK_WHILE_C_CARVES = """

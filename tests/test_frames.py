@@ -18,6 +18,7 @@ import tracemalloc
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from support import overlapping_live_carves
 
 import arenalib
 from arenalib import ArenaClosedError, Frame, Mark, SlicingArena, WrongThreadError
@@ -869,6 +870,34 @@ def test_frames_of_one_thread_beside_another_threads_carves():
         assert not errors
         assert arena.stats()["marks"] == 0
         carved.clear()
+
+
+def test_a_carve_beside_another_threads_marks_dies_with_the_mark_it_was_carved_under():
+    # A carve read the version of the stack of marks, then its depth: a mark published the version
+    # first, so a carve could pair the new version with the old depth, take the stamp of the level
+    # below the new mark and pass its check after the carve.  It outlived that mark's rewind, and the
+    # next carve overwrote it (3.13t: 3 runs of 3 within 2,300 carves; helper 62).
+    stop = threading.Event()
+    errors = []
+    with SlicingArena(chunk_size=4096) as arena:
+
+        def marker():
+            try:
+                while not stop.is_set():
+                    mark = arena.mark()
+                    arena.allocate(16, zero=False).fill(0xCC)
+                    arena.rewind(mark)
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=marker)
+        t.start()
+        try:
+            found = overlapping_live_carves(arena, 2.0)
+        finally:
+            stop.set()
+            t.join()
+        assert found is None and not errors
 
 
 def test_threads_frames_on_their_own_thread_arenas():
