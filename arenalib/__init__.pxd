@@ -149,7 +149,9 @@ cdef inline int arena_rewind(ArenaCore* core, const ArenaMark* mark) noexcept no
     carved again; the mark and later ones are used up.  ARENA_ESTALEMARK for a mark of another
     arena or used up (by a rewind to it or to an earlier mark, a reset, a close); ARENA_EEXPORTED
     while a buffer export of a segment it would kill is alive; ARENA_EORDER while a frame entered
-    after the mark is open.  No other thread may use what it kills meanwhile."""
+    after the mark is open.  No other thread may use what it kills meanwhile; on a GIL build, a
+    rewind that kills segments carved from Python takes the GIL for a moment (their Python users
+    hold it while they touch them), and one of C's carves alone does not."""
     if arenalib_table_ptr == NULL:
         return ARENA_ECLOSED
     return (<ArenaTable*>arenalib_table_ptr).rewind(core, mark)

@@ -68,6 +68,9 @@ cdef struct FrameLevel:
     Py_ssize_t exports        # buffer exports and pins of this level's segments (0 when popped)
     Py_ssize_t outer_frame    # a frame's level: the depth of the frame it was entered in; -1: not a frame
     bint abandoned            # a frame whose exit was refused: a rewind below it pops it
+    # A Python-level carve was made (or about to be) in it: on a GIL build a C-level rewind that
+    # kills it takes the GIL, as the Python threads' accesses of its segments hold it (_dispatch.pxi)
+    bint python_carved
 
 
 cdef struct FrameStack:

@@ -7,7 +7,7 @@ from libc.stdint cimport uint64_t
 cdef extern from *:
     """
     #define ARENALIB_TABLE_FINGERPRINT 0xf2e677db314e26fdULL
-    #define ARENALIB_ABI_FINGERPRINT 0xca3501d7c0ddccdcULL
+    #define ARENALIB_ABI_FINGERPRINT 0x7cd922b71af6423bULL
     """
     uint64_t TABLE_FINGERPRINT "ARENALIB_TABLE_FINGERPRINT"
     uint64_t ABI_FINGERPRINT "ARENALIB_ABI_FINGERPRINT"

@@ -50,6 +50,7 @@ cdef extern from "arenalib/platform.h":
 cdef enum:
     FRAME_NEEDS_BLOCK = -1    # frames_push(): the level's block is not made yet (the slow path makes it)
     FRAME_SLOW = -1           # frames_mark_fast(), frames_rewind_fast(): take the locked path
+    FRAME_NEEDS_GIL = -2      # frames_rewind(): it would kill Python-level carves (see FrameLevel)
 
 
 cdef inline FrameLevel* frame_level(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
@@ -113,6 +114,7 @@ cdef inline void _push(ArenaCore* core, FrameStack* stack, bint frame, ArenaMark
     level.cursor = core.slicing.cursor
     level.live_bytes = core.books.live_bytes
     level.live_segments = core.books.live_segments
+    level.python_carved = False
     if frame:
         level.outer_frame = stack.top_frame
         store_ssize(&stack.top_frame, depth)  # read unlocked by frame_is_innermost
@@ -202,11 +204,13 @@ cdef inline void frames_pop_to(ArenaCore* core, FrameStack* stack, Py_ssize_t de
 
 
 cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark, bint exit_frame,
-                                   unsigned long me) noexcept nogil:
+                                   unsigned long me, bint with_gil) noexcept nogil:
     """Rewind to ``mark`` (``exit_frame``: a frame's, at its exit) with no lock and no atomic
     instruction: ARENA_OK, or FRAME_SLOW when the case is not the common one (see the top of this
     file): the caller takes the locked path, which judges every refusal.  With the GIL off, a
-    rewind of an arena any thread may use waits for their accesses: always the locked path."""
+    rewind of an arena any thread may use waits for their accesses: always the locked path.  On a
+    GIL build, so does one of a level Python carved in from a caller that may not hold the GIL
+    (``with_gil`` false: the C API)."""
     if core.self != core or (FREE_THREADED and load_life_owner(&core.life.owner) == 0):
         return FRAME_SLOW
     cdef CarverRecord* record = biased_begin(core, me)
@@ -226,6 +230,7 @@ cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark, bint 
         level = frame_level(stack, depth)
         if (level.stamp == mark.serial and (stack.top_frame == depth) == exit_frame
                 and load_ssize(&level.exports) == 0
+                and (FREE_THREADED or with_gil or not level.python_carved)
                 and ((level.cursor != 0 and level.chunk == core.slicing.current)
                      or level.cursor == core.slicing.cursor)):  # (nothing carved since)
             serial = stack.serial + 1
@@ -299,12 +304,22 @@ cdef inline Py_ssize_t _open_frame_above(FrameStack* stack, Py_ssize_t depth) no
     return 0
 
 
+cdef inline bint _python_carved_from(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
+    """Whether a Python-level carve was made in level ``depth`` or above."""
+    cdef Py_ssize_t d
+    for d in range(depth, stack.depth + 1):
+        if frame_level(stack, d).python_carved:
+            return True
+    return False
+
+
 cdef inline int frames_rewind(ArenaCore* core, FrameStack* stack, const ArenaMark* mark,
-                              bint exit_frame) noexcept nogil:
+                              bint exit_frame, bint with_gil) noexcept nogil:
     """Kill every segment carved since ``mark`` and carve from there again; the mark and those
     after it are used up.  ``exit_frame``: the mark must be a frame's.  Changes nothing when it
     refuses: a stale mark, a frame entered after the mark still open (ARENA_EORDER), a live export
-    of a segment it would kill.  The caller holds the arena's busy lock or bias and (with the GIL
+    of a segment it would kill; FRAME_NEEDS_GIL on a GIL build without ``with_gil`` when it would
+    kill a Python-level carve.  The caller holds the arena's busy lock or bias and (with the GIL
     off) keeps other threads' accesses out."""
     cdef int err = frames_check_mark(core, stack, mark)
     if err:
@@ -315,6 +330,8 @@ cdef inline int frames_rewind(ArenaCore* core, FrameStack* stack, const ArenaMar
         return ARENA_EORDER
     if _exported_from(stack, mark.depth):
         return ARENA_EEXPORTED
+    if not FREE_THREADED and not with_gil and _python_carved_from(stack, mark.depth):
+        return FRAME_NEEDS_GIL
     frames_pop_to(core, stack, mark.depth)
     # Frames under it whose exits were refused while it was open go with it: left already, they are
     # the innermost now, and a carve made with no frame open would land in their level (and die

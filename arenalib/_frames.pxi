@@ -140,14 +140,15 @@ cdef int slicing_mark(ArenaCore* core, bint frame, ArenaMark* out) noexcept nogi
     return err
 
 
-cdef int slicing_rewind(ArenaCore* core, const ArenaMark* mark, bint exit_frame) noexcept nogil:
+cdef int slicing_rewind(ArenaCore* core, const ArenaMark* mark, bint exit_frame,
+                        bint with_gil) noexcept nogil:
     """Rewind to ``mark`` (see frames_rewind); a frame whose exit the rule refuses is abandoned.
     The caller keeps other threads' accesses out (exclusive_begin)."""
     cdef int err = slicing_lock(core)
     if err:
         return err
     cdef FrameStack* stack = core.life.frames
-    err = frames_rewind(core, stack, mark, exit_frame)
+    err = frames_rewind(core, stack, mark, exit_frame, with_gil)
     if (exit_frame and (err == ARENA_EORDER or err == ARENA_EEXPORTED)):
         frames_abandon(stack, mark.depth)
     slicing_unlock(core)
@@ -218,12 +219,12 @@ cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
 
 cdef int _rewind_checked(SlicingArena arena, const ArenaMark* mark, bint exit_frame) noexcept:
     """A rewind with no other thread's access of the arena's memory under way: its error code."""
-    if frames_rewind_fast(&arena._core, mark, exit_frame, thread_ident()) == ARENA_OK:
+    if frames_rewind_fast(&arena._core, mark, exit_frame, thread_ident(), True) == ARENA_OK:
         return ARENA_OK
-    cdef int err = arena_rewind_checked(&arena._core, mark, exit_frame)
+    cdef int err = arena_rewind_checked(&arena._core, mark, exit_frame, True)
     while err == ARENA_EBUSY and not slicing_busy_for_good(&arena._core):  # (as _mark_checked)
         arenalib_yield()
-        err = arena_rewind_checked(&arena._core, mark, exit_frame)
+        err = arena_rewind_checked(&arena._core, mark, exit_frame, True)
     return err
 
 

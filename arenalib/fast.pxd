@@ -165,8 +165,11 @@ cdef inline int arena_rewind(ArenaCore* core, const ArenaMark* mark) noexcept no
     carved again; the mark and later ones are used up.  ARENA_ESTALEMARK for a mark of another
     arena or used up (by a rewind to it or to an earlier mark, a reset, a close); ARENA_EEXPORTED
     while a buffer export of a segment it would kill is alive; ARENA_EORDER while a frame entered
-    after the mark is open.  No other thread may use what it kills meanwhile."""
-    if not arenalib_abi_unaccepted and frames_rewind_fast(core, mark, False, inline_ident()) == ARENA_OK:
+    after the mark is open.  No other thread may use what it kills meanwhile; on a GIL build, a
+    rewind that kills segments carved from Python takes the GIL for a moment (their Python users
+    hold it while they touch them), and one of C's carves alone does not."""
+    if (not arenalib_abi_unaccepted
+            and frames_rewind_fast(core, mark, False, inline_ident(), False) == ARENA_OK):
         return ARENA_OK  # (see arena_mark)
     cdef InlineState* state = core_state(core)
     if state == NULL:

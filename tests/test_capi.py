@@ -12,6 +12,7 @@ import itertools
 import shutil
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -594,6 +595,72 @@ def test_a_python_carve_beside_c_marks_dies_with_the_mark_it_was_carved_under(cy
             safety_consumer.stop_carving()
             carver.join()
         assert found is None
+
+
+@pytest.mark.skipif(sysconfig.get_config_var("Py_GIL_DISABLED") == 1,
+                    reason="no GIL to hold: the rewind waits for the accesses themselves")
+@pytest.mark.parametrize("python_carved", [True, False])
+def test_a_c_rewind_of_python_carves_waits_for_the_gil_and_of_c_carves_does_not(
+        cython_consumers, python_carved):
+    """On a GIL build a Python thread holds the GIL alone while it uses a segment, so a C-level
+    rewind from a thread without the GIL that kills segments carved from Python takes the GIL
+    first; one that kills only what C carved does not wait for it (helper 62: the rewind landed
+    inside a Python read, which returned the next carve's bytes)."""
+    consumer = cython_consumers["safety_consumer"]
+    consumer.reset_stage()
+    with arenalib.SlicingArena() as arena:
+        before = arena.allocate(16).fill(0x22)
+        mark = consumer.mark_bytes(arena)
+        seg = arena.allocate(16).fill(0x11) if python_carved else None
+        done = []
+        t = threading.Thread(target=lambda: done.append(
+            consumer.rewind_then_scribble(arena, mark, 16, 0xCC, True)))
+        old = sys.getswitchinterval()
+        t.start()
+        try:
+            while consumer.stage() != 1:
+                time.sleep(0.001)  # (the GIL released: the thread reaches its wait without it)
+            sys.setswitchinterval(60)  # no handover of the GIL while this thread computes
+            consumer.go()
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline and consumer.stage() != 3:
+                pass  # the GIL held
+            finished = consumer.stage() == 3
+            if python_carved:
+                assert not finished and seg.alive and seg.tobytes() == b"\x11" * 16
+        finally:
+            sys.setswitchinterval(old)
+            t.join()
+        assert finished is not python_carved
+        assert done == [consumer.OK] and before.tobytes() == b"\x22" * 16
+        if python_carved:
+            assert not seg.alive
+
+
+@pytest.mark.slow  # ~50,000 threads: about 20 s
+def test_a_c_rewind_never_lands_inside_a_python_read_of_what_it_kills(cython_consumers):
+    """The race itself (helper 62's reproducer): a C thread without the GIL rewinds past a segment
+    that Python reads meanwhile, then carves and fills its bytes.  Every read that raises nothing
+    returns the segment's own bytes (1-2 of 20,000 reads did not, before the GIL-taking rewind)."""
+    consumer = cython_consumers["safety_consumer"]
+    consumer.reset_stage()
+    wrong = []
+    with arenalib.SlicingArena(chunk_size=1 << 20) as arena:
+        for _ in range(50_000):
+            mark = consumer.mark_bytes(arena)
+            seg = arena.allocate(16, zero=False).fill(0x11)
+            t = threading.Thread(target=consumer.rewind_then_scribble, args=(arena, mark, 16, 0xCC))
+            t.start()
+            try:
+                while True:
+                    got = seg.tobytes()
+                    if got != b"\x11" * 16:
+                        wrong.append(got)
+                        break
+            except arenalib.ArenaClosedError:
+                pass
+            t.join()
+    assert wrong == []
 
 
 FORK_WHILE_C_CARVES = """

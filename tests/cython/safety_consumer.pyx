@@ -4,7 +4,7 @@ inline fast paths' argument checks and copies of a core (tests/test_capi.py), an
 re-opening an arena object's core from C (tests/test_safety.py)."""
 
 from arenalib.fast cimport (
-    ARENA_EBUSY, ARENA_ECLOSED, ARENA_EINVAL, ARENA_KIND_CONFINED, ARENA_KIND_SHARED,
+    ARENA_EBUSY, ARENA_ECLOSED, ARENA_EEXPORTED, ARENA_EINVAL, ARENA_KIND_CONFINED, ARENA_KIND_SHARED,
     ARENA_KIND_SLICING, ARENA_OK, ArenaCore, ArenaMark, arena_allocate, arena_close, arena_core,
     arena_core_init, arena_free, arena_mark, arena_open, arena_raise, arena_reset, arena_rewind,
 )
@@ -17,6 +17,19 @@ cdef extern from *:
     """
     bint carving_stopped "safety_consumer_stopped"() noexcept nogil
     void set_carving_stop "safety_consumer_set_stop"(int value) noexcept nogil
+
+cdef extern from *:
+    """
+    /* rewind_then_scribble()'s stage, for a test that holds the GIL meanwhile: 1 waiting for the
+       go, 2 gone, 3 rewound and scribbled. */
+    static int safety_consumer_stage = 0;
+    #define safety_consumer_get_stage() __atomic_load_n(&safety_consumer_stage, __ATOMIC_ACQUIRE)
+    #define safety_consumer_set_stage(v) __atomic_store_n(&safety_consumer_stage, (v), __ATOMIC_RELEASE)
+    """
+    int get_stage "safety_consumer_get_stage"() noexcept nogil
+    void set_stage "safety_consumer_set_stage"(int value) noexcept nogil
+
+from libc.string cimport memcpy, memset
 
 from arenalib import ArenaClosedError
 
@@ -159,3 +172,52 @@ def carve_until_stopped(arena, size_t size, Py_ssize_t limit, bint marks):
 def stop_carving(bint stop=True):
     """Stop (or, with False, allow again) every carve_until_stopped()."""
     set_carving_stop(stop)
+
+
+def mark_bytes(arena):
+    """arena_mark() of ``arena``'s core: the mark's bytes (for rewind_then_scribble)."""
+    cdef ArenaMark mark
+    arena_raise(arena_mark(arena_core(arena), &mark))
+    return (<char*>&mark)[:sizeof(ArenaMark)]
+
+
+def rewind_then_scribble(arena, bytes mark, size_t size, unsigned char pattern, bint on_go=False):
+    """Without the GIL: arena_rewind() to ``mark`` (tried again while it is busy or exported), then
+    a carve of ``size`` bytes filled with ``pattern`` (what a C library does next); its error code.
+    ``on_go``: wait for go() first (stage() 1, then 2; 3 once done)."""
+    cdef ArenaMark m
+    cdef ArenaCore* core = arena_core(arena)
+    cdef void* ptr = NULL
+    cdef int err
+    if len(mark) != sizeof(ArenaMark):
+        raise ValueError("not a mark of mark_bytes()")
+    memcpy(&m, <const char*>mark, sizeof(ArenaMark))
+    with nogil:
+        if on_go:
+            set_stage(1)
+            while get_stage() != 2:
+                pass
+        err = arena_rewind(core, &m)
+        while err == ARENA_EBUSY or err == ARENA_EEXPORTED:
+            err = arena_rewind(core, &m)
+        if err == ARENA_OK:
+            while arena_allocate(core, size, 0, False, &ptr) == ARENA_EBUSY:
+                pass
+            memset(ptr, pattern, size)
+        if on_go:
+            set_stage(3)
+    return err
+
+
+def stage():
+    """rewind_then_scribble(on_go=True)'s stage (read with no GIL needed)."""
+    return get_stage()
+
+
+def go():
+    """Let a rewind_then_scribble(on_go=True) waiting for it go (without releasing the GIL)."""
+    set_stage(2)
+
+
+def reset_stage():
+    set_stage(0)
