@@ -41,8 +41,8 @@ from arenalib._abi cimport (
 )
 from arenalib._jemalloc cimport JEMALLOC_VERSION, je_dallocx
 from arenalib._frames cimport (
-    FRAME_NEEDS_GIL, frame_level_of, frame_stamp_alive, frame_stamp_depth, frame_stamp_now,
-    frames_version,
+    FRAME_NEEDS_EXCLUSIVE, FRAME_NEEDS_GIL, frame_level_of, frame_stamp_alive, frame_stamp_depth,
+    frame_stamp_now, frames_version,
 )
 from arenalib._table cimport ARENA_EBUSY, ARENA_EEXPORTED, ARENA_EORDER, ARENA_OK, ArenaMark
 from arenalib.fast cimport arena_allocate, arena_free, arena_open

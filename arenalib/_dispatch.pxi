@@ -144,14 +144,25 @@ cdef int _reset(ArenaCore* core) noexcept nogil:
 
 # -- marks -------------------------------------------------------------------------------------------
 
-cdef int arena_mark_checked(ArenaCore* core, bint frame, ArenaMark* out) noexcept nogil:
-    """Push a mark (``frame``: a frame's): a SlicingArena's only."""
+cdef int arena_mark_checked(ArenaCore* core, bint frame, ArenaMark* out, bint exclusive) noexcept nogil:
+    """Push a mark (``frame``: a frame's): a SlicingArena's only.  ``exclusive``: the caller holds
+    the GIL on a GIL build, or has other threads' accesses waited out with it off, so the push may
+    let abandoned frames go (else FRAME_NEEDS_GIL or FRAME_NEEDS_EXCLUSIVE: see frames_push)."""
     cdef int err = _usable(core)
     if err:
         return err
     if core.kind != ARENA_KIND_SLICING:
         return ARENA_EUNSUPPORTED
-    return slicing_mark(core, frame, out)
+    return slicing_mark(core, frame, out, exclusive)
+
+
+cdef int arena_mark_exclusive(ArenaCore* core, bint frame, ArenaMark* out) noexcept nogil:
+    """arena_mark_checked() once no other thread's Python-level access of the arena's memory is
+    under way (as a rewind waits: the push lets abandoned frames go)."""
+    exclusive_begin(&core.life)
+    cdef int err = arena_mark_checked(core, frame, out, True)
+    exclusive_end(&core.life)
+    return err
 
 
 cdef int arena_rewind_checked(ArenaCore* core, const ArenaMark* mark, bint exit_frame,
@@ -170,8 +181,23 @@ cdef int arena_rewind_checked(ArenaCore* core, const ArenaMark* mark, bint exit_
 
 
 cdef int arena_mark_slow(ArenaCore* core, ArenaMark* out) noexcept nogil:
-    """arena_mark() of the C API (the inline fast path calls it)."""
-    return arena_mark_checked(core, False, out)
+    """arena_mark() of the C API (the inline fast path calls it).  A push lets abandoned frames go
+    (their segments die), which waits for other threads' accesses with the GIL off, and takes the
+    GIL on a GIL build when Python carved in them, as arena_rewind_slow() does (helper 63: a C
+    mark let a Python-carved frame go inside a Python read, which returned the next carve's bytes)."""
+    cdef int err = arena_mark_checked(core, False, out, False)
+    if err == FRAME_NEEDS_EXCLUSIVE:
+        err = arena_mark_exclusive(core, False, out)
+    elif err == FRAME_NEEDS_GIL:
+        err = _mark_with_gil(core, out)
+    return err
+
+
+cdef int _mark_with_gil(ArenaCore* core, ArenaMark* out) noexcept nogil:
+    cdef int err
+    with gil:
+        err = arena_mark_checked(core, False, out, True)
+    return err
 
 
 cdef int arena_rewind_slow(ArenaCore* core, const ArenaMark* mark) noexcept nogil:

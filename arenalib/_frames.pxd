@@ -50,7 +50,12 @@ cdef extern from "arenalib/platform.h":
 cdef enum:
     FRAME_NEEDS_BLOCK = -1    # frames_push(): the level's block is not made yet (the slow path makes it)
     FRAME_SLOW = -1           # frames_mark_fast(), frames_rewind_fast(): take the locked path
-    FRAME_NEEDS_GIL = -2      # frames_rewind(): it would kill Python-level carves (see FrameLevel)
+    # frames_rewind(), frames_push() on a GIL build: it would kill Python-level carves, and the
+    # caller may not hold the GIL (see FrameLevel)
+    FRAME_NEEDS_GIL = -2
+    # frames_push() with the GIL off: it would let abandoned frames go, which waits for other
+    # threads' accesses as a rewind does
+    FRAME_NEEDS_EXCLUSIVE = -3
 
 
 cdef inline FrameLevel* frame_level(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
@@ -230,7 +235,7 @@ cdef inline int frames_rewind_fast(ArenaCore* core, const ArenaMark* mark, bint 
         level = frame_level(stack, depth)
         if (level.stamp == mark.serial and (stack.top_frame == depth) == exit_frame
                 and load_ssize(&level.exports) == 0
-                and (FREE_THREADED or with_gil or not level.python_carved)
+                and (FREE_THREADED or with_gil or not (level.python_carved or stack.abandoned))
                 and ((level.cursor != 0 and level.chunk == core.slicing.current)
                      or level.cursor == core.slicing.cursor)):  # (nothing carved since)
             serial = stack.serial + 1
@@ -260,6 +265,25 @@ cdef inline bint _exported_from(FrameStack* stack, Py_ssize_t depth) noexcept no
     return False
 
 
+cdef inline int _abandoned_to_pop(FrameStack* stack) noexcept nogil:
+    """What _pop_abandoned() would let go: 0 nothing, 1 levels of C's carves alone, 2 a level a
+    Python-level carve was made in."""
+    cdef Py_ssize_t d = stack.depth
+    cdef Py_ssize_t top = stack.top_frame
+    cdef FrameLevel* level
+    cdef int found = 0
+    while stack.abandoned and top == d and d > 0:
+        level = frame_level(stack, d)
+        if not level.abandoned or load_ssize(&level.exports):
+            break
+        if level.python_carved:
+            return 2
+        found = 1
+        top = level.outer_frame
+        d -= 1
+    return found
+
+
 cdef inline void _pop_abandoned(ArenaCore* core, FrameStack* stack) noexcept nogil:
     """Let go of abandoned frames that nothing open lies above and no export holds."""
     cdef FrameLevel* level
@@ -270,10 +294,20 @@ cdef inline void _pop_abandoned(ArenaCore* core, FrameStack* stack) noexcept nog
         frames_pop_to(core, stack, stack.depth)
 
 
-cdef inline int frames_push(ArenaCore* core, FrameStack* stack, bint frame,
-                            ArenaMark* out) noexcept nogil:
-    """Mark the carve position in ``out`` (``frame``: a frame's mark).  The caller holds the
-    arena's busy lock or bias."""
+cdef inline int frames_push(ArenaCore* core, FrameStack* stack, bint frame, ArenaMark* out,
+                            bint exclusive) noexcept nogil:
+    """Mark the carve position in ``out`` (``frame``: a frame's mark), letting the abandoned frames
+    on top go first.  A pop kills segments, as a rewind does: without ``exclusive`` (the GIL held
+    on a GIL build, other threads' accesses waited out with it off) a push that would pop is
+    refused with FRAME_NEEDS_GIL or FRAME_NEEDS_EXCLUSIVE (levels of C's carves alone pop on a GIL
+    build).  The caller holds the arena's busy lock or bias."""
+    cdef int pops
+    if stack.abandoned and not exclusive:
+        pops = _abandoned_to_pop(stack)
+        if FREE_THREADED and pops:
+            return FRAME_NEEDS_EXCLUSIVE
+        if not FREE_THREADED and pops == 2:
+            return FRAME_NEEDS_GIL
     _pop_abandoned(core, stack)
     if stack.depth == FRAME_MAX_DEPTH:
         return ARENA_ELIMIT
@@ -305,10 +339,13 @@ cdef inline Py_ssize_t _open_frame_above(FrameStack* stack, Py_ssize_t depth) no
 
 
 cdef inline bint _python_carved_from(FrameStack* stack, Py_ssize_t depth) noexcept nogil:
-    """Whether a Python-level carve was made in level ``depth`` or above."""
+    """Whether a Python-level carve was made in level ``depth`` or above, or in an abandoned frame's
+    level below it (which the rewind may let go too)."""
     cdef Py_ssize_t d
-    for d in range(depth, stack.depth + 1):
-        if frame_level(stack, d).python_carved:
+    cdef FrameLevel* level
+    for d in range(1 if stack.abandoned else depth, stack.depth + 1):
+        level = frame_level(stack, d)
+        if level.python_carved and (d >= depth or level.abandoned):
             return True
     return False
 
@@ -328,10 +365,10 @@ cdef inline int frames_rewind(ArenaCore* core, FrameStack* stack, const ArenaMar
         return ARENA_ESTALEMARK  # not a frame's mark
     if _open_frame_above(stack, mark.depth):
         return ARENA_EORDER
+    if not FREE_THREADED and not with_gil and _python_carved_from(stack, mark.depth):
+        return FRAME_NEEDS_GIL  # (before the exports: a Python read's pin counts as one)
     if _exported_from(stack, mark.depth):
         return ARENA_EEXPORTED
-    if not FREE_THREADED and not with_gil and _python_carved_from(stack, mark.depth):
-        return FRAME_NEEDS_GIL
     frames_pop_to(core, stack, mark.depth)
     # Frames under it whose exits were refused while it was open go with it: left already, they are
     # the innermost now, and a carve made with no frame open would land in their level (and die

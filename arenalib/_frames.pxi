@@ -127,15 +127,16 @@ cdef Py_ssize_t frames_abandoned(Lifetime* life, Py_ssize_t* held, Py_ssize_t* o
 
 # -- mark and rewind under the lock (every caller: the C API's slow path and the Python methods) ---
 
-cdef int slicing_mark(ArenaCore* core, bint frame, ArenaMark* out) noexcept nogil:
-    """Push a mark (``frame``: a frame's level) in ``out``: ARENA_OK or an error code."""
+cdef int slicing_mark(ArenaCore* core, bint frame, ArenaMark* out, bint exclusive) noexcept nogil:
+    """Push a mark (``frame``: a frame's level) in ``out``: ARENA_OK or an error code (see
+    frames_push for ``exclusive``)."""
     cdef int err = slicing_lock(core)
     if err:
         return err
     cdef FrameStack* stack = _stack_of(core)
-    err = ARENA_ENOMEM if stack == NULL else frames_push(core, stack, frame, out)
+    err = ARENA_ENOMEM if stack == NULL else frames_push(core, stack, frame, out, exclusive)
     if err == FRAME_NEEDS_BLOCK:
-        err = frames_push(core, stack, frame, out) if _grow_stack(stack) else ARENA_ENOMEM
+        err = frames_push(core, stack, frame, out, exclusive) if _grow_stack(stack) else ARENA_ENOMEM
     slicing_unlock(core)
     return err
 
@@ -205,14 +206,22 @@ cdef int _mark_checked(SlicingArena arena, bint frame, ArenaMark* out) noexcept:
     if frames_mark_fast(&arena._core, frame, out, thread_ident()) == ARENA_OK:
         access_exit(token)
         return ARENA_OK  # the common case: the arena is biased to this thread (no lock)
-    cdef int err = arena_mark_checked(&arena._core, frame, out)
-    while err == ARENA_EBUSY and not slicing_busy_for_good(&arena._core):
+    # (With the GIL held, a push may let abandoned frames go: no Python access is under way.)
+    cdef int err = arena_mark_checked(&arena._core, frame, out, not FREE_THREADED)
+    while ((err == ARENA_EBUSY and not slicing_busy_for_good(&arena._core))
+           or err == FRAME_NEEDS_EXCLUSIVE):
         # Another thread is carving: microseconds (as _allocate waits), out of the access so that
-        # a close waiting for it goes first (it is then seen closed).
+        # a close waiting for it goes first (it is then seen closed).  Or the push would let
+        # abandoned frames go, which waits for other threads' accesses, as a rewind does: out of
+        # this thread's own access too.
         access_exit(token)
+        if err == FRAME_NEEDS_EXCLUSIVE:
+            err = arena_mark_exclusive(&arena._core, frame, out)
+            token = access_enter(&arena._core.life)
+            continue
         arenalib_yield()
         token = access_enter(&arena._core.life)
-        err = arena_mark_checked(&arena._core, frame, out)
+        err = arena_mark_checked(&arena._core, frame, out, not FREE_THREADED)
     access_exit(token)
     return err
 

@@ -151,7 +151,9 @@ cdef inline int arena_reset(ArenaCore* core) noexcept nogil:
 
 cdef inline int arena_mark(ArenaCore* core, ArenaMark* out) noexcept nogil:
     """Mark a SlicingArena's carve position in ``out`` (storage the caller keeps) for
-    arena_rewind().  Marks nest, one stack per arena.  ARENA_EUNSUPPORTED for the other kinds."""
+    arena_rewind().  Marks nest, one stack per arena.  ARENA_EUNSUPPORTED for the other kinds.  A
+    mark lets the frames go whose exits were refused (Python's), which takes the GIL for a moment
+    on a GIL build, as arena_rewind() does."""
     if not arenalib_abi_unaccepted and frames_mark_fast(core, False, out, inline_ident()) == ARENA_OK:
         return ARENA_OK  # (no fast path before the C ABI is accepted: see arena_allocate)
     cdef InlineState* state = core_state(core)
@@ -167,7 +169,8 @@ cdef inline int arena_rewind(ArenaCore* core, const ArenaMark* mark) noexcept no
     while a buffer export of a segment it would kill is alive; ARENA_EORDER while a frame entered
     after the mark is open.  No other thread may use what it kills meanwhile; on a GIL build, a
     rewind that kills segments carved from Python takes the GIL for a moment (their Python users
-    hold it while they touch them), and one of C's carves alone does not."""
+    hold it while they touch them), and one of C's carves alone does not: hold no lock here that
+    a thread holding the GIL may wait for."""
     if (not arenalib_abi_unaccepted
             and frames_rewind_fast(core, mark, False, inline_ident(), False) == ARENA_OK):
         return ARENA_OK  # (see arena_mark)

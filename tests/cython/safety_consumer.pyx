@@ -209,6 +209,43 @@ def rewind_then_scribble(arena, bytes mark, size_t size, unsigned char pattern, 
     return err
 
 
+def mark_then_scribble(arena, size_t size, unsigned char pattern, bint on_go=False):
+    """Without the GIL: arena_mark() (tried again while busy), then a carve of ``size`` bytes filled
+    with ``pattern``; (its error code, the mark's bytes).  ``on_go`` as rewind_then_scribble()."""
+    cdef ArenaMark m
+    cdef ArenaCore* core = arena_core(arena)
+    cdef void* ptr = NULL
+    cdef int err
+    with nogil:
+        if on_go:
+            set_stage(1)
+            while get_stage() != 2:
+                pass
+        err = arena_mark(core, &m)
+        while err == ARENA_EBUSY:
+            err = arena_mark(core, &m)
+        if err == ARENA_OK:
+            while arena_allocate(core, size, 0, False, &ptr) == ARENA_EBUSY:
+                pass
+            memset(ptr, pattern, size)
+        if on_go:
+            set_stage(3)
+    return err, (<char*>&m)[:sizeof(ArenaMark)]
+
+
+def rewind_once(arena, bytes mark):
+    """One arena_rewind() to ``mark`` without the GIL: its error code."""
+    cdef ArenaMark m
+    cdef ArenaCore* core = arena_core(arena)
+    cdef int err
+    if len(mark) != sizeof(ArenaMark):
+        raise ValueError("not a mark of mark_bytes()")
+    memcpy(&m, <const char*>mark, sizeof(ArenaMark))
+    with nogil:
+        err = arena_rewind(core, &m)
+    return err
+
+
 def stage():
     """rewind_then_scribble(on_go=True)'s stage (read with no GIL needed)."""
     return get_stage()
