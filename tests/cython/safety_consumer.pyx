@@ -187,26 +187,34 @@ def rewind_then_scribble(arena, bytes mark, size_t size, unsigned char pattern, 
     ``on_go``: wait for go() first (stage() 1, then 2; 3 once done)."""
     cdef ArenaMark m
     cdef ArenaCore* core = arena_core(arena)
-    cdef void* ptr = NULL
     cdef int err
-    if len(mark) != sizeof(ArenaMark):
-        raise ValueError("not a mark of mark_bytes()")
-    memcpy(&m, <const char*>mark, sizeof(ArenaMark))
+    _mark_from(mark, &m)
     with nogil:
-        if on_go:
-            set_stage(1)
-            while get_stage() != 2:
-                pass
+        _wait_for_go(on_go)
         err = arena_rewind(core, &m)
         while err == ARENA_EBUSY or err == ARENA_EEXPORTED:
             err = arena_rewind(core, &m)
-        if err == ARENA_OK:
-            while arena_allocate(core, size, 0, False, &ptr) == ARENA_EBUSY:
-                pass
-            memset(ptr, pattern, size)
-        if on_go:
-            set_stage(3)
+        _scribble_then_done(core, err, size, pattern, on_go)
     return err
+
+
+cdef void _wait_for_go(bint on_go) noexcept nogil:
+    if on_go:
+        set_stage(1)
+        while get_stage() != 2:
+            pass
+
+
+cdef void _scribble_then_done(ArenaCore* core, int err, size_t size, unsigned char pattern,
+                              bint on_go) noexcept nogil:
+    """After a rewind or mark that succeeded: what a C library does next, a carve it fills."""
+    cdef void* ptr = NULL
+    if err == ARENA_OK:
+        while arena_allocate(core, size, 0, False, &ptr) == ARENA_EBUSY:
+            pass
+        memset(ptr, pattern, size)
+    if on_go:
+        set_stage(3)
 
 
 def mark_then_scribble(arena, size_t size, unsigned char pattern, bint on_go=False):
@@ -214,22 +222,13 @@ def mark_then_scribble(arena, size_t size, unsigned char pattern, bint on_go=Fal
     with ``pattern``; (its error code, the mark's bytes).  ``on_go`` as rewind_then_scribble()."""
     cdef ArenaMark m
     cdef ArenaCore* core = arena_core(arena)
-    cdef void* ptr = NULL
     cdef int err
     with nogil:
-        if on_go:
-            set_stage(1)
-            while get_stage() != 2:
-                pass
+        _wait_for_go(on_go)
         err = arena_mark(core, &m)
         while err == ARENA_EBUSY:
             err = arena_mark(core, &m)
-        if err == ARENA_OK:
-            while arena_allocate(core, size, 0, False, &ptr) == ARENA_EBUSY:
-                pass
-            memset(ptr, pattern, size)
-        if on_go:
-            set_stage(3)
+        _scribble_then_done(core, err, size, pattern, on_go)
     return err, (<char*>&m)[:sizeof(ArenaMark)]
 
 
@@ -238,12 +237,17 @@ def rewind_once(arena, bytes mark):
     cdef ArenaMark m
     cdef ArenaCore* core = arena_core(arena)
     cdef int err
-    if len(mark) != sizeof(ArenaMark):
-        raise ValueError("not a mark of mark_bytes()")
-    memcpy(&m, <const char*>mark, sizeof(ArenaMark))
+    _mark_from(mark, &m)
     with nogil:
         err = arena_rewind(core, &m)
     return err
+
+
+cdef int _mark_from(bytes mark, ArenaMark* out) except -1:
+    if len(mark) != sizeof(ArenaMark):
+        raise ValueError("not a mark of mark_bytes()")
+    memcpy(out, <const char*>mark, sizeof(ArenaMark))
+    return 0
 
 
 def stage():
