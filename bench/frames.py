@@ -40,7 +40,9 @@ from _common import (
 from _experiment import ratio_item
 
 TITLE = "8. Checked frames: a frame per operation (issue 26)"
-SIZES = [64, 512, 1000, 4096]
+# A sweep, non-powers of two among them: where a frame starts to cost less than bytearray's
+# allocation and copy depends on the size (the table's last line says where).
+SIZES = [64, 200, 512, 1000, 2000, 3000, 4096, 10000, 65536, 200000]
 DEPTHS = [1, 10, 100, 1000]
 SETTINGS = {"quick": {"rounds": 7, "target_ms": 10.0}, "full": {"rounds": 21, "target_ms": 30.0}}
 FLAT_LIMIT = 1.25  # time per frame at depth 1,000 against depth 1
@@ -216,6 +218,7 @@ def tables(results: dict, markdown: bool = False) -> str:
            table(["size", *labels], rows, markdown), "", "Statements, per op:",
            *[f"{'- ' if markdown else '  '}{c['label']}: {quote}{c['op']}{quote}"
              for c in results["candidates"].values()], ""]
+    out += [crossover_line(results), ""]
     over = next(iter(results["sizes"].values())).get("over_floor", {})
     if over:
         out += [f"{h}arenalib's frames against the floor (no-op C objects: what CPython alone charges), "
@@ -229,6 +232,19 @@ def tables(results: dict, markdown: bool = False) -> str:
                   [[d, fmt_ns(c["median"])] for d, c in depth["cells"].items()], markdown),
             "", f"Depth {DEPTHS[-1]} against depth 1, same round: {depth['flatness']['median']:.2f}x"]
     return "\n".join(out)
+
+
+def crossover_line(results: dict) -> str:
+    """Where each frame statement starts to cost at most what bytearray(n)+fill costs, for good."""
+    sizes = sorted(int(n) for n in results["sizes"])
+    parts = []
+    for key in FRAMES:
+        ratios = [results["sizes"][str(n)]["ratios"][key]["median"] for n in sizes]
+        from_ = next((n for i, n in enumerate(sizes) if all(r <= 1.0 for r in ratios[i:])), None)
+        label = results["candidates"][key]["label"]
+        parts.append(f"{label} from {fmt_size(from_)} up" if from_ is not None
+                     else f"{label} at no size measured")
+    return "At most bytearray(n)+fill's time: " + "; ".join(parts) + "."
 
 
 def plots(results: dict, out, plt) -> list[str]:
