@@ -771,6 +771,7 @@ cdef extern from "src/entries.h":
                                        arenalib_one_fn exit_frame) except -1
     int arenalib_segment_entries_install(type segment_type, arenalib_one_fn fill) except -1
     int arenalib_frame_function_install(dict globals, arenalib_self_fn impl) except -1
+    int arenalib_arena_frame_install(type arena_type, arenalib_self_fn impl) except -1
 
 
 cdef object _arena_allocate(object arena, object size, object zero):
@@ -792,6 +793,11 @@ cdef object _arena_allocate_string(object arena, object text):
     return _allocate_string(<ArenaBase>arena, text, "utf-8", True)
 
 
+cdef object _arena_frame(object arena):
+    """SlicingArena.frame() (its descriptor has checked the type of ``arena``)."""
+    return arena_frame_object(<SlicingArena>arena)
+
+
 cdef int _entries_init() except -1:
     """The C entries, before _with.pxi binds __enter__ and __exit__ (it wraps Frame.__exit__'s
     method descriptor, whose entry must be in place by then)."""
@@ -800,6 +806,7 @@ cdef int _entries_init() except -1:
     arenalib_frame_entries_install(Frame, _frame_allocate, _frame_exit)
     arenalib_segment_entries_install(Segment, _segment_fill)
     arenalib_frame_function_install(globals(), _frame_new)
+    arenalib_arena_frame_install(SlicingArena, _arena_frame)
     return 0
 
 

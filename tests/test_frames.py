@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from support import overlapping_live_carves
 
 import arenalib
-from arenalib import ArenaClosedError, Frame, Mark, SlicingArena, WrongThreadError
+from arenalib import ArenaClosedError, ConfinedArena, Frame, Mark, SlicingArena, WrongThreadError
 
 
 @pytest.fixture
@@ -1025,6 +1025,34 @@ def test_arenalib_frame_is_a_plain_builtin_that_takes_no_arguments(main_frame_ar
         assert isinstance(f, Frame) and f.arena is arenalib.frame_arena()
         assert f.allocate(5, zero=False).fill(7).tobytes() == b"\x07" * 5
     assert arenalib.frame_arena().stats()["marks"] == 0
+
+
+def test_slicing_arena_frame_is_a_plain_method_that_takes_no_arguments():
+    # Start-up puts a METH_FASTCALL twin in place of Cython's SlicingArena.frame (src/entries.h):
+    # the documented method still, bound or not, checking its self and refusing arguments.
+    import inspect
+
+    method = SlicingArena.__dict__["frame"]
+    assert method.__name__ == "frame" and method.__objclass__ is SlicingArena
+    assert "marks on entry" in method.__doc__
+    assert str(inspect.signature(SlicingArena.frame)) == "(self, /)"
+    with SlicingArena() as a:
+        assert str(inspect.signature(a.frame)) == "()"
+        with pytest.raises(TypeError, match=r"^frame\(\) takes no arguments \(1 given\)$"):
+            a.frame(1)
+        with pytest.raises(TypeError, match=r"takes no keyword arguments"):
+            a.frame(depth=1)
+        with ConfinedArena() as other, pytest.raises(TypeError, match=r"doesn't apply to"):
+            SlicingArena.frame(other)
+        with pytest.raises(TypeError, match=r"needs an argument"):
+            SlicingArena.frame()
+        for frame in (SlicingArena.frame(a), a.frame()):
+            with frame as f:
+                assert isinstance(f, Frame) and f.arena is a
+                seg = f.allocate(5, zero=False).fill(7)
+                assert seg.tobytes() == b"\x07" * 5
+            assert_dead(seg)
+            assert a.stats()["marks"] == 0
 
 
 def test_a_threads_frame_arena_closes_when_the_thread_ends():

@@ -20,7 +20,8 @@
    And arenalib.frame(), a def with no parameters, which Cython makes METH_NOARGS: CPython 3.11
    specializes the call of a builtin function only when it is FASTCALL (PRECALL_NO_KW_BUILTIN_FAST),
    and its generic call cost `with arenalib.frame() as f: f.allocate(512, zero=False).fill(3)`
-   ~100 ns of ~490 on these machines.  Start-up puts a METH_FASTCALL twin in its place.
+   ~100 ns of ~490 on these machines.  Start-up puts a METH_FASTCALL twin in its place, and one of
+   SlicingArena.frame() in its type's dict.
 
    Included by arenalib/_arena.pyx's parts only (one translation unit). */
 
@@ -135,19 +136,29 @@ static int arenalib_segment_entries_install(PyTypeObject *segment_type, arenalib
                                &arenalib_segment_fill_wrapper);
 }
 
-/* arenalib.frame()'s METH_FASTCALL twin: the function's name, module and docstring (its text
-   signature: inspect.signature()), and the errors of a function of no arguments. */
-static arenalib_self_fn arenalib_frame_function_impl;  /* called with the module's self (NULL) */
-static PyMethodDef arenalib_frame_function_def;
-
-static PyObject *arenalib_frame_function_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)args;
-    if (nargs != 0) {
-        PyErr_Format(PyExc_TypeError, "%s() takes no arguments (%zd given)",
-                     arenalib_frame_function_def.ml_name, nargs);
-        return NULL;
+/* A callable of no arguments made METH_FASTCALL, its PyMethodDef a twin of Cython's (name and
+   docstring: inspect.signature() stays), with the errors of a call of no arguments. */
+#define ARENALIB_NOARGS_ENTRY(NAME)                                                              \
+    static arenalib_self_fn NAME##_impl;                                                         \
+    static PyMethodDef NAME##_def;                                                               \
+    static PyObject *NAME##_entry(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {      \
+        (void)args;                                                                              \
+        if (nargs != 0) {                                                                        \
+            PyErr_Format(PyExc_TypeError, "%s() takes no arguments (%zd given)",                  \
+                         NAME##_def.ml_name, nargs);                                             \
+            return NULL;                                                                         \
+        }                                                                                        \
+        return NAME##_impl(self);                                                                \
     }
-    return arenalib_frame_function_impl(module);
+
+ARENALIB_NOARGS_ENTRY(arenalib_frame_function)  /* arenalib.frame(), called with the module's self (NULL) */
+ARENALIB_NOARGS_ENTRY(arenalib_arena_frame)     /* SlicingArena.frame() */
+
+static void arenalib_noargs_twin(PyMethodDef *twin, const PyMethodDef *def, void *entry) {
+    twin->ml_name = def->ml_name;
+    twin->ml_meth = (PyCFunction)(void (*)(void))entry;
+    twin->ml_flags = METH_FASTCALL;
+    twin->ml_doc = def->ml_doc;
 }
 
 /* Replace the module function ``frame`` in ``globals`` by its twin (once, at start-up). */
@@ -158,11 +169,8 @@ static int arenalib_frame_function_install(PyObject *globals, arenalib_self_fn i
         PyErr_SetString(PyExc_ImportError, "arenalib: frame() is not what src/entries.h expects");
         return -1;
     }
-    PyMethodDef *def = ((PyCFunctionObject *)function)->m_ml;
-    arenalib_frame_function_def.ml_name = def->ml_name;
-    arenalib_frame_function_def.ml_meth = (PyCFunction)(void (*)(void))arenalib_frame_function_entry;
-    arenalib_frame_function_def.ml_flags = METH_FASTCALL;
-    arenalib_frame_function_def.ml_doc = def->ml_doc;
+    arenalib_noargs_twin(&arenalib_frame_function_def, ((PyCFunctionObject *)function)->m_ml,
+                         (void *)arenalib_frame_function_entry);
     arenalib_frame_function_impl = impl;
     PyObject *twin = PyCFunction_NewEx(&arenalib_frame_function_def, PyCFunction_GET_SELF(function),
                                        ((PyCFunctionObject *)function)->m_module);
@@ -170,6 +178,29 @@ static int arenalib_frame_function_install(PyObject *globals, arenalib_self_fn i
         return -1;
     int failed = PyDict_SetItemString(globals, "frame", twin);
     Py_DECREF(twin);
+    return failed;
+}
+
+/* Replace the method ``frame`` of ``arena_type`` (SlicingArena) by a method descriptor of its twin
+   (once, at start-up): Cython's wrapper of a method of no arguments is FASTCALL with keywords, and
+   parses both on every call. */
+static int arenalib_arena_frame_install(PyTypeObject *arena_type, arenalib_self_fn impl) {
+    PyObject *method = PyDict_GetItemString(arena_type->tp_dict, "frame");  /* borrowed */
+    if (method == NULL || Py_TYPE(method) != &PyMethodDescr_Type
+            || ((PyMethodDescrObject *)method)->d_method->ml_flags != (METH_FASTCALL | METH_KEYWORDS)) {
+        PyErr_SetString(PyExc_ImportError,
+                        "arenalib: SlicingArena.frame is not what src/entries.h expects");
+        return -1;
+    }
+    arenalib_noargs_twin(&arenalib_arena_frame_def, ((PyMethodDescrObject *)method)->d_method,
+                         (void *)arenalib_arena_frame_entry);
+    arenalib_arena_frame_impl = impl;
+    PyObject *twin = PyDescr_NewMethod(arena_type, &arenalib_arena_frame_def);
+    if (twin == NULL)
+        return -1;
+    int failed = PyDict_SetItemString(arena_type->tp_dict, "frame", twin);
+    Py_DECREF(twin);
+    PyType_Modified(arena_type);
     return failed;
 }
 
