@@ -37,12 +37,13 @@ from libc.string cimport memcpy
 import warnings
 
 from arenalib._abi cimport (
-    FREE_THREADED, ArenaCore, ArenaSlot, Books, InlineState, Lifetime, owned_by_another, store_flag,
+    FREE_THREADED, ArenaCore, ArenaSlot, Books, FrameLevel, InlineState, Lifetime, load_u64,
+    owned_by_another, store_flag,
 )
 from arenalib._jemalloc cimport JEMALLOC_VERSION, je_dallocx
 from arenalib._frames cimport (
-    FRAME_NEEDS_EXCLUSIVE, FRAME_NEEDS_GIL, frame_level_of, frame_stamp_alive, frame_stamp_depth,
-    frame_stamp_now, frames_version,
+    FRAME_NEEDS_EXCLUSIVE, FRAME_NEEDS_GIL, frame_level_now, frame_level_of, frame_stamp_alive,
+    frame_stamp_depth, frame_stamp_now, frames_version,
 )
 from arenalib._table cimport ARENA_EBUSY, ARENA_EEXPORTED, ARENA_EORDER, ARENA_OK, ArenaMark
 from arenalib.fast cimport arena_allocate, arena_free, arena_open
@@ -294,6 +295,7 @@ cdef class ArenaBase(SegmentOwner):
         cdef Lifetime* life = &self._core.life
         cdef void* token = access_enter(life)
         cdef uint64_t version
+        cdef FrameLevel* level
         cdef int err = ARENA_OK
         cdef bint foreign = owned_by_another(life)
         cdef Py_ssize_t tail
@@ -306,11 +308,12 @@ cdef class ArenaBase(SegmentOwner):
             # The level of marks the carve lands in: read before it, and true if no mark or rewind
             # (another thread's, or the C API's without the GIL) ran meanwhile (_frames.pxd).  Read
             # before the innermost check too: a frame pushed after the check moves the version.
-            seg._frame_stamp = frame_stamp_now(life, &version)
-            if not FREE_THREADED and seg._frame_stamp and load_life_owner(&life.owner) == 0:
+            level = frame_level_now(life, &version)
+            seg._frame_stamp = load_u64(&level.stamp) if level != NULL else 0
+            if not FREE_THREADED and level != NULL and load_life_owner(&life.owner) == 0:
                 # Before the carve (a C-level rewind after it sees this: see FrameLevel); a level
                 # that moves meanwhile is marked again by the carve made again.
-                frame_level_of(life, seg._frame_stamp).python_carved = True
+                level.python_carved = True
             if frame != NULL and not frame_is_innermost(life, frame):
                 # Frame.allocate() of a frame that is not the innermost, unless the arena closed
                 # (ArenaClosedError, as every use after close: helper 52).

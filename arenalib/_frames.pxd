@@ -66,16 +66,22 @@ cdef inline FrameLevel* frame_level(FrameStack* stack, Py_ssize_t depth) noexcep
     return &stack.blocks[index >> FRAME_BLOCK_SHIFT][index & (FRAME_BLOCK_LEVELS - 1)]
 
 
-cdef inline uint64_t frame_stamp_now(Lifetime* life, uint64_t* version) noexcept nogil:
-    """The stamp of a segment carved now (the innermost level's, 0 with no mark open), and in
+cdef inline FrameLevel* frame_level_now(Lifetime* life, uint64_t* version) noexcept nogil:
+    """The level a segment carved now lands in (the innermost, NULL with no mark open), and in
     ``version`` the stack's serial, to compare with frames_version() after the carve."""
     cdef FrameStack* stack = load_frames(&life.frames)
     if stack == NULL:
         version[0] = 0
-        return 0
+        return NULL
     version[0] = load_version(&stack.serial)
     cdef Py_ssize_t depth = load_depth(&stack.depth)
-    return load_u64(&frame_level(stack, depth).stamp) if depth else 0
+    return frame_level(stack, depth) if depth else NULL
+
+
+cdef inline uint64_t frame_stamp_now(Lifetime* life, uint64_t* version) noexcept nogil:
+    """The stamp of a segment carved now (its level's, 0 with no mark open): frame_level_now()."""
+    cdef FrameLevel* level = frame_level_now(life, version)
+    return load_u64(&level.stamp) if level != NULL else 0
 
 
 cdef inline uint64_t frames_version(Lifetime* life) noexcept nogil:
